@@ -1,0 +1,1 @@
+"""geoformers.configuration"""

@@ -1,0 +1,16 @@
+"""Shared pytest fixtures: the read-only data folder beside the checkout."""
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """`../shared/data`; tests that need it skip when a user's checkout has no such folder."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} is absent (only CI and developer machines have it)")
+    return SHARED_DATA
