@@ -1,4 +1,4 @@
-"""Accuracy as an `evaluate` metric module shipped with geoformers (the hub's script cannot be downloaded offline)."""
+"""Accuracy as an `evaluate` metric module shipped with geoformers (no hub download at run time)."""
 
 import datasets
 import evaluate
@@ -23,7 +23,9 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
+            ),
         )
 
     def _compute(self, predictions, references, normalize=True):
