@@ -1,1 +1,7 @@
 """geoformers.configuration"""
+
+from .ddcl_incrt import DDCLIncrtConfig
+
+__all__ = [
+    "DDCLIncrtConfig",
+]

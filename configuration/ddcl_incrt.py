@@ -1,0 +1,170 @@
+"""Configuration of the DDCL-INCRT encoder (DESIGN §3): grown heads, prototype blocks, spectral gate."""
+
+from __future__ import annotations
+
+import math
+
+from transformers import PreTrainedConfig
+
+POOLING_MODES = ("cls", "mean")
+
+
+def _require_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
+
+
+def _require_float(
+    name: str, value, *, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} ({value!r})")
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if not math.isfinite(value) or too_low or too_high:
+        closing = ")" if high_open or high == math.inf else "]"
+        interval = f"{'(' if low_open else '['}{low}, {high}{closing}"
+        raise ValueError(f"`{name}` must lie in {interval}, got {value}")
+
+
+class DDCLIncrtConfig(PreTrainedConfig):
+    r"""Configuration of [`DDCLIncrtModel`] / [`DDCLIncrtForSequenceClassification`] (DESIGN §3).
+
+    `num_heads` (one count per layer) is the single source of truth for the architecture: `grow_head`,
+    `prune_head` and `resize_heads` edit it, `from_pretrained` builds exactly that many heads per layer.
+
+    Args:
+        vocab_size, hidden_size, num_hidden_layers, max_position_embeddings, type_vocab_size (0 = no
+            token-type embedding), layer_norm_eps, hidden_dropout_prob, pad_token_id, initializer_range:
+            as in BERT (the embeddings are BERT-compatible).
+        num_heads (`int | list[int]`): heads per layer; an int is expanded to every layer. Default 1 each.
+        head_dim (`int`): width of every head (queries, keys, values and prototypes).
+        max_heads (`int`): per-layer cap on heads; default `hidden_size // head_dim`.
+        attention_probs_dropout_prob (`float`): dropout on attention probabilities.
+        num_prototypes (`int`): prototypes per head (DDCL bank, one per head).
+        tau_init, tau_min (`float`): initial and minimum temperature, tau = tau_min + softplus(rho).
+        prototype_loss_weight (`float`): lambda in loss = CE + lambda * mean L_q.
+        pooling (`"cls" | "mean"`): first token or masked mean over tokens.
+        classifier_dropout (`float`): dropout before the classifier.
+        gate_theta_w (`float | None`): fixed growth threshold theta_w; None = calibrate it.
+        gate_calibration_factor (`float`): theta_w = factor * median ||A_res||_F over the first checks.
+        gate_calibration_checks (`int`): number of checks whose ||A_res||_F calibrate theta_w.
+        gate_prune_factor (`float`): prune threshold phi_g = factor * theta_w (0 disables pruning).
+        gate_prune_patience (`int`): consecutive checks below phi_g before a head is pruned.
+        gate_oja_step, gate_mca_step (`float`): Oja / MCA EXIN step sizes in (0, 1], relative to a bound on
+            the spectral radius of A_res.
+        gate_tracker_steps (`int`): most tracker iterations per check (warm-started from the last check).
+        gate_tracker_tolerance (`float`): a tracker has converged when ||A u - rho u|| <= tol * max(|rho|,
+            theta_w), rho = u^T A u.
+        gate_num_tokens (`int`): tokens sampled (evenly spaced over non-padding tokens) per check.
+        gate_check_every (`int`): default number of optimizer steps between gate checks (growth callback).
+        gate_use_exact_eigh (`bool`): use the exact `eigh` reference instead of the trackers.
+    """
+
+    model_type = "ddcl_incrt"
+    keys_to_ignore_at_inference = [
+        "hidden_states", "attentions", "l_q", "l_ols", "prototype_variance", "temperatures",
+        "min_prototype_distance", "prototype_perplexity",
+    ]
+
+    vocab_size: int = 30522
+    hidden_size: int = 256
+    num_hidden_layers: int = 1
+    num_heads: int | list[int] | None = None
+    head_dim: int = 32
+    max_heads: int | None = None
+    num_prototypes: int = 16
+    tau_init: float = 1.0
+    tau_min: float = 0.05
+    prototype_loss_weight: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.0
+    classifier_dropout: float = 0.1
+    pooling: str = "cls"
+    initializer_range: float = 0.02
+    pad_token_id: int | None = 0
+    gate_theta_w: float | None = None
+    gate_calibration_factor: float = 0.1
+    gate_calibration_checks: int = 3
+    gate_prune_factor: float = 0.05
+    gate_prune_patience: int = 3
+    gate_oja_step: float = 0.9
+    gate_mca_step: float = 0.9
+    gate_tracker_steps: int = 200
+    gate_tracker_tolerance: float = 0.02
+    gate_num_tokens: int = 512
+    gate_check_every: int = 100
+    gate_use_exact_eigh: bool = False
+
+    def __post_init__(self, **kwargs):
+        minimums = {
+            "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "head_dim": 1, "num_prototypes": 2,
+            "max_position_embeddings": 1, "type_vocab_size": 0, "gate_calibration_checks": 1,
+            "gate_prune_patience": 1, "gate_tracker_steps": 1, "gate_num_tokens": 2, "gate_check_every": 1,
+        }
+        for name, minimum in minimums.items():
+            _require_int(name, getattr(self, name), minimum)
+        if self.max_heads is None:
+            if self.head_dim > self.hidden_size:
+                raise ValueError(
+                    f"`head_dim` ({self.head_dim}) must not exceed `hidden_size` ({self.hidden_size}) "
+                    "when `max_heads` is left to its default hidden_size // head_dim"
+                )
+            self.max_heads = self.hidden_size // self.head_dim
+        _require_int("max_heads", self.max_heads, 1)
+        self.num_heads = self._validated_num_heads(self.num_heads)
+        _require_float("tau_min", self.tau_min, low=0.0, low_open=True)
+        _require_float("tau_init", self.tau_init, low=self.tau_min, low_open=True)
+        _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0)
+        _require_float("layer_norm_eps", self.layer_norm_eps, low=0.0, low_open=True)
+        _require_float("initializer_range", self.initializer_range, low=0.0, low_open=True)
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            _require_float(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"`pooling` must be one of {POOLING_MODES}, got {self.pooling!r}")
+        if self.pad_token_id is not None:
+            _require_int("pad_token_id", self.pad_token_id, 0)
+            if self.pad_token_id >= self.vocab_size:
+                raise ValueError(
+                    f"`pad_token_id` ({self.pad_token_id}) must be < `vocab_size` ({self.vocab_size})"
+                )
+        if self.gate_theta_w is not None:
+            _require_float("gate_theta_w", self.gate_theta_w, low=0.0, low_open=True)
+        _require_float("gate_calibration_factor", self.gate_calibration_factor, low=0.0, low_open=True)
+        _require_float("gate_prune_factor", self.gate_prune_factor, low=0.0)
+        for name in ("gate_oja_step", "gate_mca_step", "gate_tracker_tolerance"):
+            _require_float(name, getattr(self, name), low=0.0, high=1.0, low_open=True)
+        if not isinstance(self.gate_use_exact_eigh, bool):
+            raise TypeError(f"`gate_use_exact_eigh` must be a bool, got {self.gate_use_exact_eigh!r}")
+        super().__post_init__(**kwargs)
+        if self.num_labels < 2:
+            raise ValueError(f"`num_labels` must be >= 2 (cross-entropy classifier), got {self.num_labels}")
+        if self.problem_type not in (None, "single_label_classification"):
+            raise ValueError(
+                f"`problem_type` must be None or 'single_label_classification', got {self.problem_type!r}"
+            )
+
+    def _validated_num_heads(self, num_heads) -> list[int]:
+        """`num_heads` as a list with one count in [1, max_heads] per layer; an int is expanded."""
+        if num_heads is None:
+            num_heads = 1
+        if isinstance(num_heads, int) and not isinstance(num_heads, bool):
+            num_heads = [num_heads] * self.num_hidden_layers
+        if not isinstance(num_heads, (list, tuple)):
+            raise TypeError(f"`num_heads` must be an int or a list of ints, got {type(num_heads).__name__}")
+        if len(num_heads) != self.num_hidden_layers:
+            raise ValueError(f"`num_heads` has {len(num_heads)} entries but `num_hidden_layers` is "
+                             f"{self.num_hidden_layers}")
+        for layer, count in enumerate(num_heads):
+            _require_int(f"num_heads[{layer}]", count, 1)
+            if count > self.max_heads:
+                raise ValueError(f"`num_heads[{layer}]` = {count} exceeds `max_heads` = {self.max_heads}")
+        return list(num_heads)
+
+
+__all__ = ["DDCLIncrtConfig"]

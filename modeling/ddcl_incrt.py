@@ -1,0 +1,452 @@
+"""DDCL-INCRT encoder (DESIGN §3): embeddings -> layers (growable attention + per-head prototype blocks,
+no feed-forward block) -> pooling -> classifier.
+
+Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
+which the INCRT gate reads, is layer-normalised. Loss = cross-entropy + lambda * mean L_q, the mean taken
+over layers, heads and real (non-padding) tokens. `config.num_heads` is the single source of truth for the
+architecture; `grow_head`, `prune_head` and `resize_heads` edit it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput, can_return_tuple
+
+from ..configuration.ddcl_incrt import DDCLIncrtConfig
+from .incrt import AttentionHead, AttentionOutput, GateDecision, GrowableAttention, IncrtGate
+from .prototypes import PrototypeBank, assignment_perplexity, min_pairwise_distance, rho_for_temperature
+
+
+@dataclass
+class DDCLIncrtModelOutput(ModelOutput):
+    """Encoder output with the DDCL auxiliary quantities (DESIGN §3).
+
+    l_q, l_ols, prototype_variance: means of L_q = L_OLS + V over layers, heads and real tokens.
+    temperatures, min_prototype_distance, prototype_perplexity: one (heads,) tensor per layer (detached):
+    tau per head, min_{i != j} ||p_i - p_j|| per head, effective number of used prototypes per head.
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    l_q: torch.Tensor | None = None
+    l_ols: torch.Tensor | None = None
+    prototype_variance: torch.Tensor | None = None
+    temperatures: tuple[torch.Tensor, ...] | None = None
+    min_prototype_distance: tuple[torch.Tensor, ...] | None = None
+    prototype_perplexity: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class DDCLIncrtSequenceClassifierOutput(ModelOutput):
+    """Classifier output: loss = CE + prototype_loss_weight * l_q, plus the encoder's auxiliary quantities."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    l_q: torch.Tensor | None = None
+    l_ols: torch.Tensor | None = None
+    prototype_variance: torch.Tensor | None = None
+    temperatures: tuple[torch.Tensor, ...] | None = None
+    min_prototype_distance: tuple[torch.Tensor, ...] | None = None
+    prototype_perplexity: tuple[torch.Tensor, ...] | None = None
+
+
+class DDCLIncrtEmbeddings(nn.Module):
+    """Word + learned position (+ token type) embeddings, LayerNorm, dropout; BERT's module names."""
+
+    def __init__(self, config: DDCLIncrtConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(
+            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, config.hidden_size) if config.type_vocab_size > 0 else None
+        )
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        device = inputs_embeds.device
+        positions = torch.arange(inputs_embeds.shape[1], device=device)
+        embeddings = inputs_embeds + self.position_embeddings(positions)[None]
+        if self.token_type_embeddings is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros(inputs_embeds.shape[:2], dtype=torch.long, device=device)
+            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class DDCLIncrtLayer(nn.Module):
+    """Growable attention with prototype blocks, then residual + LayerNorm (post-norm); no FFN block."""
+
+    def __init__(self, config: DDCLIncrtConfig, layer_index: int):
+        super().__init__()
+        self.attention = GrowableAttention(config, layer_index)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool
+    ) -> tuple[torch.Tensor, AttentionOutput]:
+        attention = self.attention(hidden_states, attention_mask, output_attentions)
+        hidden_states = self.LayerNorm(hidden_states + self.dropout(attention.output))
+        return hidden_states, attention
+
+
+def _masked_token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of per-token values (B, H, T) over heads and real tokens (token_mask (B, T), bool)."""
+    weights = token_mask[:, None, :].to(values.dtype)
+    return (values * weights).sum() / (weights.sum() * values.shape[1]).clamp_min(1.0)
+
+
+class DDCLIncrtPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and the growth API shared by the encoder and the classifier (DESIGN §3)."""
+
+    config: DDCLIncrtConfig
+    config_class = DDCLIncrtConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["DDCLIncrtLayer"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT-style init for Linear/Embedding/LayerNorm; prototypes ~ N(0, s^2) with
+        s = initializer_range * sqrt(hidden), the scale of v_proj outputs on layer-normalised inputs;
+        tau = tau_init; fresh gate buffers."""
+        super()._init_weights(module)
+        if isinstance(module, PrototypeBank):
+            std = self.config.initializer_range * math.sqrt(self.config.hidden_size)
+            init.normal_(module.prototypes, std=std)
+            init.constant_(module.rho, rho_for_temperature(module.tau_init, module.tau_min))
+        elif isinstance(module, IncrtGate):
+            for name, value in module.initial_state().items():
+                init.copy_(getattr(module, name), value)
+
+    def _attention(self, layer: int) -> GrowableAttention:
+        num_layers = len(self.base_model.layers)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < num_layers:
+            raise ValueError(f"`layer` must be an int in [0, {num_layers}), got {layer!r}")
+        return self.base_model.layers[layer].attention
+
+    def _record_head_count(self, layer: int) -> None:
+        num_heads = list(self.config.num_heads)
+        num_heads[layer] = len(self._attention(layer).heads)
+        self.config.num_heads = num_heads
+
+    @torch.no_grad()
+    def grow_head(self, layer: int, direction: torch.Tensor | None = None) -> AttentionHead:
+        """Append a head to `layer` and return it (INCRT growth). Function-preserving: its o_proj starts
+        at zero, so the logits do not change, while o_proj's gradient is non-zero. With `direction` (a
+        vector in R^hidden, normalised here) the head's first query/key rows point along it and the
+        direction joins the layer gate's deflation basis."""
+        attention = self._attention(layer)
+        if len(attention.heads) >= self.config.max_heads:
+            raise ValueError(f"layer {layer} already has `max_heads` = {self.config.max_heads} heads")
+        unit = None
+        if direction is not None:
+            if not isinstance(direction, torch.Tensor) or direction.shape != (self.config.hidden_size,):
+                raise ValueError(f"`direction` must be a tensor of shape ({self.config.hidden_size},), got "
+                                 f"{getattr(direction, 'shape', type(direction).__name__)}")
+            norm = direction.double().norm()
+            if not torch.isfinite(norm) or norm < 1e-8:
+                raise ValueError("`direction` must be finite and non-zero")
+            unit = (direction.double() / norm).float().to(attention.gate.basis.device)
+        reference = attention.heads[0].o_proj.weight
+        head = AttentionHead(self.config).to(device=reference.device, dtype=reference.dtype)
+        head.apply(self._init_weights)
+        head.o_proj.weight.zero_()
+        if unit is not None:
+            head.align_with(unit)
+        attention.add_head(head, unit)
+        self._record_head_count(layer)
+        return head
+
+    @torch.no_grad()
+    def prune_head(self, layer: int, head: int) -> AttentionHead:
+        """Remove head `head` of `layer` and return it; the output loses exactly that head's contribution."""
+        attention = self._attention(layer)
+        num_heads = len(attention.heads)
+        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < num_heads:
+            raise ValueError(f"`head` must be an int in [0, {num_heads}) for layer {layer}, got {head!r}")
+        if num_heads == 1:
+            raise ValueError(f"cannot prune the last remaining head of layer {layer}")
+        removed = attention.remove_head(head)
+        self._record_head_count(layer)
+        return removed
+
+    def resize_heads(self, num_heads: int | list[int]) -> None:
+        """Grow (no direction) or prune to the given per-layer counts; pruning removes the last heads first
+        (the most recently grown)."""
+        num_layers = len(self.base_model.layers)
+        max_heads = self.config.max_heads
+        targets = num_heads
+        if isinstance(num_heads, int) and not isinstance(num_heads, bool):
+            targets = [num_heads] * num_layers
+        if not isinstance(targets, (list, tuple)) or len(targets) != num_layers:
+            raise ValueError(f"`num_heads` must be an int or a list of {num_layers} ints, got {num_heads!r}")
+        for layer, target in enumerate(targets):
+            if isinstance(target, bool) or not isinstance(target, int) or not 1 <= target <= max_heads:
+                raise ValueError(f"`num_heads[{layer}]` must be an int in [1, {max_heads}], got {target!r}")
+        for layer, target in enumerate(targets):
+            heads = self._attention(layer).heads
+            while len(heads) < target:
+                self.grow_head(layer)
+            while len(heads) > target:
+                self.prune_head(layer, len(heads) - 1)
+
+    @torch.no_grad()
+    def gate_second_moments(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """C_l = X_l^T X_l / N for every layer's input X_l (eval mode, no dropout), on N = gate_num_tokens
+        real tokens evenly spaced over the batch. Several processes can average these before `gate_check`."""
+        was_training = self.training
+        self.eval()
+        try:
+            outputs = self.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                inputs_embeds=inputs_embeds, output_hidden_states=True, return_dict=True,
+            )
+        finally:
+            self.train(was_training)
+        first = outputs.hidden_states[0]
+        if attention_mask is None:
+            token_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
+        else:
+            token_mask = attention_mask.to(first.device) != 0
+        positions = token_mask.flatten().nonzero().squeeze(1)
+        count = min(self.config.gate_num_tokens, positions.shape[0])
+        spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
+        chosen = positions[spaced]
+        moments = []
+        for layer_input in outputs.hidden_states[:-1]:
+            tokens = layer_input.reshape(-1, layer_input.shape[-1])[chosen].float()
+            moments.append(tokens.T @ tokens / count)
+        return moments
+
+    @torch.no_grad()
+    def gate_check(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        second_moments: list[torch.Tensor] | None = None,
+    ) -> list[GateDecision]:
+        """One INCRT gate check per layer, on a batch or on precomputed `second_moments` (one d x d matrix
+        per layer, e.g. averaged over processes). Updates the gate buffers and applies nothing: act on the
+        decisions with `grow_head(layer, decision.direction)` and `prune_head`."""
+        if second_moments is None:
+            second_moments = self.gate_second_moments(
+                input_ids, attention_mask, token_type_ids, inputs_embeds
+            )
+        layers = self.base_model.layers
+        hidden = self.config.hidden_size
+        if len(second_moments) != len(layers) or any(m.shape != (hidden, hidden) for m in second_moments):
+            raise ValueError(
+                f"`second_moments` must hold {len(layers)} matrices of shape ({hidden}, {hidden})"
+            )
+        return [
+            layer.attention.gate_check(moment) for layer, moment in zip(layers, second_moments, strict=True)
+        ]
+
+
+class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
+    """DDCL-INCRT encoder: embeddings -> layers -> pooling ("cls": first token, "mean": real tokens)."""
+
+    def __init__(self, config: DDCLIncrtConfig):
+        super().__init__(config)
+        self.embeddings = DDCLIncrtEmbeddings(config)
+        self.layers = nn.ModuleList(
+            [DDCLIncrtLayer(config, index) for index in range(config.num_hidden_layers)]
+        )
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def _validated_token_mask(self, input_ids, attention_mask, token_type_ids, inputs_embeds) -> torch.Tensor:
+        """Check the inputs; return the (B, T) boolean mask of real tokens."""
+        config = self.config
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of `input_ids` and `inputs_embeds`")
+        if input_ids is not None:
+            shape = tuple(input_ids.shape)
+            if input_ids.dim() != 2:
+                raise ValueError(f"`input_ids` must have shape (batch, sequence), got {shape}")
+            if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+                raise TypeError(f"`input_ids` must be an integer tensor, got {input_ids.dtype}")
+            if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= config.vocab_size):
+                raise ValueError(
+                    f"`input_ids` must lie in [0, vocab_size={config.vocab_size}), got values in "
+                    f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+                )
+        else:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+                raise ValueError(
+                    f"`inputs_embeds` must have shape (batch, sequence, {config.hidden_size}), got "
+                    f"{tuple(inputs_embeds.shape)}"
+                )
+            shape = tuple(inputs_embeds.shape[:2])
+        if shape[1] < 1 or shape[1] > config.max_position_embeddings:
+            raise ValueError(f"sequence length {shape[1]} must lie in [1, max_position_embeddings="
+                             f"{config.max_position_embeddings}]")
+        device = input_ids.device if input_ids is not None else inputs_embeds.device
+        if token_type_ids is not None:
+            if tuple(token_type_ids.shape) != shape:
+                raise ValueError(
+                    f"`token_type_ids` must have shape {shape}, got {tuple(token_type_ids.shape)}"
+                )
+            if config.type_vocab_size == 0:
+                raise ValueError("`token_type_ids` given but the config has `type_vocab_size` = 0")
+            if token_type_ids.min() < 0 or token_type_ids.max() >= config.type_vocab_size:
+                raise ValueError(
+                    f"`token_type_ids` must lie in [0, type_vocab_size={config.type_vocab_size})"
+                )
+        if attention_mask is None:
+            return torch.ones(shape, dtype=torch.bool, device=device)
+        if tuple(attention_mask.shape) != shape:
+            raise ValueError(f"`attention_mask` must have shape {shape} like the inputs, got "
+                             f"{tuple(attention_mask.shape)}")
+        if not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("`attention_mask` must contain only 0 (padding) and 1 (token)")
+        token_mask = attention_mask.to(device) != 0
+        empty = (~token_mask.any(dim=1)).nonzero()
+        if empty.numel():
+            raise ValueError(f"`attention_mask` row {int(empty[0])} has no tokens")
+        if config.pooling == "cls" and not token_mask[:, 0].all():
+            raise ValueError(
+                "`attention_mask` marks position 0 as padding, but pooling='cls' reads position 0 "
+                "(pad on the right, or use pooling='mean')"
+            )
+        return token_mask
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> DDCLIncrtModelOutput:
+        config = self.config
+        output_attentions = config.output_attentions if output_attentions is None else output_attentions
+        if output_hidden_states is None:
+            output_hidden_states = config.output_hidden_states
+        for index, layer in enumerate(self.layers):
+            if len(layer.attention.heads) != config.num_heads[index]:
+                raise ValueError(
+                    f"`config.num_heads[{index}]` = {config.num_heads[index]} but layer {index} has "
+                    f"{len(layer.attention.heads)} heads: change heads with grow_head, prune_head or "
+                    "resize_heads"
+                )
+        token_mask = self._validated_token_mask(input_ids, attention_mask, token_type_ids, inputs_embeds)
+        key_mask = None if bool(token_mask.all()) else token_mask[:, None, None, :]
+
+        hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)
+        all_hidden_states = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        l_q, l_ols, variance, temperatures, separations, perplexities = [], [], [], [], [], []
+        for layer in self.layers:
+            hidden_states, attention = layer(hidden_states, key_mask, output_attentions)
+            prototypes = attention.prototypes
+            l_q.append(_masked_token_mean(prototypes.l_q, token_mask))
+            l_ols.append(_masked_token_mean(prototypes.l_ols, token_mask))
+            variance.append(_masked_token_mean(prototypes.variance, token_mask))
+            with torch.no_grad():
+                temperatures.append(layer.attention.temperatures().detach())
+                separations.append(min_pairwise_distance(layer.attention.prototype_banks().detach().float()))
+                perplexities.append(assignment_perplexity(prototypes.assignments.detach(), token_mask))
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            if output_attentions:
+                all_attentions += (attention.attention_probs,)
+
+        if config.pooling == "cls":
+            pooled = hidden_states[:, 0]
+        else:
+            weights = token_mask[..., None].to(hidden_states.dtype)
+            pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        return DDCLIncrtModelOutput(
+            last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_hidden_states,
+            attentions=all_attentions, l_q=torch.stack(l_q).mean(), l_ols=torch.stack(l_ols).mean(),
+            prototype_variance=torch.stack(variance).mean(), temperatures=tuple(temperatures),
+            min_prototype_distance=tuple(separations), prototype_perplexity=tuple(perplexities),
+        )
+
+
+class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
+    """DDCL-INCRT encoder + dropout + linear classifier; loss = CE + prototype_loss_weight * mean L_q."""
+
+    def __init__(self, config: DDCLIncrtConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = DDCLIncrtModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> DDCLIncrtSequenceClassifierOutput:
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))
+        loss = None
+        if labels is not None:
+            integer = not (labels.dtype.is_floating_point or labels.dtype == torch.bool)
+            if labels.shape != logits.shape[:1] or not integer:
+                raise ValueError(
+                    f"`labels` must be an integer tensor of shape ({logits.shape[0]},), got "
+                    f"{labels.dtype} {tuple(labels.shape)}"
+                )
+            if labels.min() < 0 or labels.max() >= self.num_labels:
+                raise ValueError(f"`labels` must lie in [0, num_labels={self.num_labels})")
+            logits_for_loss = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            loss = F.cross_entropy(logits_for_loss, labels) + self.config.prototype_loss_weight * outputs.l_q
+        return DDCLIncrtSequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            l_q=outputs.l_q, l_ols=outputs.l_ols, prototype_variance=outputs.prototype_variance,
+            temperatures=outputs.temperatures, min_prototype_distance=outputs.min_prototype_distance,
+            prototype_perplexity=outputs.prototype_perplexity,
+        )
+
+
+__all__ = ["DDCLIncrtPreTrainedModel", "DDCLIncrtModel", "DDCLIncrtForSequenceClassification",
+           "DDCLIncrtModelOutput", "DDCLIncrtSequenceClassifierOutput"]

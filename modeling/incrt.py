@@ -1,0 +1,460 @@
+"""INCRT (DESIGN §3): attention whose heads are added and removed, and the spectral gate deciding when.
+
+The gate of one layer, on that layer's input X (N sampled tokens x d):
+
+    M_a   = sum_h (W_Q^h W_K^h^T - W_K^h W_Q^h^T) / 2     directional_matrix     (directional, antisymmetric)
+    A_sym = (C M_a + (C M_a)^T) / 2,  C = X^T X / N        interaction_matrix
+    A_res = P A_sym P,  P = I - Q^T Q                      deflate                (Q: directions given a head)
+    grow  when lambda_max(A_res) > theta_w, along u+      (Oja's rule; `eigh` is the exact reference)
+    prune a head whose ||C M_a^h||_F < phi_g for T checks  head_directional_energy
+    stop  when lambda_max(A_res) <= theta_w
+
+C is X^T X divided by N (a project choice: theta_w then does not depend on how many tokens are sampled).
+W_Q^h here is the (d x D) matrix with q = x W_Q^h, i.e. the transpose of the head's `nn.Linear` weight.
+The functions below are pure tensor code (tested on planted spectra without a model); `IncrtGate` keeps
+the per-layer state as fixed-shape buffers so checkpoints and resumed runs carry it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .prototypes import PrototypeBank, PrototypeOutput, prototype_block, temperature_from_rho
+
+EPS = 1e-12
+RESTART_NORM = 1e-3  # a warm start shorter than this after deflation is replaced by a seeded vector
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Functional core
+# ---------------------------------------------------------------------------------------------------------
+
+
+def directional_matrix(query_weights: torch.Tensor, key_weights: torch.Tensor) -> torch.Tensor:
+    """INCRT gate, directional part: M_a = sum_h (W_Q^h W_K^h^T - W_K^h W_Q^h^T) / 2.
+
+    query_weights, key_weights: (H, D, d) stacked `nn.Linear` weights -> (d, d), antisymmetric.
+    """
+    bilinear = torch.einsum("hrd,hre->de", query_weights, key_weights)
+    return (bilinear - bilinear.T) / 2
+
+
+def head_directional_energy(second_moment: torch.Tensor, query_weights: torch.Tensor,
+                            key_weights: torch.Tensor) -> torch.Tensor:
+    """INCRT prune criterion ||C M_a^h||_F per head -> (H,), without forming a d x d matrix per head.
+
+    C M_a^h = L R^T / 2 with L = [C W_Q, -C W_K], R = [W_K, W_Q] (d x 2D), so ||C M_a^h||_F^2 =
+    <L^T L, R^T R> / 4: two 2D x 2D Gram matrices per head.
+    """
+    w_q = query_weights.transpose(1, 2)
+    w_k = key_weights.transpose(1, 2)
+    left = torch.cat([second_moment @ w_q, -(second_moment @ w_k)], dim=2)
+    right = torch.cat([w_k, w_q], dim=2)
+    squared = ((left.transpose(1, 2) @ left) * (right.transpose(1, 2) @ right)).sum(dim=(1, 2))
+    return squared.clamp_min(0.0).sqrt() / 2
+
+
+def interaction_matrix(second_moment: torch.Tensor, directional: torch.Tensor) -> torch.Tensor:
+    """INCRT gate: A = C M_a, A_sym = (A + A^T) / 2. Traceless when M_a is antisymmetric, hence indefinite."""
+    interaction = second_moment @ directional
+    return (interaction + interaction.T) / 2
+
+
+def project_out(vector: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """P v = v - Q^T (Q v) for a basis Q (r x d) with orthonormal rows."""
+    return vector - basis.T @ (basis @ vector)
+
+
+def deflate(symmetric: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """INCRT gate, deflated residual: A_res = P A_sym P, P = I - Q^T Q (Q: r x d, orthonormal rows)."""
+    if basis.shape[0] == 0:
+        return symmetric
+    identity = torch.eye(symmetric.shape[0], dtype=symmetric.dtype, device=symmetric.device)
+    projector = identity - basis.T @ basis
+    return projector @ symmetric @ projector
+
+
+def spectral_radius_bound(matrix: torch.Tensor) -> torch.Tensor:
+    """max |lambda_i| <= (sum_i lambda_i^4)^(1/4) = ||A A||_F^(1/2) for symmetric A (Schatten-4 norm).
+
+    One matrix product; tighter than ||A||_F = (sum_i lambda_i^2)^(1/2) by up to d^(1/4) on spread spectra,
+    which is what sets the trackers' speed.
+    """
+    return torch.linalg.matrix_norm(matrix @ matrix).sqrt()
+
+
+def oja_step(vector: torch.Tensor, product: torch.Tensor, rate: float) -> torch.Tensor:
+    """Oja's rule for the top eigenvector: u <- normalize(u + eta A u), given product = A u.
+
+    A_sym is indefinite, and the iteration is a power iteration on I + eta A: it converges to the largest
+    *signed* eigenvalue only while I + eta A is positive definite. `track_eigenvector` takes
+    eta = step / b with step <= 1 and b >= max |lambda_i| (`spectral_radius_bound`), which guarantees it.
+    """
+    updated = vector + rate * product
+    return updated / updated.norm().clamp_min(EPS)
+
+
+def mca_exin_step(vector: torch.Tensor, product: torch.Tensor, rate: float) -> torch.Tensor:
+    """MCA EXIN (Cirrincione) for the minor eigenvector: u <- u - eta/(u^T u) [A u - (u^T A u / u^T u) u].
+
+    It is gradient descent on the Rayleigh quotient; the step is orthogonal to u, so renormalising afterwards
+    only removes MCA EXIN's slow norm growth (and keeps eta = step / b meaningful, as for `oja_step`).
+    """
+    norm_sq = (vector @ vector).clamp_min(EPS)
+    rayleigh = (vector @ product) / norm_sq
+    updated = vector - rate / norm_sq * (product - rayleigh * vector)
+    return updated / updated.norm().clamp_min(EPS)
+
+
+class TrackedEigenpair(NamedTuple):
+    vector: torch.Tensor  # unit vector
+    eigenvalue: float  # its Rayleigh quotient rho = u^T A u
+    residual: float  # ||A u - rho u|| / max(|rho|, floor): an eigenvalue lies within residual * |rho| of rho
+    steps: int  # tracker iterations taken
+
+
+def track_eigenvector(
+    matrix: torch.Tensor,
+    start: torch.Tensor,
+    *,
+    step: float,
+    max_steps: int,
+    tolerance: float,
+    floor: float = 0.0,
+    minor: bool = False,
+    spectral_bound: float | None = None,
+) -> TrackedEigenpair:
+    """Warm-started Oja (top) or MCA EXIN (`minor=True`) iterations on a symmetric matrix with
+    eta = step / spectral_bound (default `spectral_radius_bound`), until the relative residual
+    ||A u - rho u|| / max(|rho|, floor) <= tolerance or `max_steps` updates. `floor` (the gate passes
+    theta_w) keeps a top eigenvalue of exactly zero from never converging."""
+    if spectral_bound is None:
+        spectral_bound = float(spectral_radius_bound(matrix))
+    rate = step / max(spectral_bound, EPS)
+    update = mca_exin_step if minor else oja_step
+    vector = start / start.norm().clamp_min(EPS)
+    steps = 0
+    while True:
+        product = matrix @ vector
+        rayleigh = float(vector @ product)
+        residual = float((product - rayleigh * vector).norm()) / max(abs(rayleigh), floor, EPS)
+        if residual <= tolerance or steps == max_steps:
+            return TrackedEigenpair(vector, rayleigh, residual, steps)
+        vector = update(vector, product, rate)
+        steps += 1
+
+
+class ExactEigenpairs(NamedTuple):
+    lambda_max: float
+    top: torch.Tensor
+    lambda_min: float
+    minor: torch.Tensor
+
+
+def exact_extreme_eigenpairs(matrix: torch.Tensor) -> ExactEigenpairs:
+    """Reference for the trackers: the extreme eigenpairs of a symmetric matrix by `eigh` in float64."""
+    eigenvalues, eigenvectors = torch.linalg.eigh(matrix.double())
+    top, minor = eigenvectors[:, -1].to(matrix.dtype), eigenvectors[:, 0].to(matrix.dtype)
+    return ExactEigenpairs(float(eigenvalues[-1]), top, float(eigenvalues[0]), minor)
+
+
+def seeded_unit_vector(dim: int, seed: int) -> torch.Tensor:
+    """A deterministic random unit vector (same on every process: tracker starts and restarts)."""
+    generator = torch.Generator().manual_seed(seed)
+    vector = torch.randn(dim, generator=generator, dtype=torch.float64)
+    return (vector / vector.norm()).float()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gate state and decisions
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class GateDecision:
+    """One layer's gate verdict (INCRT gate).
+
+    action: "calibrating" (theta_w not set yet), "pending" (top tracker not converged, check again),
+    "grow" (lambda_max > theta_w), "full" (would grow but the layer has `max_heads`), "stop".
+    lambda_max / lambda_min: Rayleigh quotients of u+ / u- on A_res (lambda_max is a lower bound of the
+    true top eigenvalue, tight once converged). prune: heads to remove, in decreasing index order so they
+    can be pruned one after another.
+    """
+
+    layer: int
+    action: str
+    lambda_max: float
+    lambda_min: float
+    theta_w: float
+    residual_norm: float
+    tracker_residual: float
+    direction: torch.Tensor = field(repr=False)
+    head_energies: list[float]
+    prune: list[int]
+
+
+class IncrtGate(nn.Module):
+    """Per-layer INCRT gate state, as persistent buffers of fixed shape (hidden size d, cap m = max_heads):
+
+    u_plus, u_minus (d): Oja / MCA EXIN vectors, warm starts of the next check; basis (m x d) with
+    basis_owner (m, head index or -1) and basis_size: the deflation basis Q, one row per head grown along
+    a direction; theta_w and calibrated; calibration_norms (||A_res||_F of the first checks) and num_checks;
+    prune_counters (m): consecutive checks each head spent below phi_g = gate_prune_factor * theta_w.
+    """
+
+    def __init__(self, config, layer_index: int):
+        super().__init__()
+        self.config = config
+        self.layer_index = layer_index
+        for name, value in self.initial_state().items():
+            self.register_buffer(name, value)
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        """Buffer values of a fresh gate (used by the constructor and by `_init_weights`)."""
+        config = self.config
+        dim, capacity = config.hidden_size, config.max_heads
+        return {
+            "u_plus": seeded_unit_vector(dim, seed=2 * self.layer_index),
+            "u_minus": seeded_unit_vector(dim, seed=2 * self.layer_index + 1),
+            "basis": torch.zeros(capacity, dim),
+            "basis_owner": torch.full((capacity,), -1, dtype=torch.long),
+            "basis_size": torch.tensor(0, dtype=torch.long),
+            "theta_w": torch.tensor(float(config.gate_theta_w or 0.0)),
+            "calibrated": torch.tensor(config.gate_theta_w is not None),
+            "calibration_norms": torch.zeros(config.gate_calibration_checks),
+            "num_checks": torch.tensor(0, dtype=torch.long),
+            "prune_counters": torch.zeros(capacity, dtype=torch.long),
+        }
+
+    def active_basis(self) -> torch.Tensor:
+        return self.basis[: int(self.basis_size)]
+
+    def _warm_start(self, vector: torch.Tensor, seed: int) -> torch.Tensor:
+        """Previous tracker vector with the deflated directions removed; a seeded one if nothing is left."""
+        basis = self.active_basis()
+        start = project_out(vector, basis)
+        if start.norm() < RESTART_NORM:
+            start = project_out(seeded_unit_vector(vector.shape[0], seed).to(vector.device), basis)
+        return start
+
+    def _calibrate(self, residual_norm: float) -> None:
+        """theta_w = gate_calibration_factor * median ||A_res||_F over the first checks (author's code)."""
+        index = int(self.num_checks) - 1
+        self.calibration_norms[index] = residual_norm
+        if index + 1 == self.calibration_norms.shape[0]:
+            median = float(torch.quantile(self.calibration_norms, 0.5))
+            self.theta_w.fill_(self.config.gate_calibration_factor * median)
+            self.calibrated.fill_(True)
+
+    def _update_prune_counters(self, head_energies: torch.Tensor) -> list[int]:
+        """Count consecutive checks below phi_g per head; heads at `gate_prune_patience` are to be pruned
+        (never all of them: the highest-energy head stays)."""
+        num_heads = head_energies.shape[0]
+        threshold = self.config.gate_prune_factor * float(self.theta_w)
+        below = head_energies < threshold
+        counters = self.prune_counters[:num_heads]
+        self.prune_counters[:num_heads] = torch.where(below, counters + 1, torch.zeros_like(counters))
+        self.prune_counters[num_heads:] = 0
+        patience = self.config.gate_prune_patience
+        candidates = [h for h in range(num_heads) if int(self.prune_counters[h]) >= patience]
+        if len(candidates) == num_heads:
+            candidates.remove(int(head_energies.argmax()))
+        return sorted(candidates, reverse=True)
+
+    @torch.no_grad()
+    def check(self, second_moment: torch.Tensor, directional: torch.Tensor,
+              head_energies: torch.Tensor) -> GateDecision:
+        """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision."""
+        config = self.config
+        with torch.autocast(device_type=second_moment.device.type, enabled=False):
+            residual = deflate(interaction_matrix(second_moment.float(), directional.float()),
+                               self.active_basis())
+            residual_norm = float(torch.linalg.matrix_norm(residual))
+            self.num_checks += 1
+            if not bool(self.calibrated):
+                self._calibrate(residual_norm)
+            if config.gate_use_exact_eigh:
+                exact = exact_extreme_eigenpairs(residual)
+                top = TrackedEigenpair(exact.top, exact.lambda_max, 0.0, 0)
+                minor = TrackedEigenpair(exact.minor, exact.lambda_min, 0.0, 0)
+            else:
+                seed = 1000 * (self.layer_index + 1) + int(self.basis_size)
+                tracker = {
+                    "max_steps": config.gate_tracker_steps, "tolerance": config.gate_tracker_tolerance,
+                    "floor": float(self.theta_w), "spectral_bound": float(spectral_radius_bound(residual)),
+                }
+                top = track_eigenvector(residual, self._warm_start(self.u_plus, seed),
+                                        step=config.gate_oja_step, **tracker)
+                minor = track_eigenvector(residual, self._warm_start(self.u_minus, seed + 500),
+                                          step=config.gate_mca_step, minor=True, **tracker)
+            self.u_plus.copy_(top.vector)
+            self.u_minus.copy_(minor.vector)
+        theta_w = float(self.theta_w)
+        prune: list[int] = []
+        if not bool(self.calibrated):
+            action = "calibrating"
+        else:
+            prune = self._update_prune_counters(head_energies.float())
+            if top.residual > config.gate_tracker_tolerance:
+                action = "pending"
+            elif top.eigenvalue > theta_w:
+                action = "full" if head_energies.shape[0] >= config.max_heads else "grow"
+            else:
+                action = "stop"
+        return GateDecision(
+            layer=self.layer_index, action=action, lambda_max=top.eigenvalue, lambda_min=minor.eigenvalue,
+            theta_w=theta_w, residual_norm=residual_norm, tracker_residual=top.residual,
+            direction=top.vector.clone(), head_energies=head_energies.tolist(), prune=prune,
+        )
+
+    @torch.no_grad()
+    def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:
+        """A head was appended at `head_index`; a direction it was given joins the deflation basis Q
+        (Gram-Schmidt, twice for stability; a direction already inside span(Q) adds no row)."""
+        self.prune_counters[head_index] = 0
+        if direction is None:
+            return
+        basis = self.active_basis()
+        row = project_out(direction.to(self.basis.dtype), basis)
+        if row.norm() < RESTART_NORM * direction.norm():
+            return
+        row = project_out(row / row.norm(), basis)
+        size = int(self.basis_size)
+        self.basis[size] = row / row.norm()
+        self.basis_owner[size] = head_index
+        self.basis_size += 1
+
+    @torch.no_grad()
+    def record_pruning(self, head_index: int) -> None:
+        """Head `head_index` was removed: drop the basis rows it owned, shift later owners and counters."""
+        size = int(self.basis_size)
+        owners = self.basis_owner[:size]
+        keep = owners != head_index
+        rows, kept_owners = self.basis[:size][keep].clone(), owners[keep].clone()
+        kept_owners[kept_owners > head_index] -= 1
+        self.basis.zero_()
+        self.basis_owner.fill_(-1)
+        self.basis[: rows.shape[0]] = rows
+        self.basis_owner[: rows.shape[0]] = kept_owners
+        self.basis_size.fill_(rows.shape[0])
+        counters = self.prune_counters.clone()
+        self.prune_counters[head_index:-1] = counters[head_index + 1:]
+        self.prune_counters[-1] = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Growable attention
+# ---------------------------------------------------------------------------------------------------------
+
+
+class AttentionHead(nn.Module):
+    """One head: q/k/v projections (hidden -> head_dim), its own prototype bank, o_proj (head_dim -> hidden).
+
+    Its contribution to the layer is o_proj(prototype_block(softmax(q k^T / sqrt(D) + mask) v)).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(config.hidden_size, config.head_dim)
+        self.k_proj = nn.Linear(config.hidden_size, config.head_dim)
+        self.v_proj = nn.Linear(config.hidden_size, config.head_dim)
+        self.prototype_bank = PrototypeBank(
+            config.num_prototypes, config.head_dim, config.tau_min, config.tau_init
+        )
+        self.o_proj = nn.Linear(config.head_dim, config.hidden_size, bias=False)
+
+    @torch.no_grad()
+    def align_with(self, direction: torch.Tensor) -> None:
+        """Make the head attend along the unit vector u: first query and key rows = D^(1/4) u (biases 0),
+        so that row's logit q_0 k_0 / sqrt(D) is exactly (u.x_i)(u.x_j)."""
+        scale = self.q_proj.out_features ** 0.25
+        for projection in (self.q_proj, self.k_proj):
+            projection.weight[0] = scale * direction.to(projection.weight.dtype)
+            projection.bias[0] = 0.0
+
+
+class AttentionOutput(NamedTuple):
+    output: torch.Tensor  # sum_h W_O^h o_hat^h, (B, T, hidden)
+    attention_probs: torch.Tensor | None  # (B, H, T, T) when requested
+    prototypes: PrototypeOutput
+
+
+class GrowableAttention(nn.Module):
+    """Self-attention over a list of `AttentionHead`s that grows and shrinks, plus the layer's `IncrtGate`.
+
+    The forward stacks the per-head weights and runs all heads in one batched matmul (torch SDPA; the explicit
+    softmax when attention probabilities are requested).
+    """
+
+    def __init__(self, config, layer_index: int):
+        super().__init__()
+        self.config = config
+        self.layer_index = layer_index
+        self.heads = nn.ModuleList([AttentionHead(config) for _ in range(config.num_heads[layer_index])])
+        self.gate = IncrtGate(config, layer_index)
+
+    def stacked(self, projection: str) -> torch.Tensor:
+        """(H, D, hidden) weights of the heads' q_proj or k_proj (the gate's W_Q^h, W_K^h transposed)."""
+        return torch.stack([getattr(head, projection).weight for head in self.heads])
+
+    def temperatures(self) -> torch.Tensor:
+        """Per-head tau = tau_min + softplus(rho), (H,)."""
+        return temperature_from_rho(torch.stack([head.prototype_bank.rho for head in self.heads]),
+                                    self.config.tau_min)
+
+    def prototype_banks(self) -> torch.Tensor:
+        """(H, K, D) prototypes of all heads."""
+        return torch.stack([head.prototype_bank.prototypes for head in self.heads])
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
+                output_attentions: bool = False) -> AttentionOutput:
+        """hidden_states (B, T, hidden); attention_mask: boolean (B, 1, 1, T), True for keys to attend."""
+        batch, length, _ = hidden_states.shape
+        num_heads, head_dim = len(self.heads), self.config.head_dim
+        projections = [head.q_proj for head in self.heads] + [head.k_proj for head in self.heads] + \
+            [head.v_proj for head in self.heads]
+        weight = torch.cat([projection.weight for projection in projections])
+        bias = torch.cat([projection.bias for projection in projections])
+        qkv = F.linear(hidden_states, weight, bias).view(batch, length, 3, num_heads, head_dim)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        attention_probs = None
+        if output_attentions:
+            scores = query @ key.transpose(-1, -2) / math.sqrt(head_dim)
+            if attention_mask is not None:
+                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+            attention_probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+            head_outputs = F.dropout(attention_probs, dropout, self.training) @ value
+        else:
+            head_outputs = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                          dropout_p=dropout)
+        prototypes = prototype_block(head_outputs, self.prototype_banks(), self.temperatures())
+        merged = prototypes.output.transpose(1, 2).reshape(batch, length, num_heads * head_dim)
+        output = F.linear(merged, torch.cat([head.o_proj.weight for head in self.heads], dim=1))
+        return AttentionOutput(output, attention_probs, prototypes)
+
+    @torch.no_grad()
+    def gate_check(self, second_moment: torch.Tensor) -> GateDecision:
+        """Run this layer's gate on C = X^T X / N of its input."""
+        query_weights, key_weights = self.stacked("q_proj").float(), self.stacked("k_proj").float()
+        second_moment = second_moment.float()
+        return self.gate.check(second_moment, directional_matrix(query_weights, key_weights),
+                               head_directional_energy(second_moment, query_weights, key_weights))
+
+    def add_head(self, head: AttentionHead, direction: torch.Tensor | None) -> int:
+        """Append a ready-initialised head; returns its index."""
+        self.heads.append(head)
+        self.gate.record_growth(len(self.heads) - 1, direction)
+        return len(self.heads) - 1
+
+    def remove_head(self, index: int) -> AttentionHead:
+        """Remove head `index` (the caller keeps at least one); returns the removed module."""
+        head = self.heads[index]
+        del self.heads[index]
+        self.gate.record_pruning(index)
+        return head

@@ -1,0 +1,439 @@
+"""DDCL-INCRT encoder: config validation, forward against an fp64 reference, growth API, checkpoints, gate."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+import geoformers  # noqa: F401  (registers the Auto classes)
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
+
+VOCAB, HIDDEN, HEAD_DIM = 40, 16, 4
+
+
+def small_config(**overrides):
+    settings = {
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "head_dim": HEAD_DIM, "num_hidden_layers": 2,
+        "num_heads": [1, 2], "num_prototypes": 3, "max_position_embeddings": 12, "num_labels": 3,
+    }
+    settings.update(overrides)
+    return DDCLIncrtConfig(**settings)
+
+
+def small_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return DDCLIncrtForSequenceClassification(small_config(**overrides)).eval()
+
+
+def batch(seed=0, size=3, length=9):
+    """Random ids; the second sequence (when there is one) is right-padded after 6 tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, VOCAB, (size, length), generator=generator)
+    attention_mask = torch.ones(size, length, dtype=torch.long)
+    attention_mask[1:2, 6:] = 0
+    input_ids[1:2, 6:] = 0
+    return input_ids, attention_mask
+
+
+def reference_forward(model, input_ids, attention_mask):
+    """Independent fp64 forward: per-head loops and explicit o - p_k differences -> (logits, mean L_q)."""
+    parameters = {name: p.detach().double() for name, p in model.named_parameters()}
+    config = model.config
+
+    def layer_norm(x, prefix):
+        return F.layer_norm(x, (HIDDEN,), parameters[f"{prefix}.weight"], parameters[f"{prefix}.bias"],
+                            config.layer_norm_eps)
+
+    length = input_ids.shape[1]
+    x = parameters["model.embeddings.word_embeddings.weight"][input_ids]
+    x = x + parameters["model.embeddings.position_embeddings.weight"][:length]
+    x = x + parameters["model.embeddings.token_type_embeddings.weight"][0]
+    x = layer_norm(x, "model.embeddings.LayerNorm")
+    keep = attention_mask.bool()
+    l_q_per_layer = []
+    for layer, num_heads in enumerate(config.num_heads):
+        update = torch.zeros_like(x)
+        l_q_heads = []
+        for head in range(num_heads):
+            prefix = f"model.layers.{layer}.attention.heads.{head}"
+
+            query, key, value = (
+                x @ parameters[f"{prefix}.{name}.weight"].T + parameters[f"{prefix}.{name}.bias"]
+                for name in ("q_proj", "k_proj", "v_proj")
+            )
+            scores = query @ key.transpose(1, 2) / math.sqrt(HEAD_DIM)
+            scores = scores.masked_fill(~keep[:, None, :], -math.inf)
+            o = torch.softmax(scores, -1) @ value
+            prototypes = parameters[f"{prefix}.prototype_bank.prototypes"]
+            tau = config.tau_min + F.softplus(parameters[f"{prefix}.prototype_bank.rho"])
+            distances = (o[:, :, None, :] - prototypes).pow(2).sum(-1)
+            q = torch.softmax(-distances / tau, -1)
+            l_q_heads.append(((q * distances).sum(-1) * keep).sum() / keep.sum())
+            update = update + (q @ prototypes) @ parameters[f"{prefix}.o_proj.weight"].T
+        x = layer_norm(x + update, f"model.layers.{layer}.LayerNorm")
+        l_q_per_layer.append(torch.stack(l_q_heads).mean())
+    logits = x[:, 0] @ parameters["classifier.weight"].T + parameters["classifier.bias"]
+    return logits, torch.stack(l_q_per_layer).mean()
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "error"),
+    [
+        ({"num_heads": [1, 1, 1]}, "num_heads", ValueError),
+        ({"num_heads": [1, 0]}, r"num_heads\[1\]", ValueError),
+        ({"num_heads": [1, 5]}, r"num_heads\[1\]", ValueError),
+        ({"num_heads": "2"}, "num_heads", TypeError),
+        ({"max_heads": 0}, "max_heads", ValueError),
+        ({"tau_min": 0.0}, "tau_min", ValueError),
+        ({"tau_min": 0.5, "tau_init": 0.5}, "tau_init", ValueError),
+        ({"num_prototypes": 1}, "num_prototypes", ValueError),
+        ({"pooling": "max"}, "pooling", ValueError),
+        ({"prototype_loss_weight": -1.0}, "prototype_loss_weight", ValueError),
+        ({"classifier_dropout": 1.0}, "classifier_dropout", ValueError),
+        ({"head_dim": 32}, "head_dim", ValueError),
+        ({"hidden_size": 16.0}, "hidden_size", TypeError),
+        ({"gate_theta_w": 0.0}, "gate_theta_w", ValueError),
+        ({"gate_oja_step": 1.5}, "gate_oja_step", ValueError),
+        ({"gate_mca_step": 0.0}, "gate_mca_step", ValueError),
+        ({"gate_prune_patience": 0}, "gate_prune_patience", ValueError),
+        ({"gate_calibration_factor": float("nan")}, "gate_calibration_factor", ValueError),
+        ({"gate_num_tokens": 1}, "gate_num_tokens", ValueError),
+        ({"num_labels": 1}, "num_labels", ValueError),
+        ({"problem_type": "regression"}, "problem_type", ValueError),
+        ({"pad_token_id": VOCAB}, "pad_token_id", ValueError),
+    ],
+)
+def test_bad_config_names_the_field(overrides, field, error):
+    with pytest.raises(error, match=field):
+        small_config(**overrides)
+
+
+def test_config_defaults_expansion_and_json_round_trip(tmp_path):
+    config = small_config(num_heads=2, max_heads=None)
+    assert config.num_heads == [2, 2] and config.max_heads == HIDDEN // HEAD_DIM
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert isinstance(loaded, DDCLIncrtConfig)
+    assert loaded.num_heads == [2, 2] and loaded.num_labels == 3 and loaded.max_heads == 4
+
+
+def test_auto_classes_are_registered():
+    config = small_config()
+    assert isinstance(AutoConfig.for_model("ddcl_incrt"), DDCLIncrtConfig)
+    assert type(AutoModel.from_config(config)) is DDCLIncrtModel
+    assert type(AutoModelForSequenceClassification.from_config(config)) is DDCLIncrtForSequenceClassification
+
+
+# --------------------------------------------------------------------------------------------- forward
+
+
+def test_forward_matches_float64_reference_and_loss_is_ce_plus_lambda_lq():
+    model = small_model(seed=1, prototype_loss_weight=0.3).double()
+    input_ids, attention_mask = batch()
+    labels = torch.tensor([0, 2, 1])
+    output = model(input_ids, attention_mask=attention_mask, labels=labels)
+    logits, l_q = reference_forward(model, input_ids, attention_mask)
+    torch.testing.assert_close(output.logits, logits, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(output.l_q, l_q, rtol=1e-9, atol=1e-12)
+    expected_loss = F.cross_entropy(logits, labels) + 0.3 * l_q
+    torch.testing.assert_close(output.loss, expected_loss, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(output.l_q, output.l_ols + output.prototype_variance, rtol=1e-9, atol=1e-12)
+
+
+def test_auxiliary_outputs_attentions_and_hidden_states():
+    model = small_model()
+    input_ids, attention_mask = batch()
+    output = model(
+        input_ids, attention_mask=attention_mask, output_attentions=True, output_hidden_states=True
+    )
+    assert [t.shape for t in output.temperatures] == [(1,), (2,)]
+    torch.testing.assert_close(output.temperatures[1], torch.full((2,), model.config.tau_init))
+    for layer, num_heads in enumerate(model.config.num_heads):
+        heads = model.model.layers[layer].attention.heads
+        prototypes = torch.stack([h.prototype_bank.prototypes for h in heads])
+        expected = torch.cdist(prototypes, prototypes) + torch.eye(3) * 1e9
+        torch.testing.assert_close(output.min_prototype_distance[layer], expected.amin(dim=(1, 2)))
+        perplexity = output.prototype_perplexity[layer]
+        assert perplexity.shape == (num_heads,) and ((perplexity >= 1) & (perplexity <= 3 + 1e-5)).all()
+        probs = output.attentions[layer]
+        assert probs.shape == (3, num_heads, 9, 9)
+        torch.testing.assert_close(probs.sum(-1), torch.ones(3, num_heads, 9))
+        assert probs[1, :, :, 6:].abs().max() == 0  # padding keys get no attention
+    assert len(output.hidden_states) == 3
+    # the explicit-softmax path equals the SDPA path
+    torch.testing.assert_close(model(input_ids, attention_mask=attention_mask).logits, output.logits)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_right_padding_does_not_change_the_result(pooling):
+    model = small_model(pooling=pooling)
+    input_ids, _ = batch(size=1, length=6)
+    padded = torch.cat([input_ids, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    mask = torch.tensor([[1] * 6 + [0] * 3])
+    alone = model(input_ids)
+    with_padding = model(padded, attention_mask=mask)
+    torch.testing.assert_close(with_padding.logits, alone.logits, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(with_padding.l_q, alone.l_q, atol=1e-6, rtol=1e-5)
+
+
+def test_inputs_embeds_equal_input_ids_and_return_dict_false():
+    model = small_model()
+    input_ids, attention_mask = batch()
+    embeds = model.model.embeddings.word_embeddings(input_ids)
+    from_ids = model(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(model(inputs_embeds=embeds, attention_mask=attention_mask).logits, from_ids)
+    labels = torch.tensor([0, 1, 2])
+    as_tuple = model(input_ids, attention_mask=attention_mask, labels=labels, return_dict=False)
+    assert isinstance(as_tuple, tuple) and as_tuple[0].dim() == 0 and torch.equal(as_tuple[1], from_ids)
+
+
+def test_bfloat16_autocast_forward_is_finite():
+    model = small_model()
+    input_ids, attention_mask = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]))
+    assert torch.isfinite(output.loss) and output.l_q.dtype == torch.float32
+
+
+IDS = torch.ones(2, 4, dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message", "error"),
+    [
+        ({"input_ids": torch.tensor([[1, VOCAB]])}, "input_ids", ValueError),
+        ({"input_ids": torch.tensor([[1, -1]])}, "input_ids", ValueError),
+        ({"input_ids": torch.tensor([[1.0, 2.0]])}, "input_ids", TypeError),
+        ({"input_ids": torch.ones(1, 13, dtype=torch.long)}, "max_position_embeddings", ValueError),
+        ({"input_ids": IDS, "attention_mask": torch.ones(2, 5)}, "attention_mask", ValueError),
+        ({"input_ids": IDS, "attention_mask": torch.full((2, 4), 2)}, "attention_mask", ValueError),
+        ({"input_ids": IDS, "attention_mask": torch.tensor([[1, 1, 0, 0], [0] * 4])}, "attention_mask",
+         ValueError),
+        ({"input_ids": IDS, "attention_mask": torch.tensor([[0, 1, 1, 1]] * 2)}, "pooling", ValueError),
+        ({"input_ids": IDS, "token_type_ids": torch.full((2, 4), 2)}, "token_type_ids", ValueError),
+        ({"inputs_embeds": torch.zeros(1, 4, HIDDEN + 1)}, "inputs_embeds", ValueError),
+        ({}, "input_ids", ValueError),
+        ({"input_ids": IDS, "labels": torch.tensor([0, 3])}, "labels", ValueError),
+        ({"input_ids": IDS, "labels": torch.tensor([0.0, 1.0])}, "labels", ValueError),
+    ],
+)
+def test_bad_inputs_name_the_argument(kwargs, message, error):
+    with pytest.raises(error, match=message):
+        small_model()(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------- growth API
+
+
+def test_growth_is_function_preserving_and_the_new_head_learns():
+    model = small_model()
+    input_ids, attention_mask = batch()
+    before = model(input_ids, attention_mask=attention_mask).logits
+    head = model.grow_head(0)
+    assert model.config.num_heads == [2, 2] and len(model.model.layers[0].attention.heads) == 2
+    after = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]))
+    torch.testing.assert_close(after.logits, before, atol=1e-6, rtol=0)
+    after.loss.backward()
+    assert head.o_proj.weight.grad.abs().sum() > 0
+    assert head.prototype_bank.prototypes.grad.abs().sum() > 0  # through lambda * L_q
+
+
+def test_growth_along_a_direction_sets_query_key_rows_and_the_deflation_basis():
+    model = small_model()
+    direction = torch.randn(HIDDEN)
+    head = model.grow_head(1, direction)
+    unit = direction / direction.norm()
+    scale = HEAD_DIM**0.25
+    torch.testing.assert_close(head.q_proj.weight[0], scale * unit)
+    torch.testing.assert_close(head.k_proj.weight[0], scale * unit)
+    assert head.q_proj.bias[0] == 0 and head.k_proj.bias[0] == 0
+    assert head.o_proj.weight.abs().max() == 0
+    gate = model.model.layers[1].attention.gate
+    torch.testing.assert_close(gate.active_basis(), unit[None])
+    assert gate.basis_owner[0].item() == 2 and model.config.num_heads == [1, 3]
+
+
+def test_pruning_removes_exactly_that_heads_contribution():
+    model = small_model(num_heads=[1, 3])
+    input_ids, attention_mask = batch()
+    with torch.no_grad():
+        model.model.layers[1].attention.heads[1].o_proj.weight.zero_()
+        silenced = model(input_ids, attention_mask=attention_mask).logits
+        model.model.layers[1].attention.heads[1].o_proj.weight.normal_()
+    kept = [model.model.layers[1].attention.heads[i] for i in (0, 2)]
+    removed = model.prune_head(1, 1)
+    assert model.config.num_heads == [1, 2]
+    assert list(model.model.layers[1].attention.heads) == kept and removed not in kept
+    pruned = model(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(pruned, silenced, atol=1e-6, rtol=0)
+
+
+def test_resize_heads_reaches_the_requested_counts():
+    model = small_model()
+    first_head = model.model.layers[1].attention.heads[0]
+    model.resize_heads([3, 1])
+    assert model.config.num_heads == [3, 1]
+    assert [len(layer.attention.heads) for layer in model.model.layers] == [3, 1]
+    assert model.model.layers[1].attention.heads[0] is first_head  # pruned from the end
+    model.resize_heads(2)
+    assert model.config.num_heads == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m.grow_head(2), "layer"),
+        (lambda m: m.grow_head(-1), "layer"),
+        (lambda m: m.grow_head(0, torch.ones(HIDDEN + 1)), "direction"),
+        (lambda m: m.grow_head(0, torch.zeros(HIDDEN)), "direction"),
+        (lambda m: [m.grow_head(1) for _ in range(3)], "max_heads"),
+        (lambda m: m.prune_head(0, 0), "last remaining head"),
+        (lambda m: m.prune_head(1, 2), "head"),
+        (lambda m: m.resize_heads([1]), "num_heads"),
+        (lambda m: m.resize_heads([1, 5]), r"num_heads\[1\]"),
+        (lambda m: m.gate_check(second_moments=[torch.eye(HIDDEN)]), "second_moments"),
+    ],
+)
+def test_bad_growth_calls_raise(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(small_model())
+
+
+def test_hand_edited_head_counts_are_refused():
+    model = small_model()
+    model.config.num_heads = [2, 2]
+    with pytest.raises(ValueError, match="num_heads"):
+        model(torch.ones(1, 4, dtype=torch.long))
+
+
+def test_grown_checkpoint_reloads_at_its_size_with_identical_logits_and_gate_state(tmp_path):
+    model = small_model()
+    input_ids, attention_mask = batch()
+    model.grow_head(0, torch.randn(HIDDEN))
+    model.grow_head(1)
+    model.prune_head(1, 0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    model.gate_check(input_ids, attention_mask)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert reloaded.config.num_heads == [2, 2]
+    torch.testing.assert_close(reloaded(input_ids, attention_mask=attention_mask).logits,
+                               model(input_ids, attention_mask=attention_mask).logits, rtol=0, atol=0)
+    original, loaded = model.state_dict(), reloaded.state_dict()
+    assert original.keys() == loaded.keys()
+    assert not any(key.startswith("model.layers.1.attention.heads.2") for key in loaded)
+    for key, value in original.items():
+        assert torch.equal(value, loaded[key]), key
+    # the gate resumes: the next checks decide identically
+    first = model.gate_check(input_ids, attention_mask)
+    second = reloaded.gate_check(input_ids, attention_mask)
+    assert [d.action for d in first] == [d.action for d in second]
+    assert [d.lambda_max for d in first] == [d.lambda_max for d in second]
+
+
+def test_fresh_initialisation_of_prototypes_temperatures_and_gate():
+    model = small_model(hidden_size=64, head_dim=8, num_prototypes=64, num_heads=[2, 2])
+    heads = model.model.layers[0].attention.heads
+    prototypes = torch.cat([h.prototype_bank.prototypes.flatten() for h in heads])
+    assert prototypes.std().item() == pytest.approx(0.02 * math.sqrt(64), rel=0.1)
+    for layer in model.model.layers:
+        torch.testing.assert_close(layer.attention.temperatures(), torch.full((2,), model.config.tau_init))
+        gate = layer.attention.gate
+        assert gate.u_plus.norm().item() == pytest.approx(1.0)
+        assert gate.u_minus.norm().item() == pytest.approx(1.0)
+        assert int(gate.basis_size) == 0 and int(gate.num_checks) == 0 and not bool(gate.calibrated)
+
+
+def test_keys_missing_from_a_checkpoint_are_initialised_by_init_weights(tmp_path):
+    model = small_model()
+    model.gate_check(*batch())
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    missing = [k for k in weights if ".gate." in k or k.endswith("heads.1.prototype_bank.prototypes")]
+    save_file({k: v for k, v in weights.items() if k not in missing}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    for layer in reloaded.model.layers:
+        gate = layer.attention.gate
+        for name, value in gate.initial_state().items():
+            assert torch.equal(getattr(gate, name), value), name
+    prototypes = reloaded.model.layers[1].attention.heads[1].prototype_bank.prototypes
+    assert prototypes.abs().min() > 0 and 0.02 < prototypes.std() < 0.2  # drawn, not left at zero
+    kept = reloaded.model.layers[1].attention.heads[0].prototype_bank.prototypes
+    assert torch.equal(kept, weights["model.layers.1.attention.heads.0.prototype_bank.prototypes"])
+
+
+# --------------------------------------------------------------------------------------------- gate
+
+
+def test_gate_second_moments_are_those_of_the_layer_inputs():
+    model = small_model(gate_num_tokens=1000)
+    input_ids, attention_mask = batch()
+    moments = model.gate_second_moments(input_ids, attention_mask)
+    outputs = model.model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    hidden_states = outputs.hidden_states
+    keep = attention_mask.bool().flatten()
+    for layer, moment in enumerate(moments):
+        tokens = hidden_states[layer].reshape(-1, HIDDEN)[keep]
+        torch.testing.assert_close(moment, tokens.T @ tokens / tokens.shape[0])
+
+
+def test_model_gate_on_planted_weights_grows_k_heads_then_stops():
+    """One layer whose single head plants M_a: A_sym has eigenvalues +-8, +-6, +-1 against theta_w = 3."""
+    model = small_model(num_hidden_layers=1, num_heads=[1], head_dim=3, max_heads=6, gate_theta_w=3.0)
+    generator = torch.Generator().manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.randn(HIDDEN, HIDDEN, generator=generator, dtype=torch.float64))
+    spectrum = torch.linspace(3.0, 0.5, HIDDEN, dtype=torch.float64)
+    second_moment = (basis @ torch.diag(spectrum) @ basis.T).float()
+    head = model.model.layers[0].attention.heads[0]
+    planted = [8.0, 6.0, 1.0]
+    with torch.no_grad():
+        for row, value in enumerate(planted):
+            i, j = 2 * row, 2 * row + 1
+            mu = 2 * value / (spectrum[i] - spectrum[j])  # coupling of v_i and v_j, see test_incrt_gate.py
+            head.q_proj.weight[row] = (2 * mu * basis[:, i]).float()
+            head.k_proj.weight[row] = basis[:, j].float()
+    grown = []
+    for _ in range(20):
+        (decision,) = model.gate_check(second_moments=[second_moment])
+        if decision.action == "stop":
+            break
+        if decision.action == "grow":
+            grown.append(decision.lambda_max)
+            model.grow_head(0, decision.direction)
+    assert decision.action == "stop"
+    assert model.config.num_heads == [3]
+    assert grown == sorted(grown, reverse=True)
+    assert grown == pytest.approx([8.0, 6.0], rel=0.05)  # new heads' random rows perturb M_a slightly
+
+
+def test_fp32_training_at_ten_times_the_learning_rate_stays_finite():
+    """Planted task (label = whether token 3 occurs); AdamW at 1e-2, ten times a typical 1e-3."""
+    model = small_model(num_labels=2, hidden_dropout_prob=0.0).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    for step in range(40):
+        input_ids = torch.randint(4, VOCAB, (16, 10), generator=generator)
+        labels = torch.randint(0, 2, (16,), generator=generator)
+        input_ids[labels == 1, torch.randint(1, 10, (1,), generator=generator)] = 3
+        loss = model(input_ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if step == 20:
+            new_head = model.grow_head(0)
+            optimizer.add_param_group({"params": list(new_head.parameters())})
+    assert all(math.isfinite(value) for value in losses)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert sum(losses[-5:]) < sum(losses[:5])
