@@ -1,9 +1,13 @@
 """geoformers: transformers whose structure comes from geometry (see docs in README.md)."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+# --- DDCL-INCRT encoder (DESIGN §3) and DDL-mHC causal LM (DESIGN §2) ---
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
+from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
+from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
 __version__ = "0.1.0"
 
@@ -12,8 +16,17 @@ AutoConfig.register("ddcl_incrt", DDCLIncrtConfig)
 AutoModel.register(DDCLIncrtConfig, DDCLIncrtModel)
 AutoModelForSequenceClassification.register(DDCLIncrtConfig, DDCLIncrtForSequenceClassification)
 
+# --- DDL-mHC causal LM (DESIGN §2) ---
+AutoConfig.register("ddl_mhc", DDLmHCConfig)
+AutoModel.register(DDLmHCConfig, DDLmHCModel)
+AutoModelForCausalLM.register(DDLmHCConfig, DDLmHCForCausalLM)
+
 __all__ = [
     "DDCLIncrtConfig",
     "DDCLIncrtForSequenceClassification",
     "DDCLIncrtModel",
+    "DDLmHCConfig",
+    "DDLmHCForCausalLM",
+    "DDLmHCModel",
+    "convert_llama_to_ddl_mhc",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from transformers import PreTrainedConfig
+from transformers import BertConfig, PreTrainedConfig
 
 POOLING_MODES = ("cls", "mean")
 
@@ -61,6 +61,10 @@ class DDCLIncrtConfig(PreTrainedConfig):
         gate_num_tokens (`int`): tokens sampled (evenly spaced over non-padding tokens) per check.
         gate_check_every (`int`): default number of optimizer steps between gate checks (growth callback).
         gate_use_exact_eigh (`bool`): use the exact `eigh` reference instead of the trackers.
+        bert_config (`dict | None`): a `BertConfig.to_dict()`; when set, a BERT encoder of that shape runs
+            between the embeddings and the DDCL-INCRT layers (`wrap_bert_embeddings` with
+            `use_encoder_outputs=True`), so `from_pretrained` rebuilds it. None (default): the embeddings feed
+            the first layer directly.
     """
 
     model_type = "ddcl_incrt"
@@ -100,6 +104,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
     gate_num_tokens: int = 512
     gate_check_every: int = 100
     gate_use_exact_eigh: bool = False
+    bert_config: dict | None = None
 
     def __post_init__(self, **kwargs):
         minimums = {
@@ -141,6 +146,8 @@ class DDCLIncrtConfig(PreTrainedConfig):
             _require_float(name, getattr(self, name), low=0.0, high=1.0, low_open=True)
         if not isinstance(self.gate_use_exact_eigh, bool):
             raise TypeError(f"`gate_use_exact_eigh` must be a bool, got {self.gate_use_exact_eigh!r}")
+        if self.bert_config is not None:
+            self._validate_bert_config(self.bert_config)
         super().__post_init__(**kwargs)
         if self.num_labels < 2:
             raise ValueError(f"`num_labels` must be >= 2 (cross-entropy classifier), got {self.num_labels}")
@@ -148,6 +155,19 @@ class DDCLIncrtConfig(PreTrainedConfig):
             raise ValueError(
                 f"`problem_type` must be None or 'single_label_classification', got {self.problem_type!r}"
             )
+
+    def _validate_bert_config(self, bert_config) -> None:
+        """`bert_config` must be a BERT config dict whose hidden_size matches (its encoder feeds layer 0)."""
+        if not isinstance(bert_config, dict):
+            raise TypeError(f"`bert_config` must be a dict (BertConfig.to_dict()) or None, got "
+                            f"{type(bert_config).__name__}")
+        if bert_config.get("model_type", "bert") != "bert":
+            raise ValueError(f"`bert_config` must describe a BERT encoder, got model_type "
+                             f"{bert_config['model_type']!r}")
+        encoder_width = BertConfig.from_dict(bert_config).hidden_size
+        if encoder_width != self.hidden_size:
+            raise ValueError(f"`bert_config['hidden_size']` ({encoder_width}) must equal `hidden_size` "
+                             f"({self.hidden_size})")
 
     def _validated_num_heads(self, num_heads) -> list[int]:
         """`num_heads` as a list with one count in [1, max_heads] per layer; an int is expanded."""

@@ -1,5 +1,6 @@
 """DDCL-INCRT encoder (DESIGN §3): embeddings -> layers (growable attention + per-head prototype blocks,
-no feed-forward block) -> pooling -> classifier.
+no feed-forward block) -> pooling -> classifier. With `config.bert_config` a (frozen) BERT encoder runs
+between the embeddings and the layers (`wrap_bert_embeddings`).
 
 Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
 which the INCRT gate reads, is layer-normalised. Loss = cross-entropy + lambda * mean L_q, the mean taken
@@ -10,18 +11,23 @@ architecture; `grow_head`, `prune_head` and `resize_heads` edit it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import BertConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
 from ..configuration.ddcl_incrt import DDCLIncrtConfig
 from .incrt import AttentionHead, AttentionOutput, GateDecision, GrowableAttention, IncrtGate
 from .prototypes import PrototypeBank, assignment_perplexity, min_pairwise_distance, rho_for_temperature
+
+_HEAD_KEY = re.compile(r"^(?P<head>(?:.*\.)?layers\.\d+\.attention\.heads\.\d+)\.")  # one head's weights
 
 
 @dataclass
@@ -137,6 +143,31 @@ class DDCLIncrtPreTrainedModel(PreTrainedModel):
         elif isinstance(module, IncrtGate):
             for name, value in module.initial_state().items():
                 init.copy_(getattr(module, name), value)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, refusing weights whose heads disagree with the config's
+        `num_heads` (e.g. a checkpoint whose save was interrupted after config.json): a head the config
+        declares but the weights lack entirely, or weights of a head the config does not have, raise
+        ValueError instead of being initialised or dropped silently. Single keys missing inside a present
+        head still load as usual (initialised by `_init_weights`)."""
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, loading_info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        head_keys: dict[str, set[str]] = {}
+        for key in model.state_dict():
+            match = _HEAD_KEY.match(key)
+            if match is not None:
+                head_keys.setdefault(match["head"], set()).add(key)
+        missing = set(loading_info["missing_keys"])
+        absent = sorted(head for head, keys in head_keys.items() if keys <= missing)
+        foreign = sorted({m["head"] for k in loading_info["unexpected_keys"] if (m := _HEAD_KEY.match(k))})
+        if absent or foreign:
+            raise ValueError(
+                f"checkpoint weights do not match `num_heads` = {model.config.num_heads} in its config: "
+                f"heads missing from the weights {absent}, weights of heads the config lacks {foreign} "
+                "(an interrupted or mixed save?)"
+            )
+        return (model, loading_info) if output_loading_info else model
 
     def _attention(self, layer: int) -> GrowableAttention:
         num_layers = len(self.base_model.layers)
@@ -271,12 +302,21 @@ class DDCLIncrtPreTrainedModel(PreTrainedModel):
         ]
 
 
+def _bert_encoder(bert_config: dict) -> BertEncoder:
+    """The BERT encoder `config.bert_config` describes, on torch SDPA attention."""
+    config = BertConfig.from_dict(bert_config)
+    config._attn_implementation = "sdpa"
+    return BertEncoder(config)
+
+
 class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
-    """DDCL-INCRT encoder: embeddings -> layers -> pooling ("cls": first token, "mean": real tokens)."""
+    """DDCL-INCRT encoder: embeddings (-> BERT encoder when `config.bert_config` is set) -> layers -> pooling
+    ("cls": first token, "mean": real tokens). hidden_states[0] is the first layer's input."""
 
     def __init__(self, config: DDCLIncrtConfig):
         super().__init__(config)
         self.embeddings = DDCLIncrtEmbeddings(config)
+        self.bert_encoder = _bert_encoder(config.bert_config) if config.bert_config is not None else None
         self.layers = nn.ModuleList(
             [DDCLIncrtLayer(config, index) for index in range(config.num_hidden_layers)]
         )
@@ -369,6 +409,9 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         key_mask = None if bool(token_mask.all()) else token_mask[:, None, None, :]
 
         hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)
+        if self.bert_encoder is not None:
+            bert_mask = create_bidirectional_mask(self.bert_encoder.config, hidden_states, token_mask.long())
+            hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         l_q, l_ols, variance, temperatures, separations, perplexities = [], [], [], [], [], []

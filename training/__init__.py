@@ -1,1 +1,21 @@
-"""geoformers.training"""
+"""geoformers.training: Trainer callbacks (INCRT head growth), optimizer groups, data builders, metrics."""
+
+from geoformers.training.growth import (
+    IncrtGrowthCallback,
+    checkpoint_problem,
+    latest_complete_checkpoint,
+    plot_growth_history,
+    resume_growth_training,
+)
+from geoformers.training.optim import growth_parameter_groups, make_optimizer, sync_optimizer_with_model
+
+__all__ = [
+    "IncrtGrowthCallback",
+    "checkpoint_problem",
+    "growth_parameter_groups",
+    "latest_complete_checkpoint",
+    "make_optimizer",
+    "plot_growth_history",
+    "resume_growth_training",
+    "sync_optimizer_with_model",
+]

@@ -1,0 +1,219 @@
+"""Hyper-connection streams (mHC, arXiv 2512.24880) with exactly doubly-stochastic mixing (DESIGN §1-2).
+
+The residual state is X in R^{n x d} per token, shape (batch, seq, n, hidden). Around every sublayer F:
+
+    c      = flatten(X) / rms(flatten X)                          (mHC: the maps read the whole state)
+    t      = b + alpha * (c W^T)                                  static bias + gated dynamic term, per map
+    H_pre  = softmax(t_pre)                                       read weights in R^n (convex; n = 1 -> 1)
+    x_in   = H_pre X                                              (n -> 1 read; DDL's CC compressor)
+    H_res  = (1 - a) I + a birkhoff(t_res),  a = sigmoid(learned) (exactly doubly stochastic, float32)
+    h      = F(RMSNorm(x_in))
+    X'     = H_res X + s u^T                                      (mix, then one rank-1 write)
+       "add"   (mHC):  s = H_post = 2 sigmoid(t_post),  u = h
+       "delta" (DDL):  s = beta (v - H_res X k),  u = k,  beta = 2 sigmoid(t_beta)        (`delta.py`)
+
+All dynamic logits come from one `maps_proj` GEMM (mHC fuses its three maps the same way); the RMSNorm
+gain of c is folded into `maps_proj`, so c is never materialised: c W^T = (x W^T) / rms(x). With
+`hc_dynamic=False` only the biases exist and one set of maps serves all tokens. With n = 1 there is no
+H_pre/H_res (both are 1), and with n = 1 and "add" no map at all: x' = x + F(RMSNorm(x)), Llama's block.
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
+
+from ..configuration.ddl_mhc import DDLmHCConfig
+from .birkhoff import birkhoff, num_logits
+from .delta import DeltaWrite, upcast
+
+
+class StreamMaps(NamedTuple):
+    """Per-token maps of one sublayer, computed by `HyperConnection.read` and used by its write."""
+
+    h_res: torch.Tensor | None  # (..., n, n), or (n, n) when static; None when n == 1 (H_res = 1)
+    write_logit: torch.Tensor | None  # t_post (..., n) for "add" with n > 1, t_beta (..., 1) for "delta"
+
+
+class StreamMixing(NamedTuple):
+    """What one sublayer's update did, returned with `output_mixing=True`: the per-token linear part of
+    X -> X' is X -> H_res X (I - beta k k^T) (DESIGN §2); beta and direction are None for "add"."""
+
+    h_res: torch.Tensor | None
+    beta: torch.Tensor | None
+    direction: torch.Tensor | None
+
+
+class _MixAndWrite(torch.autograd.Function):
+    """X' = H X + s u^T with one (n, n) matrix H per token, in one pass and with a hand-written backward:
+    dH = G X^T, dX = H^T G, ds = G u, du = G^T s. It hands `bmm` a contiguous H^T (on a transposed (n, n)
+    view CPU `bmm` falls back to one tiny product per token) and skips autograd's temporaries; at n = 4,
+    d = 128 it is several times faster than `torch.matmul(H, X) + s[..., None] * u[..., None, :]`."""
+
+    @staticmethod
+    def forward(ctx, h_res, streams, amplitudes, direction):
+        ctx.save_for_backward(h_res, streams, amplitudes, direction)
+        with torch.autocast(device_type=streams.device.type, enabled=False):
+            mixed = torch.matmul(h_res, streams)
+            return mixed.addcmul_(amplitudes.unsqueeze(-1), direction.unsqueeze(-2))
+
+    @staticmethod
+    def backward(ctx, grad):
+        h_res, streams, amplitudes, direction = ctx.saved_tensors
+        grad = grad.to(streams.dtype).contiguous()
+        grad_h_res = grad_streams = grad_amplitudes = grad_direction = None
+        if ctx.needs_input_grad[0]:
+            grad_h_res = torch.matmul(grad, streams.transpose(-1, -2))
+        if ctx.needs_input_grad[1]:
+            grad_streams = torch.matmul(h_res.transpose(-1, -2).contiguous(), grad)
+        if ctx.needs_input_grad[2]:
+            grad_amplitudes = (grad * direction.unsqueeze(-2)).sum(-1)
+        if ctx.needs_input_grad[3]:
+            grad_direction = (grad * amplitudes.unsqueeze(-1)).sum(-2)
+        return grad_h_res, grad_streams, grad_amplitudes, grad_direction
+
+
+def mix_and_write(
+    h_res: torch.Tensor | None, streams: torch.Tensor, amplitudes: torch.Tensor, direction: torch.Tensor
+) -> torch.Tensor:
+    """X' = H_res X + s u^T (DESIGN §2) in the streams' dtype. H_res: (..., n, n) per token, (n, n) static or
+    None (identity); X (..., n, d); amplitudes s (..., n); direction u (..., d)."""
+    dtype = streams.dtype
+    amplitudes, direction = amplitudes.to(dtype), direction.to(dtype)
+    if h_res is not None and h_res.ndim > 2:
+        batch = streams.shape[:-2]
+        amplitudes, direction = amplitudes.expand(*batch, -1), direction.expand(*batch, -1)
+        return _MixAndWrite.apply(h_res.to(dtype).contiguous(), streams.contiguous(), amplitudes, direction)
+    mixed = streams if h_res is None else torch.einsum("mn,...nd->...md", h_res.to(dtype), streams)
+    return mixed + amplitudes.unsqueeze(-1) * direction.unsqueeze(-2)
+
+
+def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """x_in = H_pre X: weights (n,) static or (..., n) per token, X (..., n, d) -> (..., d)."""
+    weights = weights.to(streams.dtype)
+    if weights.ndim == 1:
+        return torch.einsum("n,...nd->...d", weights, streams)
+    return (weights.unsqueeze(-1) * streams).sum(-2)
+
+
+class HyperConnection(nn.Module):
+    """Read, mix and write maps of one sublayer (DESIGN §2). Parameters: static logits `pre_bias`,
+    `res_bias`, `write_bias` (H_post for "add", beta for "delta"), the chart weight `res_mix_logit`, and,
+    with `hc_dynamic`, the fused projection `maps_proj` (a PEFT-targetable `nn.Linear`) with one gate per
+    map (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`."""
+
+    def __init__(self, config: DDLmHCConfig):
+        super().__init__()
+        n, d = config.hc_streams, config.hidden_size
+        self.num_streams = n
+        self.chart = config.hc_chart
+        self.eps = config.rms_norm_eps
+        mixes = n > 1
+        write_size = 1 if config.residual == "delta" else (n if mixes else 0)
+        self.map_sizes = (n if mixes else 0, num_logits(config.hc_chart, n) if mixes else 0, write_size)
+        dynamic = config.hc_dynamic and sum(self.map_sizes) > 0
+
+        self.pre_bias = nn.Parameter(torch.zeros(n)) if mixes else None
+        self.res_bias = nn.Parameter(torch.zeros(self.map_sizes[1])) if mixes else None
+        self.res_mix_logit = nn.Parameter(torch.zeros(())) if mixes else None
+        self.write_bias = nn.Parameter(torch.zeros(write_size)) if write_size else None
+        self.maps_proj = nn.Linear(n * d, sum(self.map_sizes), bias=False) if dynamic else None
+        self.pre_gate = nn.Parameter(torch.zeros(())) if dynamic and mixes else None
+        self.res_gate = nn.Parameter(torch.zeros(())) if dynamic and mixes else None
+        self.write_gate = nn.Parameter(torch.zeros(())) if dynamic and write_size else None
+        self.delta = DeltaWrite(d, n, config.delta_eps) if config.residual == "delta" else None
+
+    def _map_logits(self, streams: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """(t_pre, t_res, t_write), float32: bias + gate * (x W^T) / rms(x), or the bias alone when static."""
+        biases = (self.pre_bias, self.res_bias, self.write_bias)
+        if self.maps_proj is None:
+            return tuple(None if bias is None else upcast(bias) for bias in biases)
+        flat = streams.flatten(-2)
+        mean_square = torch.linalg.vecdot(upcast(flat), upcast(flat)).unsqueeze(-1) / flat.shape[-1]
+        inverse_rms = torch.rsqrt(mean_square + self.eps)
+        dynamic = (upcast(self.maps_proj(flat)) * inverse_rms).split(self.map_sizes, -1)
+        gates = (self.pre_gate, self.res_gate, self.write_gate)
+        return tuple(
+            None if bias is None else upcast(bias) + upcast(gate) * term
+            for bias, gate, term in zip(biases, gates, dynamic, strict=True)
+        )
+
+    def read(self, streams: torch.Tensor) -> tuple[torch.Tensor, StreamMaps]:
+        """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d)."""
+        pre_logit, res_logit, write_logit = self._map_logits(streams)
+        if self.num_streams == 1:
+            return streams.squeeze(-2), StreamMaps(None, write_logit)
+        hidden = read_streams(torch.softmax(pre_logit, -1), streams)
+        chart = birkhoff(res_logit, self.num_streams, self.chart)
+        mix = torch.sigmoid(upcast(self.res_mix_logit))
+        identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
+        return hidden, StreamMaps((1.0 - mix) * identity + mix * chart, write_logit)
+
+    def forward(
+        self, streams: torch.Tensor, sublayer_output: torch.Tensor, maps: StreamMaps
+    ) -> tuple[torch.Tensor, StreamMixing]:
+        """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
+        h_res = maps.h_res
+        if self.delta is not None:
+            amplitudes, direction, beta = self.delta(h_res, streams, sublayer_output, maps.write_logit)
+            record = StreamMixing(h_res, beta, direction)
+        elif self.write_bias is not None:
+            amplitudes, direction = 2.0 * torch.sigmoid(maps.write_logit), sublayer_output
+            record = StreamMixing(h_res, None, None)
+        else:
+            return streams + sublayer_output.unsqueeze(-2), StreamMixing(None, None, None)
+        return mix_and_write(h_res, streams, amplitudes, direction), record
+
+
+class StreamExpansion(nn.Module):
+    """Embedding (batch, seq, d) -> streams (batch, seq, n, d) (DESIGN §2): "repeat" copies it n times;
+    "conv" is DDL's EC, a causal depthwise convolution over the sequence with n outputs per channel,
+    identity-initialised (every stream equals the embedding at init). Its state, the last kernel-1
+    embeddings, lives on layer 0 of the cache (a "hybrid" cache layer), never on the module."""
+
+    def __init__(self, config: DDLmHCConfig):
+        super().__init__()
+        self.num_streams = config.hc_streams
+        self.kernel_size = config.stream_conv_kernel
+        # Depthwise Conv1d weight (d * n, 1, kernel): output channel c * n + j is stream j of channel c.
+        if config.stream_expansion == "conv":
+            channels = config.hidden_size * self.num_streams
+            self.weight = nn.Parameter(torch.zeros(channels, 1, self.kernel_size))
+        else:
+            self.weight = None
+
+    def forward(
+        self, embeds: torch.Tensor, cache: Cache | None = None, padding_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        batch, length, d = embeds.shape
+        if self.weight is None:
+            return embeds.unsqueeze(-2).expand(batch, length, self.num_streams, d)
+        inputs = embeds.transpose(1, 2)
+        if padding_mask is not None:
+            inputs = inputs * padding_mask[:, None, -length:].to(inputs.dtype)
+        past = self.kernel_size - 1
+        if cache is not None and past > 0:
+            if not cache.layers or not isinstance(cache.layers[0], LinearAttentionCacheLayerMixin):
+                raise ValueError(
+                    "`cache` must be built with `DynamicCache(config=model.config)` for "
+                    "stream_expansion='conv': its layer 0 holds the causal convolution state"
+                )
+            inputs = cache.update_conv_state(inputs, layer_idx=0, conv_kernel_size=past)
+        left_pad = past - (inputs.shape[-1] - length)
+        expanded = F.conv1d(F.pad(inputs, (left_pad, 0)), self.weight, groups=d)
+        return expanded.view(batch, d, self.num_streams, length).permute(0, 3, 2, 1)
+
+
+class StreamReadout(nn.Module):
+    """Streams -> one hidden state before the final norm: softmax(`logits`)-weighted sum over the n
+    streams, a learned static read that starts as the mean (DESIGN §2 "reads the streams back")."""
+
+    def __init__(self, num_streams: int):
+        super().__init__()
+        self.logits = nn.Parameter(torch.zeros(num_streams))
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(upcast(self.logits), -1).to(streams.dtype)
+        return (weights.unsqueeze(-1) * streams).sum(-2)

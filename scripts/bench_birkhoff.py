@@ -1,0 +1,150 @@
+"""Benchmark the doubly-stochastic charts against Sinkhorn-20 (issue 2, DESIGN §1).
+
+For each n, a batch of matrices per method: median forward+backward seconds over --reps
+repetitions, the worst doubly-stochastic violation, the logit count and the time ratio to
+Sinkhorn-20, all in one process. Repetitions are interleaved across methods (round robin) so a
+noisy, shared CPU slows every method alike. Prints a markdown table and writes a JSON file.
+
+    python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
+    python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from geoformers.modeling.birkhoff import METHODS, MHC_LITE_MAX_N, birkhoff, ds_violation, num_logits
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The issue's targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time.
+TARGET_RATIO = {4: 0.06, 8: 0.15, 16: 0.2}
+
+
+def methods_for(n: int) -> list[str]:
+    """Methods that accept this n (mhc_lite: n <= MHC_LITE_MAX_N; kromhc: n a power of two)."""
+    too_many_permutations = n > MHC_LITE_MAX_N
+    not_power_of_two = n & (n - 1) != 0
+    return [
+        m
+        for m in METHODS
+        if not (m == "mhc_lite" and too_many_permutations) and not (m == "kromhc" and not_power_of_two)
+    ]
+
+
+def time_forward_backward(logits: torch.Tensor, upstream: torch.Tensor, n: int, method: str) -> float:
+    logits.grad = None
+    start = time.perf_counter()
+    matrices = birkhoff(logits, n, method)
+    (matrices * upstream).sum().backward()
+    return time.perf_counter() - start
+
+
+def bench_size(n: int, batch: int, reps: int, logit_std: float, generator: torch.Generator) -> list[dict]:
+    methods = methods_for(n)
+    upstream = torch.randn(batch, n, n, generator=generator)
+    inputs = {
+        m: (torch.randn(batch, num_logits(m, n), generator=generator) * logit_std).requires_grad_()
+        for m in methods
+    }
+    violation = {m: float(ds_violation(birkhoff(inputs[m].detach(), n, m)).max()) for m in methods}
+    for m in methods:  # warm-up: allocator, caches of index plans and permutation matrices
+        time_forward_backward(inputs[m], upstream, n, m)
+    seconds = {m: [] for m in methods}
+    for _ in range(reps):
+        for m in methods:
+            seconds[m].append(time_forward_backward(inputs[m], upstream, n, m))
+    sinkhorn = statistics.median(seconds["sinkhorn"])
+    return [
+        {
+            "method": m,
+            "n": n,
+            "seconds_median": statistics.median(seconds[m]),
+            "ratio_vs_sinkhorn20": statistics.median(seconds[m]) / sinkhorn,
+            "max_violation": violation[m],
+            "num_logits": num_logits(m, n),
+        }
+        for m in methods
+    ]
+
+
+def markdown_table(results: list[dict]) -> str:
+    lines = [
+        "| n | method | logits | fwd+bwd ms (median) | x Sinkhorn-20 | max DS violation (float32) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['n']} | {r['method']} | {r['num_logits']} | {r['seconds_median'] * 1e3:.2f} | "
+            f"{r['ratio_vs_sinkhorn20']:.3f} | {r['max_violation']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def target_summary(results: list[dict]) -> str:
+    lines = []
+    for n in sorted({r["n"] for r in results}):
+        exact = [r for r in results if r["n"] == n and r["method"] in ("tbp", "rtbp")]
+        best = min(exact, key=lambda r: r["ratio_vs_sinkhorn20"])
+        target = TARGET_RATIO.get(n)
+        ratio = best["ratio_vs_sinkhorn20"]
+        verdict = "no target" if target is None else ("meets" if ratio <= target else "MISSES")
+        worst = max(r["max_violation"] for r in exact)
+        lines.append(
+            f"n={n}: fastest of tbp/rtbp is {best['method']} at {ratio:.3f}x Sinkhorn-20 "
+            f"(target <= {target}x: {verdict}); worst tbp/rtbp violation {worst:.1e}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--logit-std", type=float, default=1.0, help="logits ~ N(0, std^2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / "birkhoff.json")
+    args = parser.parse_args()
+    if args.reps < 5:
+        parser.error("--reps must be >= 5 (medians of at least five repetitions)")
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(args.seed)
+    results = [
+        row for n in args.sizes for row in bench_size(n, args.batch, args.reps, args.logit_std, generator)
+    ]
+    print(markdown_table(results))
+    print()
+    print(target_summary(results))
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    config = {
+        "batch": args.batch,
+        "reps": args.reps,
+        "sizes": args.sizes,
+        "logits": f"N(0, {args.logit_std}^2)",
+        "timing": "forward + backward of sum(X * G), G ~ N(0, 1); median over interleaved repetitions",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "command": (
+            f"python scripts/bench_birkhoff.py --sizes {' '.join(map(str, args.sizes))} --batch {args.batch} "
+            f"--reps {args.reps} --logit-std {args.logit_std} --seed {args.seed}"
+            + ("" if args.threads is None else f" --threads {args.threads}")
+        ),
+    }
+    args.output.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+    print(f"\nwrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Small DDCL-INCRT growth runs for tests/test_growth_*.py, importable and runnable in fresh processes.
+
+    python tests/growth_worker.py resume --checkpoint DIR --output-dir DIR --result FILE
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/growth_worker.py ddp \
+        --output-dir DIR --result FILE
+
+`resume` trains a fresh initial-size model from a checkpoint with `resume_growth_training`; `ddp` trains with
+growth on every rank. Both write a JSON result (per rank for `ddp`: FILE with `.rank<r>` inserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+import geoformers  # noqa: F401  (registers the Auto classes)
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.training.data import build_spectral_task
+from geoformers.training.growth import IncrtGrowthCallback, resume_growth_training
+from geoformers.training.optim import make_optimizer
+
+SEQ_LEN = 24
+
+
+def spectral_task(num_train: int = 512):
+    """The planted task (four directional relations of strengths 0.9 > 0.8 > 0.7 > 0.6), 24 tokens a row."""
+    return build_spectral_task(num_train=num_train, num_validation=64, seq_len=SEQ_LEN, seed=0)
+
+
+def tiny_model(seed: int = 0, **overrides) -> DDCLIncrtForSequenceClassification:
+    settings = {
+        "vocab_size": 48, "hidden_size": 32, "head_dim": 8, "num_hidden_layers": 1, "num_heads": 1,
+        "max_heads": 4, "num_prototypes": 8, "max_position_embeddings": SEQ_LEN, "num_labels": 2,
+        "hidden_dropout_prob": 0.0, "classifier_dropout": 0.0, "pooling": "mean", "gate_num_tokens": 256,
+    }
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    return DDCLIncrtForSequenceClassification(DDCLIncrtConfig(**settings))
+
+
+def training_args(output_dir, **overrides) -> TrainingArguments:
+    settings = {
+        "output_dir": str(output_dir), "max_steps": 40, "per_device_train_batch_size": 32,
+        "learning_rate": 3e-3, "logging_steps": 1, "save_strategy": "no", "report_to": [], "use_cpu": True,
+        "disable_tqdm": True, "seed": 0, "dataloader_num_workers": 0,
+    }
+    settings.update(overrides)
+    return TrainingArguments(**settings)
+
+
+def growth_trainer(model, args, train_dataset, check_every: int = 5) -> Trainer:
+    """The documented set-up: prototype parameter groups and the growth callback."""
+    return Trainer(model=model, args=args, train_dataset=train_dataset,
+                   optimizers=(make_optimizer(model, args), None),
+                   callbacks=[IncrtGrowthCallback(check_every=check_every)])
+
+
+def growth_callback(trainer: Trainer) -> IncrtGrowthCallback:
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, IncrtGrowthCallback))
+
+
+def parameter_checksum(model) -> str:
+    """sha256 over every parameter's bytes, in named_parameters order."""
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(parameter.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def step_losses(log_history: list[dict]) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in log_history if "loss" in entry}
+
+
+def _resume(options) -> None:
+    model = tiny_model(seed=123)  # initial size and other weights: the checkpoint must overwrite them
+    args = training_args(options.output_dir, max_steps=options.max_steps)
+    trainer = growth_trainer(model, args, spectral_task()["train"])
+    resume_growth_training(trainer, options.checkpoint)
+    history = json.loads((Path(options.output_dir) / "growth_history.json").read_text())
+    Path(options.result).write_text(json.dumps({
+        "num_heads": model.config.num_heads, "losses": step_losses(trainer.state.log_history),
+        "events": history["events"], "checksum": parameter_checksum(model),
+    }))
+
+
+def _ddp(options) -> None:
+    torch.set_num_threads(1)
+    # Different initial weights per rank (DDP broadcasts rank 0's); a prune factor that prunes during the run.
+    model = tiny_model(seed=int(os.environ["RANK"]), max_heads=3, gate_prune_factor=30.0,
+                       gate_prune_patience=2)
+    args = training_args(options.output_dir, max_steps=options.max_steps, save_strategy="steps",
+                         save_steps=options.max_steps, logging_steps=5)
+    trainer = growth_trainer(model, args, spectral_task()["train"], check_every=3)
+    trainer.train()
+    callback = growth_callback(trainer)
+    rank = torch.distributed.get_rank()
+    strict_args = training_args(Path(options.output_dir) / "refused", max_steps=2,
+                                ddp_find_unused_parameters=False)
+    try:  # pruning is enabled, so DDP without find_unused_parameters must be refused before any step
+        growth_trainer(tiny_model(max_heads=3, gate_prune_factor=30.0), strict_args,
+                       spectral_task()["train"]).train()
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    path = Path(options.result)
+    path.with_name(f"{path.stem}.rank{rank}{path.suffix}").write_text(json.dumps({
+        "world_size": torch.distributed.get_world_size(), "num_heads": model.config.num_heads,
+        "checksum": parameter_checksum(model), "events": callback.history["events"],
+        "checks": callback.history["checks"], "refusal_without_find_unused": refusal,
+    }))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("mode", choices=["resume", "ddp"])
+    parser.add_argument("--output-dir", dest="output_dir", required=True)
+    parser.add_argument("--result", required=True)
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--max-steps", dest="max_steps", type=int, default=40)
+    options = parser.parse_args()
+    _resume(options) if options.mode == "resume" else _ddp(options)

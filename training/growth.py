@@ -1,0 +1,421 @@
+"""INCRT head growth inside `transformers.Trainer` (DESIGN §3): gate checks, growth, pruning, optimizer
+upkeep, several processes, growth history, and checkpoints that are complete or refused.
+
+`IncrtGrowthCallback` drives a `DDCLIncrtPreTrainedModel` through the model's growth API:
+
+* theta_w is calibrated at the start of training on the first `gate_calibration_checks` gate batches
+  (INCRT: gate_calibration_factor x median ||A_res||_F), unless the config fixes it or the gates are already
+  calibrated (a resumed or pre-trained model); those checks only calibrate, nothing grows at step 0;
+* every `check_every` optimizer steps, in `on_step_end` (after the optimizer and scheduler steps, gradients
+  zeroed), each layer's gate checks C = X^T X / N of a gate batch: heads the gate lists are pruned, and a
+  layer still growing gets a head along u+ when lambda_max(A_res) > theta_w. A layer stops growing for good
+  at its first "stop" (lambda_max <= theta_w) or "full" (max_heads reached) verdict; growth has stopped when
+  no layer grows any more (`growth_stopped_at_step`). Checks go on while pruning is enabled;
+* after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
+* gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
+  drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
+
+Several processes (DDP): C is averaged over the ranks before `gate_check`, so every rank takes the same
+decision; a new head's parameters are broadcast from rank 0; DDP fixed its parameter set when it wrapped the
+model, so each parameter created afterwards gets a post-accumulate-grad hook that averages its gradient over
+the ranks at every backward (before clipping, so every rank clips alike). Pruned heads stay registered with
+DDP and get no gradient: that needs `ddp_find_unused_parameters` True (the Trainer's default for these
+models), and the callback refuses to start otherwise while pruning is enabled (`gate_prune_factor` > 0).
+
+Records: `growth_history.json` (checks, events, head counts) in the output directory and in every checkpoint,
+per-layer head counts, lambda_max and theta_w merged into the Trainer's log records (`state.log_history`,
+the printed logs; `report_to` integrations run before user callbacks and miss them), `growth_history.png`
+at the end. A checkpoint is complete once `on_save` wrote `geoformers_checkpoint.json` (head counts and the
+size of every file); `latest_complete_checkpoint` and `resume_growth_training` use only complete ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ExportableState, TrainerControl, TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
+from transformers.utils import logging
+
+from ..modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from .optim import sync_optimizer_with_model
+
+logger = logging.get_logger(__name__)
+
+HISTORY_FILE = "growth_history.json"
+PLOT_FILE = "growth_history.png"
+MARKER_FILE = "geoformers_checkpoint.json"
+GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
+
+
+def _write_json_atomically(path: Path, content: dict) -> None:
+    """Write to a temporary file, then rename: a reader sees the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+class IncrtGrowthCallback(TrainerCallback, ExportableState):
+    """Grow and prune DDCL-INCRT heads while `Trainer.train()` runs (INCRT gate; module docstring).
+
+    Args:
+        check_every (`int`, *optional*): optimizer steps between gate checks; default
+            `config.gate_check_every`.
+        gate_batch_size (`int`, *optional*): training rows per gate check and process; default
+            `args.per_device_train_batch_size`.
+        save_plot (`bool`): save `growth_history.png` (heads and lambda_max against steps) at the end.
+    """
+
+    def __init__(self, check_every: int | None = None, gate_batch_size: int | None = None,
+                 save_plot: bool = True):
+        for name, value in (("check_every", check_every), ("gate_batch_size", gate_batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}")
+        if not isinstance(save_plot, bool):
+            raise TypeError(f"`save_plot` must be a bool, got {save_plot!r}")
+        self.check_every = check_every
+        self.gate_batch_size = gate_batch_size
+        self.save_plot = save_plot
+        self.history: dict | None = None
+        self._group = None  # process group of the gate's collectives; None in a single process
+        self._gradient_hooks: dict[int, torch.utils.hooks.RemovableHandle] = {}
+
+    def state(self) -> dict:
+        """ExportableState: saved in trainer_state.json, so a resumed run continues the history."""
+        return {
+            "args": {"check_every": self.check_every, "gate_batch_size": self.gate_batch_size,
+                     "save_plot": self.save_plot},
+            "attributes": {"history": self.history},
+        }
+
+    # ----------------------------------------------------------------------------------------- events
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        model = kwargs["model"]
+        if not isinstance(model, DDCLIncrtPreTrainedModel):
+            raise TypeError(f"IncrtGrowthCallback needs a DDCL-INCRT model, got {type(model).__name__}")
+        dataloader = kwargs["train_dataloader"]
+        dataset = dataloader.dataset
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
+            raise ValueError("IncrtGrowthCallback draws gate batches from the training set: `train_dataset` "
+                             "must be a non-empty map-style dataset (indexable, with a length)")
+        self._dataset, self._collate = dataset, dataloader.collate_fn
+        self._rows = self.gate_batch_size or args.per_device_train_batch_size
+        self._every = self.check_every or model.config.gate_check_every
+        self._setup_processes(args, model)
+        self._start_or_restore_history(state, model)
+        self._calibrate(args, model)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        model = kwargs["model"]
+        history = self.history
+        pruning = model.config.gate_prune_factor > 0
+        if state.global_step % self._every != 0 or not (any(history["growing"]) or pruning):
+            return
+        decisions = model.gate_check(second_moments=self._second_moments(args, model))
+        step = state.global_step
+        events, added, pruned = [], [], False
+        for decision in decisions:
+            layer = decision.layer
+            for head in decision.prune:
+                self._forget_hooks(model.prune_head(layer, head))
+                pruned = True
+                events.append({"step": step, "layer": layer, "action": "prune", "head": head,
+                               "energy": decision.head_energies[head], "theta_w": decision.theta_w,
+                               "num_heads": list(model.config.num_heads)})
+            if not history["growing"][layer] or decision.action not in ("grow", "stop", "full"):
+                continue
+            event = {"step": step, "layer": layer, "action": decision.action,
+                     "lambda_max": decision.lambda_max, "theta_w": decision.theta_w}
+            if decision.action == "grow":
+                head = model.grow_head(layer, decision.direction)
+                added.append(head)
+                event["head"] = model.config.num_heads[layer] - 1
+            else:
+                history["growing"][layer] = False
+            events.append({**event, "num_heads": list(model.config.num_heads)})
+        if added:
+            self._share_new_heads(added)
+        if added or pruned:
+            sync_optimizer_with_model(kwargs["optimizer"], model)
+        history["num_heads"] = list(model.config.num_heads)
+        history["checks"].append({
+            "step": step, "num_heads": list(model.config.num_heads),
+            "lambda_max": [d.lambda_max for d in decisions], "theta_w": [d.theta_w for d in decisions],
+            "action": [d.action for d in decisions],
+        })
+        history["events"].extend(events)
+        if history["growth_stopped_at_step"] is None and not any(history["growing"]):
+            history["growth_stopped_at_step"] = step
+            logger.info(f"INCRT growth stopped at step {step} with heads {model.config.num_heads}")
+        for event in events:
+            logger.info(f"INCRT {event['action']} at step {step}: layer {event['layer']} -> heads "
+                        f"{event['num_heads']}")
+        if events:
+            control.should_log = True
+            if state.is_world_process_zero:
+                _write_json_atomically(Path(args.output_dir) / HISTORY_FILE, history)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None,
+               **kwargs):
+        """Merge the latest check (per-layer heads, lambda_max, theta_w) into the Trainer's log record."""
+        if self.history is None or not self.history["checks"] or logs is None:
+            return
+        check = self.history["checks"][-1]
+        metrics = {}
+        for layer, heads in enumerate(check["num_heads"]):
+            metrics[f"incrt/num_heads_layer{layer}"] = heads
+            metrics[f"incrt/lambda_max_layer{layer}"] = check["lambda_max"][layer]
+            metrics[f"incrt/theta_w_layer{layer}"] = check["theta_w"][layer]
+        logs.update(metrics)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(metrics)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        """The Trainer has written checkpoint-N completely: add the history, then the completion marker."""
+        if not state.is_world_process_zero:
+            return
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if not checkpoint.is_dir():
+            return
+        _write_json_atomically(checkpoint / HISTORY_FILE, self.history)
+        _write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
+        files = {str(path.relative_to(checkpoint)): path.stat().st_size
+                 for path in sorted(checkpoint.rglob("*")) if path.is_file() and path.name != MARKER_FILE}
+        _write_json_atomically(checkpoint / MARKER_FILE, {
+            "global_step": state.global_step, "num_heads": list(kwargs["model"].config.num_heads),
+            "files": files,
+        })
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        for handle in self._gradient_hooks.values():
+            handle.remove()
+        self._gradient_hooks.clear()
+        if not state.is_world_process_zero:
+            return
+        output_dir = Path(args.output_dir)
+        _write_json_atomically(output_dir / HISTORY_FILE, self.history)
+        if self.save_plot:
+            plot_growth_history(self.history, output_dir / PLOT_FILE)
+
+    # ----------------------------------------------------------------------------------------- helpers
+
+    def _start_or_restore_history(self, state: TrainerState, model: DDCLIncrtPreTrainedModel) -> None:
+        """Fresh runs start a history; resumed runs continue the one saved in trainer_state.json (unless the
+        Trainer already restored this callback) and must have the checkpoint's head counts."""
+        num_heads = list(model.config.num_heads)
+        if state.global_step == 0:
+            self.history = {
+                "initial_num_heads": num_heads, "num_heads": num_heads, "growing": [True] * len(num_heads),
+                "growth_stopped_at_step": None, "checks": [], "events": [],
+            }
+            return
+        if self.history is None:
+            saved = (state.stateful_callbacks or {}).get(type(self).__name__, {})
+            self.history = saved.get("attributes", {}).get("history") if isinstance(saved, dict) else None
+        if self.history is None:
+            raise ValueError("resuming a run whose checkpoint has no IncrtGrowthCallback history: train it "
+                             "with the callback from the start")
+        if self.history["num_heads"] != num_heads:
+            raise ValueError(
+                f"the model has heads {num_heads} but the checkpoint was saved with "
+                f"{self.history['num_heads']}: resume with `resume_growth_training(trainer, checkpoint)` or "
+                "load the model from the checkpoint"
+            )
+
+    def _setup_processes(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> None:
+        """Under several processes: a process group for the gate's collectives, and the DDP settings check."""
+        if args.deepspeed or args.fsdp:
+            raise ValueError("IncrtGrowthCallback supports one process or DDP; DeepSpeed and FSDP shard the "
+                             "parameters that growth changes")
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            self._group = None
+            return
+        if args.ddp_static_graph:
+            raise ValueError("`ddp_static_graph` assumes a fixed set of used parameters; growth changes it")
+        finds_unused = args.ddp_find_unused_parameters
+        if finds_unused is None:
+            finds_unused = not (model.is_activation_checkpointing or args.activation_checkpointing)
+        if model.config.gate_prune_factor > 0 and not finds_unused:
+            raise ValueError("pruning (`gate_prune_factor` > 0) under DDP needs "
+                             "`ddp_find_unused_parameters=True`: pruned heads stay registered with DDP and "
+                             "get no gradient")
+        self._group = dist.new_group()
+
+    def _gate_batch(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> dict:
+        """`gate_batch_size` training rows, collated; seeded by (args.seed, checks so far, rank)."""
+        checks_so_far = int(model.base_model.layers[0].attention.gate.num_checks)
+        rank = dist.get_rank() if self._group is not None else 0
+        generator = np.random.default_rng([args.seed, checks_so_far, rank])
+        rows = generator.choice(len(self._dataset), size=min(self._rows, len(self._dataset)), replace=False)
+        batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
+        return {name: batch[name].to(model.device) for name in GATE_INPUTS if batch.get(name) is not None}
+
+    def _second_moments(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> list[torch.Tensor]:
+        """Per-layer C = X^T X / N of a gate batch, averaged over processes (same decision on every rank)."""
+        moments = model.gate_second_moments(**self._gate_batch(args, model))
+        if self._group is None:
+            return moments
+        stacked = torch.stack(moments)
+        dist.all_reduce(stacked, group=self._group)
+        return list(stacked / dist.get_world_size())
+
+    def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> None:
+        """INCRT calibration on the first gate batches; their decisions are not acted on."""
+        gates = [layer.attention.gate for layer in model.base_model.layers]
+        for _ in range(model.config.gate_calibration_checks):
+            uncalibrated = [not bool(gate.calibrated) for gate in gates]
+            if not any(uncalibrated):
+                break
+            decisions = model.gate_check(second_moments=self._second_moments(args, model))
+            for decision, gate, was_uncalibrated in zip(decisions, gates, uncalibrated, strict=True):
+                if was_uncalibrated and bool(gate.calibrated):
+                    self.history["events"].append({
+                        "step": 0, "layer": decision.layer, "action": "calibrated",
+                        "theta_w": decision.theta_w, "num_heads": list(model.config.num_heads),
+                    })
+
+    def _share_new_heads(self, heads: list[torch.nn.Module]) -> None:
+        """DDP: copy rank 0's new parameters to every rank, and average their gradients at each backward."""
+        if self._group is None:
+            return
+        world_size = dist.get_world_size()
+
+        def average_gradient(parameter: torch.Tensor) -> None:
+            dist.all_reduce(parameter.grad, group=self._group)
+            parameter.grad.div_(world_size)
+
+        for head in heads:
+            for parameter in head.parameters():
+                dist.broadcast(parameter.data, src=0, group=self._group)
+                self._gradient_hooks[id(parameter)] = parameter.register_post_accumulate_grad_hook(
+                    average_gradient
+                )
+
+    def _forget_hooks(self, head: torch.nn.Module) -> None:
+        for parameter in head.parameters():
+            handle = self._gradient_hooks.pop(id(parameter), None)
+            if handle is not None:
+                handle.remove()
+
+
+# --------------------------------------------------------------------------------------------- history plot
+
+
+def plot_growth_history(history: dict, path: str | os.PathLike) -> None:
+    """PNG of heads per layer (top) and lambda_max with theta_w dashed (bottom) against optimizer steps;
+    grow events are marked. Uses matplotlib's Agg canvas (no display, no global backend change)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    checks = history["checks"]
+    steps = [0] + [check["step"] for check in checks]
+    figure = Figure(figsize=(7, 5.5), constrained_layout=True)
+    heads_axis, lambda_axis = figure.subplots(2, 1, sharex=True)
+    for layer, initial in enumerate(history["initial_num_heads"]):
+        heads = [initial] + [check["num_heads"][layer] for check in checks]
+        line = heads_axis.step(steps, heads, where="post", label=f"layer {layer}")[0]
+        lambda_axis.plot(steps[1:], [check["lambda_max"][layer] for check in checks], marker=".",
+                         color=line.get_color(), label=f"lambda_max, layer {layer}")
+        lambda_axis.plot(steps[1:], [check["theta_w"][layer] for check in checks], linestyle="--",
+                         color=line.get_color(), label=f"theta_w, layer {layer}")
+        grown = [e for e in history["events"] if e["action"] == "grow" and e["layer"] == layer]
+        lambda_axis.scatter([e["step"] for e in grown], [e["lambda_max"] for e in grown], marker="^",
+                            color=line.get_color(), zorder=3)
+    stopped = history["growth_stopped_at_step"]
+    for axis in (heads_axis, lambda_axis):
+        if stopped is not None:
+            axis.axvline(stopped, color="grey", linewidth=0.8, linestyle=":")
+        axis.legend(fontsize="small")
+    heads_axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    heads_axis.set_ylabel("heads")
+    heads_axis.set_title("INCRT growth (triangles: heads grown; dotted: growth stopped)")
+    lambda_axis.set_ylabel("lambda_max(A_res)")
+    lambda_axis.set_xlabel("optimizer step")
+    figure.savefig(path, dpi=100)
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
+    """Why `checkpoint` is not a complete growth checkpoint (None when it is): the completion marker that
+    `IncrtGrowthCallback.on_save` writes must exist, every file it lists must have its recorded size, and
+    config.json must hold the marker's head counts."""
+    checkpoint = Path(checkpoint)
+    try:
+        marker = json.loads((checkpoint / MARKER_FILE).read_text(encoding="utf-8"))
+        config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        return f"{Path(error.filename).name} is missing (the save was interrupted?)"
+    except json.JSONDecodeError as error:
+        return f"unreadable JSON ({error})"
+    for name, size in marker["files"].items():
+        path = checkpoint / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} is missing or has changed since the save completed"
+    if config.get("num_heads") != marker["num_heads"]:
+        return f"config.json has num_heads {config.get('num_heads')}, the marker {marker['num_heads']}"
+    return None
+
+
+def latest_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest `checkpoint-<step>` in `output_dir` that `checkpoint_problem` accepts, or None."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise ValueError(f"`output_dir` {str(output_dir)!r} is not a directory")
+    candidates = []
+    for path in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        suffix = path.name[len(PREFIX_CHECKPOINT_DIR) + 1:]
+        if path.is_dir() and suffix.isdigit():
+            candidates.append((int(suffix), path))
+    for _, path in sorted(candidates, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return str(path)
+        logger.warning(f"skipping incomplete checkpoint {path}: {problem}")
+    return None
+
+
+def resume_growth_training(trainer: Trainer, checkpoint: str | os.PathLike | None = None,
+                           **train_kwargs) -> TrainOutput:
+    """`trainer.train(resume_from_checkpoint=checkpoint)` for a run that grew heads, in one call.
+
+    The Trainer loads checkpoint weights into the model it holds, so the model is first resized to the
+    checkpoint's head counts (`resize_heads`; every weight and gate buffer is then overwritten by the
+    checkpoint) and an optimizer passed to the Trainer is re-synchronised; the Trainer then restores the
+    optimizer, scheduler, RNG and data position, and `IncrtGrowthCallback` its history. `checkpoint` defaults
+    to `latest_complete_checkpoint(trainer.args.output_dir)`; an incomplete checkpoint raises ValueError.
+    """
+    if not isinstance(trainer, Trainer):
+        raise TypeError(f"`trainer` must be a transformers.Trainer, got {type(trainer).__name__}")
+    model = trainer.model
+    if not isinstance(model, DDCLIncrtPreTrainedModel):
+        raise TypeError(f"`trainer.model` must be a DDCL-INCRT model, got {type(model).__name__}")
+    if checkpoint is None:
+        checkpoint = latest_complete_checkpoint(trainer.args.output_dir)
+        if checkpoint is None:
+            raise ValueError(f"no complete checkpoint in {trainer.args.output_dir!r}")
+    if not Path(checkpoint).is_dir():
+        raise ValueError(f"`checkpoint` {str(checkpoint)!r} is not a directory")
+    problem = checkpoint_problem(checkpoint)
+    if problem is not None:
+        raise ValueError(f"`checkpoint` {str(checkpoint)!r} is incomplete: {problem}")
+    marker = json.loads((Path(checkpoint) / MARKER_FILE).read_text(encoding="utf-8"))
+    model.resize_heads(marker["num_heads"])
+    if trainer.optimizer is not None:
+        sync_optimizer_with_model(trainer.optimizer, model)
+    return trainer.train(resume_from_checkpoint=str(checkpoint), **train_kwargs)
+
+
+__all__ = [
+    "IncrtGrowthCallback", "checkpoint_problem", "latest_complete_checkpoint", "plot_growth_history",
+    "resume_growth_training",
+]
