@@ -14,7 +14,7 @@ import torch
 from huggingface_hub.utils import _http as hf_http
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification
+from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification, DDLmHCConfig, DDLmHCForCausalLM
 from geoformers.modeling.hub_export import MODEL_CARDS, export_for_hub, flatten_module, push_to_hub
 from geoformers.tokenization import build_char_tokenizer
 
@@ -159,3 +159,27 @@ def test_push_to_hub_uploads_code_weights_tokenizer_and_card(fake_hub):
     assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoConfig"].startswith("configuration_")
     if (MODEL_CARDS / "ddcl_incrt.md").is_file():
         assert fake_hub.files["README.md"] == (MODEL_CARDS / "ddcl_incrt.md").read_bytes()
+
+
+def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
+    torch.manual_seed(0)
+    config = DDLmHCConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, hc_streams=4, hc_chart="rtbp",
+        residual="delta", stream_expansion="conv",
+    )
+    model = DDLmHCForCausalLM(config).eval()
+    for parameter in model.parameters():  # move off the near-identity initialisation
+        parameter.data.add_(0.05 * torch.randn_like(parameter))
+    tokenizer = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz .,")
+    folder = export_for_hub(model, tokenizer, tmp_path / "export")
+    assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == (
+        "modeling_ddl_mhc.DDLmHCForCausalLM"
+    )
+    input_ids = torch.randint(3, 40, (2, 7))
+    with torch.no_grad():
+        expected_logits = model(input_ids=input_ids).logits
+        expected_tokens = model.generate(input_ids, max_new_tokens=6, do_sample=False)
+    loaded = load_without_geoformers(folder, "AutoModelForCausalLM", input_ids, tmp_path)
+    torch.testing.assert_close(torch.tensor(loaded["logits"]), expected_logits, atol=1e-5, rtol=0)
+    assert loaded["generated"] == expected_tokens.tolist()
