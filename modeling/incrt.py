@@ -414,14 +414,13 @@ class GrowableAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
                 output_attentions: bool = False) -> AttentionOutput:
         """hidden_states (B, T, hidden); attention_mask: boolean (B, 1, 1, T), True for keys to attend."""
-        batch, length, _ = hidden_states.shape
-        num_heads, head_dim = len(self.heads), self.config.head_dim
-        projections = [head.q_proj for head in self.heads] + [head.k_proj for head in self.heads] + \
-            [head.v_proj for head in self.heads]
-        weight = torch.cat([projection.weight for projection in projections])
-        bias = torch.cat([projection.bias for projection in projections])
-        qkv = F.linear(hidden_states, weight, bias).view(batch, length, 3, num_heads, head_dim)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        head_dim = self.config.head_dim
+        # Each head's projections are called as modules (not fused from their weights) so that wrappers
+        # such as PEFT's LoRA layers take part in the forward pass.
+        query, key, value = (
+            torch.stack([getattr(head, name)(hidden_states) for head in self.heads], dim=1)
+            for name in ("q_proj", "k_proj", "v_proj")
+        )
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         attention_probs = None
         if output_attentions:
@@ -434,8 +433,7 @@ class GrowableAttention(nn.Module):
             head_outputs = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                           dropout_p=dropout)
         prototypes = prototype_block(head_outputs, self.prototype_banks(), self.temperatures())
-        merged = prototypes.output.transpose(1, 2).reshape(batch, length, num_heads * head_dim)
-        output = F.linear(merged, torch.cat([head.o_proj.weight for head in self.heads], dim=1))
+        output = sum(head.o_proj(prototypes.output[:, index]) for index, head in enumerate(self.heads))
         return AttentionOutput(output, attention_probs, prototypes)
 
     @torch.no_grad()

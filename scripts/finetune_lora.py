@@ -1,0 +1,258 @@
+"""Adapt a saved DDL-mHC checkpoint to a new text file with LoRA (issue 7, DESIGN §4 "PEFT").
+
+`--checkpoint` is a folder written by `train_causal_lm.py` (or any `save_pretrained` of a DDL-mHC model
+with its tokenizer beside it). The new text is tokenised with that tokenizer (characters it does not know
+become `<unk>`; more than `--max_unk_fraction` of them is an error) and split like nanoGPT (first
+`--train_fraction` train, the rest validation). `peft.LoraConfig(target_modules=...)` wraps the named
+projections; the defaults are the attention projections and the hyper-connection / delta projections:
+
+    q_proj k_proj v_proj o_proj      attention (self_attn.*)
+    maps_proj                        fused dynamic H_pre / H_res / write logits ({attn,mlp}_connection.*)
+    value_proj                       delta value v ({attn,mlp}_connection.delta.*)
+    gate_proj up_proj down_proj      MLP (not in the defaults; add them with --target_modules)
+
+Training is `train_causal_lm.py`'s loop (same flags: AdamW, warm-up + cosine, clipping, random windows)
+on the adapter parameters only. The script reports the trainable parameters (count and %) and the
+validation loss before and after on the same fixed windows, saves the adapter (`adapter_config.json`,
+`adapter_model.safetensors`) and the tokenizer to `--output_dir`, and with `--merge` also the merged
+model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json`.
+
+    python scripts/finetune_lora.py --checkpoint outputs/ddl_mhc_char --data new.txt --output_dir outputs/lora
+    python scripts/finetune_lora.py ... --target_modules q_proj v_proj maps_proj --lora_r 4 --merge
+"""
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+from peft.tuners.lora import LoraLayer
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_causal_lm import add_training_arguments, estimate_loss, make_trainer  # noqa: E402
+
+import geoformers  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "maps_proj", "value_proj")
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint and data
+
+
+def load_checkpoint(checkpoint: str | Path, device: torch.device):
+    """(model, tokenizer) from a local DDL-mHC folder; the model is loaded by absolute path, so the saved
+    adapter's `base_model_name_or_path` finds it again from any working directory."""
+    folder = Path(checkpoint).resolve()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"--checkpoint {checkpoint} is not a saved model folder (no config.json)")
+    config = AutoConfig.from_pretrained(folder)
+    if not isinstance(config, geoformers.DDLmHCConfig):
+        raise ValueError(
+            f"--checkpoint {checkpoint} holds a {config.model_type!r} model; this script adapts DDL-mHC "
+            "('ddl_mhc') checkpoints"
+        )
+    model = geoformers.DDLmHCForCausalLM.from_pretrained(folder).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(
+            f"--checkpoint tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{model.config.vocab_size}: the tokenizer does not belong to this model"
+        )
+    return model, tokenizer
+
+
+def encode_text(path: str | Path, tokenizer, max_unk_fraction: float) -> tuple[torch.Tensor, int]:
+    """(token ids, number of `<unk>` tokens) of a UTF-8 file; characters the tokenizer does not know are
+    listed in the error when more than `max_unk_fraction` of the tokens are `<unk>`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--data {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if not text:
+        raise ValueError(f"--data {path} is empty")
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    unk_id = tokenizer.unk_token_id
+    num_unknown = 0 if unk_id is None else sum(token == unk_id for token in ids)
+    if num_unknown > max_unk_fraction * len(ids):
+        unknown_chars = {char for char in set(text) if tokenizer(char, add_special_tokens=False)["input_ids"]
+                         == [unk_id]}
+        unknown = Counter(char for char in text if char in unknown_chars)
+        shown = ", ".join(f"{char!r} x{count}" for char, count in unknown.most_common(10))
+        raise ValueError(
+            f"{num_unknown} of {len(ids)} tokens of --data are {tokenizer.unk_token!r} "
+            f"(> --max_unk_fraction={max_unk_fraction}); unknown characters: {shown}"
+        )
+    return torch.tensor(ids, dtype=torch.long), num_unknown
+
+
+def split_ids(ids: torch.Tensor, train_fraction: float, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT split; both parts need more than `block_size` tokens for one window."""
+    split = int(train_fraction * len(ids))
+    train_ids, val_ids = ids[:split], ids[split:]
+    for name, part in (("train", train_ids), ("validation", val_ids)):
+        if len(part) <= block_size:
+            raise ValueError(
+                f"the {name} split of --data has {len(part)} tokens; it needs more than "
+                f"--block_size={block_size} (use a longer text, a smaller --block_size or another "
+                "--train_fraction)"
+            )
+    return train_ids, val_ids
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA
+
+
+def check_arguments(args: argparse.Namespace, config) -> None:
+    """Clear errors for flags that would otherwise fail deep inside PEFT or the model."""
+    if args.lora_r < 1:
+        raise ValueError(f"--lora_r must be >= 1, got {args.lora_r}")
+    if args.lora_alpha <= 0:
+        raise ValueError(f"--lora_alpha must be > 0, got {args.lora_alpha}")
+    if not 0.0 <= args.lora_dropout < 1.0:
+        raise ValueError(f"--lora_dropout must lie in [0, 1), got {args.lora_dropout}")
+    if not 0.0 < args.train_fraction < 1.0:
+        raise ValueError(f"--train_fraction must lie in (0, 1), got {args.train_fraction}")
+    if not 1 <= args.block_size <= config.max_position_embeddings:
+        raise ValueError(
+            f"--block_size must lie in [1, max_position_embeddings={config.max_position_embeddings}] of the "
+            f"checkpoint, got {args.block_size}"
+        )
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+
+
+def lora_config_for(model: nn.Module, args: argparse.Namespace) -> LoraConfig:
+    """`LoraConfig` over `--target_modules` (leaf names of `nn.Linear` modules; by default those of
+    `DEFAULT_TARGETS` the model has: a static model has no `maps_proj`, an "add" one no `value_proj`)."""
+    linear_names = {name.rpartition(".")[-1] for name, module in model.named_modules()
+                    if isinstance(module, nn.Linear)}
+    targets = args.target_modules
+    if targets is None:
+        targets = [name for name in DEFAULT_TARGETS if name in linear_names]
+    unknown = sorted(set(targets) - linear_names)
+    if unknown:
+        raise ValueError(
+            f"--target_modules {unknown} name no nn.Linear of this model; its projections are "
+            f"{sorted(linear_names)}"
+        )
+    module_names = {name.rpartition(".")[-1] for name, _ in model.named_modules()}
+    unknown = sorted(set(args.modules_to_save) - module_names)
+    if unknown:
+        raise ValueError(f"--modules_to_save {unknown} name no module of this model")
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=list(targets),
+        modules_to_save=list(args.modules_to_save) or None,
+        use_rslora=args.use_rslora,
+    )
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LoRA (peft.LoraConfig)")
+    group.add_argument("--target_modules", nargs="+", default=None,
+                       help=f"leaf names of the nn.Linear projections to adapt (default: those of "
+                       f"{list(DEFAULT_TARGETS)} the model has)")
+    group.add_argument("--modules_to_save", nargs="*", default=[],
+                       help="modules trained in full and saved with the adapter (e.g. lm_head)")
+    group.add_argument("--lora_r", type=int, default=8)
+    group.add_argument("--lora_alpha", type=float, default=16.0)
+    group.add_argument("--lora_dropout", type=float, default=0.0)
+    group.add_argument("--use_rslora", action="store_true", help="scale by alpha / sqrt(r), not alpha / r")
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--checkpoint", required=True, help="saved DDL-mHC model + tokenizer folder")
+    add_training_arguments(parser, steps=500)
+    parser.set_defaults(data=None, warmup_steps=20, weight_decay=0.0)
+    parser.add_argument("--train_fraction", type=float, default=0.9)
+    parser.add_argument("--max_unk_fraction", type=float, default=0.01,
+                        help="most tolerated fraction of <unk> tokens in --data")
+    parser.add_argument("--eval_interval", type=int, default=100, help="val loss every N steps; 0: off")
+    parser.add_argument("--merge", action="store_true", help="also save the merged model: OUTPUT_DIR/merged")
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "ddl_mhc_lora"))
+    add_lora_arguments(parser)
+    args = parser.parse_args()
+    if args.data is None:
+        parser.error("--data is required: the UTF-8 text file to adapt the checkpoint to")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+
+    model, tokenizer = load_checkpoint(args.checkpoint, device)
+    check_arguments(args, model.config)
+    ids, num_unknown = encode_text(args.data, tokenizer, args.max_unk_fraction)
+    train_ids, val_ids = split_ids(ids, args.train_fraction, args.block_size)
+    print(f"{len(train_ids):,} train / {len(val_ids):,} val tokens ({num_unknown:,} <unk>)")
+
+    def evaluate(network, split) -> float:
+        return estimate_loss(network, split, args.batch_size, args.block_size, args.eval_batches, 0, device)
+
+    val_loss_before = evaluate(model, val_ids)
+    model = get_peft_model(model, lora_config_for(model, args))
+    trainable, total = model.get_nb_trainable_parameters()
+    wrapped = Counter(name.rpartition(".")[-1] for name, module in model.named_modules()
+                      if isinstance(module, LoraLayer))
+    print(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f} %) in "
+          f"{sum(wrapped.values())} LoRA layers {dict(sorted(wrapped.items()))}")
+
+    history = []
+    step = make_trainer(model, train_ids, args, device)
+    progress = tqdm(total=args.steps, desc="lora", unit="step")
+    for index in range(1, args.steps + 1):
+        loss, _ = step()
+        progress.update(1)
+        progress.set_postfix(loss=f"{loss:.4f}")
+        if args.eval_interval and index % args.eval_interval == 0 and index != args.steps:
+            history.append({"step": index, "val_loss": evaluate(model, val_ids)})
+            progress.write(f"step {index}: val {history[-1]['val_loss']:.4f}")
+    progress.close()
+    val_loss_after = evaluate(model, val_ids)
+    history.append({"step": args.steps, "val_loss": val_loss_after})
+    print(f"validation loss: {val_loss_before:.4f} before -> {val_loss_after:.4f} after LoRA")
+
+    output_dir = Path(args.output_dir)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    report = {
+        "checkpoint": str(Path(args.checkpoint).resolve()),
+        "data": str(Path(args.data).resolve()),
+        "train_tokens": len(train_ids),
+        "val_tokens": len(val_ids),
+        "unknown_tokens": num_unknown,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "trainable_percent": 100 * trainable / total,
+        "lora_layers": dict(sorted(wrapped.items())),
+        "val_loss_before": val_loss_before,
+        "val_loss_after": val_loss_after,
+        "history": history,
+        "arguments": vars(args),
+    }
+    if args.merge:
+        merged = model.merge_and_unload()
+        merged.save_pretrained(output_dir / "merged")
+        tokenizer.save_pretrained(output_dir / "merged")
+        report["merged_val_loss"] = evaluate(merged, val_ids)
+        print(f"merged model: validation loss {report['merged_val_loss']:.4f}, saved to {output_dir}/merged")
+    (output_dir / "lora_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"saved the adapter and tokenizer to {output_dir}")
+
+
+if __name__ == "__main__":
+    main()
