@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bert.add_argument("--use_encoder_outputs", action="store_true",
                       help="with --bert: feed its frozen encoder outputs")
     model = parser.add_argument_group("model")
-    model.add_argument("--vocab_size", type=int, default=8000, help="WordPiece vocabulary (from scratch)")
+    model.add_argument("--vocab_size", type=int, default=16000, help="WordPiece vocabulary (from scratch)")
     model.add_argument("--max_length", type=int, default=64)
     model.add_argument("--hidden_size", type=int, default=256, help="from scratch (BERT fixes its own)")
     model.add_argument("--num_hidden_layers", type=int, default=1)
@@ -99,8 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--tau_init", type=float, default=1.0)
     model.add_argument("--prototype_loss_weight", type=float, default=0.1, help="lambda in CE + lambda L_q")
     model.add_argument("--pooling", choices=("cls", "mean"), default="mean")
-    model.add_argument("--hidden_dropout", type=float, default=0.1)
-    model.add_argument("--classifier_dropout", type=float, default=0.1)
+    model.add_argument("--hidden_dropout", type=float, default=0.5)
+    model.add_argument("--classifier_dropout", type=float, default=0.5)
     growth = parser.add_argument_group("growth")
     growth.add_argument("--no_growth", action="store_true", help="train --initial_heads heads, no callback")
     growth.add_argument("--check_every", type=int, default=100, help="optimizer steps between gate checks")
@@ -113,9 +113,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     optimisation.add_argument("--weight_decay", type=float, default=0.01)
     optimisation.add_argument("--warmup_ratio", type=float, default=0.06)
     optimisation.add_argument("--batch_size", type=int, default=64)
-    optimisation.add_argument("--epochs", type=float, default=2.0)
+    optimisation.add_argument("--epochs", type=float, default=1.0)
     optimisation.add_argument("--max_steps", type=int, default=-1, help="overrides --epochs when > 0")
-    optimisation.add_argument("--eval_steps", type=int, default=500)
+    optimisation.add_argument("--sampling", choices=("group_by_length", "random"), default="group_by_length",
+                              help="Trainer's train_sampling_strategy")
+    optimisation.add_argument("--eval_steps", type=int, default=200)
     optimisation.add_argument("--seed", type=int, default=0)
     optimisation.add_argument("--progress", action="store_true", help="show the Trainer's progress bar")
     optimisation.add_argument("--threads", type=int, default=None,
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
         learning_rate=args.learning_rate, weight_decay=args.weight_decay, warmup_steps=args.warmup_ratio,
         num_train_epochs=args.epochs, max_steps=args.max_steps, lr_scheduler_type="linear",
         eval_strategy="steps", eval_steps=args.eval_steps, logging_steps=args.eval_steps, save_strategy="no",
-        train_sampling_strategy="group_by_length", report_to="none", disable_tqdm=not args.progress,
+        train_sampling_strategy=args.sampling, report_to="none", disable_tqdm=not args.progress,
         seed=args.seed, use_cpu=True,
     )
     collator = DataCollatorWithPadding(tokenizer)

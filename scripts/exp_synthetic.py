@@ -11,7 +11,8 @@ Checks, for several seeds on the same data (`build_spectral_task`, k planted dir
 4. prototype separation over training: min_{i != j} ||p_i - p_j|| per head, probed every `--probe_every`
    steps; a head counts as collapsed when its final value is below `--collapse_ratio` times its first;
 5. uniqueness: the final head counts of the seeds;
-plus the head-count law K* (`head_count_law`) and validation accuracy against the Bayes accuracy. An ablation
+plus the head-count law K* (`head_count_law` on the gate's trajectory, `spectrum_head_count_law` on the exact
+spectrum at growth start) and validation accuracy against the Bayes accuracy. An ablation
 run calibrates theta_w at step 0 (no pre-growth training) to show why the recipe trains first.
 
 Writes results/synthetic/synthetic.json and synthetic.png, and each run's growth_history.{json,png} in
@@ -51,6 +52,7 @@ from geoformers.training.experiment import (  # noqa: E402
     markdown_table,
     rows_as_batch,
     run_growth_training,
+    spectrum_head_count_law,
     stop_summary,
     temperature_split,
     write_json,
@@ -130,9 +132,11 @@ def run_one(args: argparse.Namespace, task, name: str, seed: int, pre_growth_ste
                                            for eigenvalues, layer in zip(spectrum["eigenvalues"], order,
                                                                          strict=True)],
         "theta_w": thetas,
-        "exact_eigenvalues_above_theta_w": [sum(value > theta for value in eigenvalues) for eigenvalues, theta
-                                            in zip(spectrum["eigenvalues"], thetas, strict=True)],
-        "head_count_law": head_count_law(history),
+        "head_count_law": {
+            "trajectory": head_count_law(history),
+            "spectrum_at_growth_start": spectrum_head_count_law(spectrum["eigenvalues"], thetas,
+                                                                list(model.config.num_heads)),
+        },
         "temperatures": temperature_split(probe.records[-1]["temperatures"], args.tau_min, args.tau_init),
         "prototype_separation": prototype_separation(probe.records, args.collapse_ratio),
         "validation_accuracy": evaluate_accuracy(model, task["validation"]),
@@ -229,13 +233,18 @@ def main(argv: list[str] | None = None) -> dict:
 def print_summary(result: dict) -> None:
     rows = []
     for run in result["runs"] + ([result["ablation"]] if result["ablation"] else []):
-        for end, order, law in zip(run["growth_end"], run["grow_order"], run["head_count_law"], strict=True):
+        laws = run["head_count_law"]
+        for end, order, trajectory, spectrum in zip(run["growth_end"], run["grow_order"], laws["trajectory"],
+                                                    laws["spectrum_at_growth_start"], strict=True):
             rows.append([run["run"], end["layer"], run["num_heads"][end["layer"]], end["verdict"],
                          end["step"], ", ".join(f"{value:.3g}" for value in order["grow_lambdas"]),
-                         f"{order['decreasing_pairs']}/{order['pairs']}", law["predicted_heads"],
+                         f"{order['decreasing_pairs']}/{order['pairs']}",
+                         ", ".join(f"{value:.3g}" for value in spectrum["captured_eigenvalues"]),
+                         spectrum["theta_w"], trajectory["predicted_heads"], spectrum["predicted_heads"],
                          run["validation_accuracy"]])
     print(markdown_table(["run", "layer", "heads", "growth ended", "at step", "lambda_max at grow events",
-                          "decreasing pairs", "K*", "val. accuracy"], rows))
+                          "decreasing pairs", "exact eigenvalues > theta_w at growth start", "theta_w",
+                          "K* (trajectory)", "K* (spectrum)", "val. accuracy"], rows))
     print(f"Bayes accuracy {result['task']['bayes_accuracy']:.4f}")
     rows = [[run["run"], layer["layer"], ", ".join(f"{tau:.3g}" for tau in layer["temperatures"]),
              layer["local_heads"], layer["global_heads"]]

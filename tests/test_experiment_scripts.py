@@ -29,6 +29,7 @@ from geoformers.training.experiment import (
     head_count_law,
     rows_as_batch,
     run_growth_training,
+    spectrum_head_count_law,
     stop_summary,
     temperature_split,
     write_json,
@@ -132,6 +133,9 @@ def test_exp_synthetic_reports_order_stop_temperatures_separation_and_seeds(tmp_
         taus = run["temperatures"][0]["temperatures"]
         assert len(taus) == run["num_heads"][0] and all(0.05 < tau < 1.0 + 1e-6 for tau in taus)
         assert len(run["prototype_separation"]) == run["num_heads"][0]
+        spectrum = run["head_count_law"]["spectrum_at_growth_start"][0]
+        captured = [value for value in exact if value > spectrum["theta_w"]]
+        assert spectrum["captured_eigenvalues"][: len(captured)] == captured
     assert result["verdicts"]["head_counts"] == [run["num_heads"] for run in result["runs"]]
     assert result["verdicts"]["finite_stop"] == all(run["growth_end"][0]["verdict"] == "stop"
                                                     for run in result["runs"])
@@ -155,9 +159,12 @@ def test_exp_cov2_reports_accuracy_heads_law_and_parameters(tmp_path):
                              num_labels=5)
     rebuilt = DDCLIncrtForSequenceClassification(config)
     assert result["parameters"] == sum(parameter.numel() for parameter in rebuilt.parameters())
-    law = result["head_count_law"][0]
+    law = result["head_count_law"]["trajectory"][0]
     assert law["observed_heads"] == result["num_heads"][0]
     assert law["grow_lambdas"] == [e["lambda_max"] for e in result["events"] if e["action"] == "grow"]
+    spectrum = result["head_count_law"]["spectrum_at_growth_start"][0]
+    assert spectrum["theta_w"] == result["events"][0]["theta_w"]  # calibrated when growth started
+    assert all(value > spectrum["theta_w"] for value in spectrum["captured_eigenvalues"])
 
 
 def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tmp_path):
@@ -249,7 +256,7 @@ def test_prototype_probe_matches_direct_computation():
         hidden = model.model.embeddings(batch["input_ids"], None, None).double().reshape(-1, 16)
     second_moment = hidden.T @ hidden / hidden.shape[0]
     for head, energy in zip(model.model.layers[0].attention.heads, record["head_energy"][0], strict=True):
-        product = head.q_proj.weight.double().T @ head.k_proj.weight.double()
+        product = head.q_proj.weight.detach().double().T @ head.k_proj.weight.detach().double()
         expected = torch.linalg.matrix_norm(second_moment @ (product - product.T) / 2)
         assert energy == pytest.approx(float(expected), rel=1e-4)
     accuracy = (outputs.logits.argmax(-1) == batch["labels"]).double().mean()
@@ -273,12 +280,24 @@ def test_head_count_law_matches_a_hand_computation():
               {"step": 12, "layer": 0, "action": "stop", "lambda_max": 0.1}]
     (law,) = head_count_law(history_with(events, checks))
     # rho = (0.1 / 0.9)^(1/2) = 1/3, kappa_T^2 = 1 / (1 - 1/3) = 3/2, K* = 1.5 log(0.9 / 0.05) = 1.5 log 18.
+    assert law["rho"] == pytest.approx(1 / 3) and law["lambda_end"] == 0.1
     assert law["kappa_T"] == pytest.approx(math.sqrt(1.5))
     assert law["predicted_heads"] == pytest.approx(1.5 * math.log(18))
     assert law["ratio"] == pytest.approx(1.5 * math.log(18) / 3)
-    assert law["kappa_cond"] == pytest.approx(3.0)  # 0.9 / 0.3
-    assert law["predicted_heads_cond"] == pytest.approx(9 * math.log(18))
     assert law["gamma_res0"] == 0.9 and law["theta_w"] == 0.05
+
+
+def test_spectrum_head_count_law_matches_a_hand_computation():
+    spectra = [[0.8, 0.2, 0.04, -0.04, -0.2, -0.8], [0.01, -0.01]]
+    wide, quiet = spectrum_head_count_law(spectra, theta_w=[0.1, 0.1], observed_heads=[4, 1])
+    # Captured 0.8 > 0.2 > theta_w: kappa_T = 0.8 / 0.2 = 4, K* = 16 log(0.8 / 0.1) = 16 log 8.
+    assert wide["captured_eigenvalues"] == [0.8, 0.2] and wide["kappa_T"] == pytest.approx(4.0)
+    assert wide["predicted_heads"] == pytest.approx(16 * math.log(8))
+    assert wide["ratio"] == pytest.approx(4 * math.log(8))
+    assert quiet["captured_eigenvalues"] == [] and quiet["predicted_heads"] == 0.0
+    assert quiet["kappa_T"] is None
+    with pytest.raises(ValueError, match="theta_w"):
+        spectrum_head_count_law(spectra, theta_w=[0.1], observed_heads=[4, 1])
 
 
 def test_head_count_law_is_undefined_without_growth_or_contraction():
@@ -291,7 +310,7 @@ def test_head_count_law_is_undefined_without_growth_or_contraction():
                                                                                               (2, 0.4))]
     (growing,) = head_count_law(history_with(rising, checks))
     assert growing["kappa_T"] is None and growing["predicted_heads"] is None  # lambda grew: no contraction
-    assert growing["kappa_cond"] == pytest.approx(0.5)
+    assert growing["rho"] == pytest.approx(2 ** 0.5) and growing["lambda_end"] == 0.4
     (empty,) = head_count_law(history_with([], [], final=(1,)))
     assert empty["gamma_res0"] is None and empty["ratio"] is None
 

@@ -186,17 +186,19 @@ class ProgressBarOnly(ProgressCallback):
 
 
 @torch.no_grad()
-def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict) -> list[list[float]]:
-    """Exact (float64 `eigvalsh`) eigenvalues of every layer's deflated A_res = P sym(C M_a) P on `batch`,
-    in decreasing order: the reference the gate's tracked lambda_max values are compared with."""
+def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool = True) -> list[list[float]]:
+    """Exact eigenvalues (float64 `eigvalsh`), in decreasing order, of every layer's A_res = P sym(C M_a) P
+    (`deflated=False`: A_sym = sym(C M_a)) on `batch`: the reference for the gate's tracked lambda_max."""
     moments = model.gate_second_moments(**batch)
     spectra = []
     for layer, moment in zip(model.base_model.layers, moments, strict=True):
         attention = layer.attention
-        directional = directional_matrix(attention.stacked("q_proj").float(),
-                                         attention.stacked("k_proj").float())
-        residual = deflate(interaction_matrix(moment.float(), directional), attention.gate.active_basis())
-        spectra.append(torch.linalg.eigvalsh(residual.double()).flip(0).tolist())
+        directional = directional_matrix(attention.stacked("q_proj").detach().double(),
+                                         attention.stacked("k_proj").detach().double())
+        matrix = interaction_matrix(moment.double(), directional)
+        if deflated:
+            matrix = deflate(matrix, attention.gate.active_basis().double())
+        spectra.append(torch.linalg.eigvalsh(matrix).flip(0).tolist())
     return spectra
 
 
@@ -421,7 +423,8 @@ def run_growth_training(
 
 
 def head_count_law(history: dict) -> list[dict]:
-    """INCRT head-count law K* = kappa_T^2 log(Gamma_res^(0) / theta_w) per layer, against the observed heads.
+    """INCRT head-count law K* = kappa_T^2 log(Gamma_res^(0) / theta_w) per layer from the gate's trajectory,
+    against the observed heads (`spectrum_head_count_law` is the estimator on one exact spectrum).
 
     The Theta() constant is taken as 1; the papers do not say how to estimate kappa_T, so from the run:
 
@@ -431,12 +434,10 @@ def head_count_law(history: dict) -> list[dict]:
       or full verdict (its last check if there is none);
     * per-head contraction rho = (lambda_end / lambda_1)^(1/n), kappa_T^2 = 1 / (1 - rho): a residual
       shrinking by the factor (1 - 1/kappa_T^2) per head reaches theta_w after about
-      kappa_T^2 log(Gamma_res^(0) / theta_w) heads (`predicted_heads`, `ratio` = predicted / observed);
-    * second estimator, the condition number of the captured spectrum kappa_cond = lambda_1 / lambda_n
-      (`predicted_heads_cond`, `ratio_cond`).
+      kappa_T^2 log(Gamma_res^(0) / theta_w) heads (`predicted_heads`, `ratio` = predicted / observed).
 
     The lambdas are measured at different steps, while W_Q, W_K learn, so they only approximate one spectrum.
-    Fields are None where undefined (no head grown, no contraction, Gamma_res^(0) <= theta_w).
+    Fields are None where undefined: no check, no head grown, Gamma_res^(0) <= theta_w, or rho >= 1.
     """
     layers = []
     for layer, observed in enumerate(history["num_heads"]):
@@ -446,27 +447,46 @@ def head_count_law(history: dict) -> list[dict]:
         stops = [event["lambda_max"] for event in events if event["action"] in ("stop", "full")]
         record = {"layer": layer, "observed_heads": observed,
                   "initial_heads": history["initial_num_heads"][layer], "grow_lambdas": grown,
-                  "gamma_res0": None, "theta_w": None, "kappa_T": None,
-                  "kappa_cond": None, "predicted_heads": None, "predicted_heads_cond": None, "ratio": None,
-                  "ratio_cond": None}
+                  "gamma_res0": None, "theta_w": None, "lambda_end": None, "rho": None, "kappa_T": None,
+                  "predicted_heads": None, "ratio": None}
         layers.append(record)
         if not checks:
             continue
         gamma, theta = checks[0]["lambda_max"][layer], checks[0]["theta_w"][layer]
-        record.update(gamma_res0=gamma, theta_w=theta)
-        if not (grown and gamma > theta > 0):
-            continue
-        log_ratio = math.log(gamma / theta)
         end = stops[0] if stops else checks[-1]["lambda_max"][layer]
-        contraction = (max(end, EPS) / grown[0]) ** (1 / len(grown))
-        if contraction < 1:
-            record["kappa_T"] = math.sqrt(1 / (1 - contraction))
-            record["predicted_heads"] = record["kappa_T"] ** 2 * log_ratio
+        record.update(gamma_res0=gamma, theta_w=theta, lambda_end=end)
+        if not (grown and gamma > theta > 0 and grown[0] > 0):
+            continue
+        record["rho"] = (max(end, 0.0) / grown[0]) ** (1 / len(grown))
+        if record["rho"] < 1:
+            record["kappa_T"] = math.sqrt(1 / (1 - record["rho"]))
+            record["predicted_heads"] = record["kappa_T"] ** 2 * math.log(gamma / theta)
             record["ratio"] = record["predicted_heads"] / observed
-        if grown[-1] > 0:
-            record["kappa_cond"] = grown[0] / grown[-1]
-            record["predicted_heads_cond"] = record["kappa_cond"] ** 2 * log_ratio
-            record["ratio_cond"] = record["predicted_heads_cond"] / observed
+    return layers
+
+
+def spectrum_head_count_law(spectra: list[list[float]], theta_w: list[float],
+                            observed_heads: list[int]) -> list[dict]:
+    """INCRT head-count law on one exact spectrum per layer (e.g. `gate_spectrum` when growth starts): the
+    captured spectrum is the eigenvalues above theta_w, lambda_1 >= ... >= lambda_m (m = the heads a gate
+    acting on this one spectrum would grow), Gamma_res^(0) = lambda_1, kappa_T = lambda_1 / lambda_m (the
+    condition number of the captured spectrum) and K* = kappa_T^2 log(lambda_1 / theta_w); K* = 0 when
+    m = 0. `ratio` = K* / observed heads."""
+    for name, values in (("theta_w", theta_w), ("observed_heads", observed_heads)):
+        if len(values) != len(spectra):
+            raise ValueError(f"`{name}` needs one entry per layer ({len(spectra)}), got {len(values)}")
+    layers = []
+    rows = zip(spectra, theta_w, observed_heads, strict=True)
+    for layer, (eigenvalues, theta, observed) in enumerate(rows):
+        captured = [value for value in eigenvalues if value > theta]
+        record = {"layer": layer, "observed_heads": observed, "theta_w": theta,
+                  "captured_eigenvalues": captured, "gamma_res0": captured[0] if captured else None,
+                  "kappa_T": None, "predicted_heads": 0.0, "ratio": 0.0}
+        if captured and theta > 0:
+            record["kappa_T"] = captured[0] / captured[-1]
+            record["predicted_heads"] = record["kappa_T"] ** 2 * math.log(captured[0] / theta)
+            record["ratio"] = record["predicted_heads"] / observed
+        layers.append(record)
     return layers
 
 
@@ -569,6 +589,6 @@ __all__ = [
     "GrowthEventPrinter", "GrowthRun", "ProgressBarOnly", "PrototypeProbe", "add_experiment_arguments",
     "build_model", "check_experiment_arguments", "command_line", "describe_event", "environment",
     "evaluate_accuracy", "events_table", "gate_spectrum", "grow_order", "head_count_law", "markdown_table",
-    "parameter_count", "rows_as_batch", "run_growth_training", "stop_summary", "temperature_split",
-    "training_arguments", "write_json",
+    "parameter_count", "rows_as_batch", "run_growth_training", "spectrum_head_count_law", "stop_summary",
+    "temperature_split", "training_arguments", "write_json",
 ]
