@@ -231,6 +231,21 @@ def spectrum_law(model: DDCLIncrtForSequenceClassification, gate_batch: dict) ->
     return layers
 
 
+@torch.no_grad()
+def prototype_statistics(model: DDCLIncrtForSequenceClassification, dev, collator) -> dict:
+    """DDCL quantities of the trained model on the whole dev set (one batch, so the means are exact):
+    per-head temperature, min pairwise prototype distance, effective number of used prototypes."""
+    batch = collator([dev[index] for index in range(len(dev))])
+    outputs = model.eval()(**{name: value for name, value in batch.items() if name != "labels"})
+    return {
+        "l_q": float(outputs.l_q), "l_ols": float(outputs.l_ols),
+        "prototype_variance": float(outputs.prototype_variance),
+        "temperatures": [t.tolist() for t in outputs.temperatures],
+        "min_prototype_distance": [d.tolist() for d in outputs.min_prototype_distance],
+        "effective_prototypes": [p.tolist() for p in outputs.prototype_perplexity],
+    }
+
+
 def gate_batch(dataset, collator, size: int, seed: int) -> dict:
     """`size` training rows drawn with `seed`, collated, without labels."""
     rows = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:size].sort().values
@@ -332,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
         "growth_stopped_at_step": history["growth_stopped_at_step"] if history else None,
         "growth_events": [e for e in history["events"] if e["action"] != "calibrated"] if history else [],
         "head_count_law": law,
+        "prototypes_on_dev": prototype_statistics(model, dev, collator),
         "parameters": parameter_counts(model),
         "steps": trainer.state.global_step,
         "train_time_s": train_time,

@@ -113,7 +113,10 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     stored = json.loads((output / "sst2.json").read_text())
     assert stored == json.loads(json.dumps(result))
     assert {"dev_accuracy", "dev_accuracy_history", "baseline", "num_heads", "head_count_law", "parameters",
-            "train_time_s", "wall_time_s", "growth_events", "command"} <= stored.keys()
+            "train_time_s", "wall_time_s", "growth_events", "command", "prototypes_on_dev"} <= stored.keys()
+    effective = stored["prototypes_on_dev"]["effective_prototypes"]
+    assert len(effective) == 1 and len(effective[0]) == stored["num_heads"][0]
+    assert all(1.0 - 1e-4 <= value <= 4 + 1e-4 for value in effective[0])
     assert 0.0 <= stored["dev_accuracy"] <= 1.0 and 0.0 <= stored["baseline"]["accuracy"] <= 1.0
     assert stored["steps"] == 4 and [e["step"] for e in stored["dev_accuracy_history"]] == [2, 4]
     assert (stored["train_samples"], stored["eval_samples"]) == (96, 32)
