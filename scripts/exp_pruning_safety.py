@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
-import json
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +34,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed  # noqa: E402
 
@@ -46,6 +42,7 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  #
 from geoformers.modeling.incrt import head_directional_energy  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
+from geoformers.training.experiment import command_line, environment, write_json  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -299,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         stage["collapse"] = collapse_verdict(stage, reference, args.collapse_ratio)
     result = {
         "experiment": "pruning_safety",
-        "command": "python scripts/exp_pruning_safety.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("exp_pruning_safety.py", argv),
         "args": vars(args),
         "bert": bert_path,
         "train_samples": len(train), "eval_samples": len(dev),
@@ -310,10 +307,9 @@ def main(argv: list[str] | None = None) -> dict:
         "any_usage_collapse": any(stage["collapse"]["usage_collapsed"] for stage in stages[1:]),
         "timings_s": timings,
         "wall_time_s": time.perf_counter() - started,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": transformers.__version__, "threads": torch.get_num_threads()},
+        "environment": environment(),
     }
-    (output_dir / "pruning_safety.json").write_text(json.dumps(result, indent=2))
+    write_json(output_dir / "pruning_safety.json", result)
     plot(stages, output_dir / "pruning_safety.png")
     print_summary(result)
     return result

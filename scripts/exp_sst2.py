@@ -1,41 +1,34 @@
 """SST-2 experiment (issue 6): DDCL-INCRT from scratch with INCRT head growth, against a TF-IDF baseline.
 
-A WordPiece vocabulary is trained on the SST-2 training split, DDCL-INCRT starts with `--initial_heads` heads
-per layer and `IncrtGrowthCallback` grows (and prunes) heads while `Trainer` trains it; prototypes learn at
-`--prototype_lr_multiplier` times the encoder's learning rate (`make_optimizer`). A TF-IDF + logistic
-regression baseline (scikit-learn) is fitted on the same training rows. `--bert` runs the same on a
-pre-trained BERT's frozen embeddings (`wrap_bert_embeddings`, its WordPiece vocabulary; default the offline
-MiniLM), `--use_encoder_outputs` on its frozen encoder outputs.
+A WordPiece vocabulary is trained on the SST-2 training split and DDCL-INCRT starts with `--initial_heads`
+heads per layer. Training follows the project's growth recipe (`geoformers.training.experiment`): the initial
+heads first train `--pre_growth_steps` steps with no gate (theta_w calibrated at initialisation lies below
+every later lambda_max, so growth would only end at max_heads), then `IncrtGrowthCallback` calibrates theta_w
+and grows (and prunes) heads every `--check_every` steps until the end; one optimizer (`make_optimizer`,
+prototypes at `--prototype_lr_multiplier` times the learning rate) serves both phases, and each phase draws
+its own shuffled order of the training rows. A TF-IDF + logistic regression baseline (scikit-learn) is
+fitted on the same rows. `--bert` runs the same on a pre-trained BERT's frozen embeddings
+(`wrap_bert_embeddings`, its WordPiece vocabulary; default the offline MiniLM), `--use_encoder_outputs` on
+its frozen encoder outputs.
 
-Reported in `<output_dir>/sst2.json` (+ `sst2.png`, and the callback's `growth_history.{json,png}`): dev
-accuracy (final, and at every evaluation), heads per layer, parameters, wall times, and the head-count law
-K* = kappa_T^2 log(Gamma_res^(0) / theta_w) against the observed heads per layer. The papers do not say how
-to estimate kappa_T; the Theta() constant is taken as 1 and two estimators are reported:
-
-* `trajectory`: Gamma_res^(0) = lambda_max(A_res) at the layer's first gate check after calibration,
-  lambda_1..lambda_n = lambda_max(A_res) at its n grow events, lambda_end at its stop/full verdict (else its
-  last check); per-head contraction rho = (lambda_end / lambda_1)^(1/n) and kappa_T^2 = 1 / (1 - rho), so a
-  residual shrinking by (1 - 1/kappa_T^2) per head reaches theta_w after kappa_T^2 log(Gamma/theta_w) heads.
-  Undefined (null) when no head grew or lambda did not shrink (rho >= 1): the lambdas are measured at
-  different training steps, and from scratch A_res grows while W_Q, W_K learn.
-* `final_spectrum`: the trained model's exact spectrum of A_sym = sym(C M_a) (`eigvalsh`) on a gate batch
-  of training rows; the captured spectrum is the eigenvalues above the layer's theta_w, lambda_1 >= ... >=
-  lambda_m (m = the heads an exact gate would grant), Gamma_res^(0) = lambda_1 and kappa_T = lambda_1 /
-  lambda_m, the condition number of the captured spectrum. K* = 0 when m = 0.
+Reported in `<output_dir>/sst2.json` (+ `sst2.png`, `growth_history.{json,png}` on global steps): dev
+accuracy (final and at every evaluation), heads per layer, parameters, wall times, grow order, how growth
+ended, per-head temperatures (local/global split) and prototype statistics on the dev set, and the head-count
+law K* = kappa_T^2 log(Gamma_res^(0) / theta_w) against the observed heads with the two shared estimators
+(`head_count_law`: kappa_T from the gate's lambda_max trajectory; `spectrum_head_count_law`: the exact
+spectrum of A_sym when growth starts, kappa_T = the condition number of its part above theta_w). The
+Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
 
     python scripts/exp_sst2.py                                   # from scratch, the default recipe
     python scripts/exp_sst2.py --bert                            # on frozen MiniLM embeddings
-    python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --output_dir /tmp/sst2_smoke
+    python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 --output_dir /tmp/x
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.resources
-import json
 import math
-import platform
-import sys
 import time
 from pathlib import Path
 
@@ -44,7 +37,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed  # noqa: E402
@@ -52,11 +44,27 @@ from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, se
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig  # noqa: E402
 from geoformers.modeling.bert_conversion import wrap_bert_embeddings  # noqa: E402
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
-from geoformers.modeling.incrt import directional_matrix, interaction_matrix  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer, train_wordpiece  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
 from geoformers.training.evaluation import classification_metrics  # noqa: E402
-from geoformers.training.growth import IncrtGrowthCallback  # noqa: E402
+from geoformers.training.experiment import (  # noqa: E402
+    command_line,
+    environment,
+    gate_spectrum,
+    grow_order,
+    head_count_law,
+    markdown_table,
+    spectrum_head_count_law,
+    stop_summary,
+    temperature_split,
+    write_json,
+)
+from geoformers.training.growth import (  # noqa: E402
+    HISTORY_FILE,
+    PLOT_FILE,
+    IncrtGrowthCallback,
+    plot_growth_history,
+)
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -97,13 +105,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--max_heads", type=int, default=None, help="default hidden_size // head_dim")
     model.add_argument("--num_prototypes", type=int, default=16)
     model.add_argument("--tau_init", type=float, default=1.0)
+    model.add_argument("--tau_min", type=float, default=0.05)
     model.add_argument("--prototype_loss_weight", type=float, default=0.1, help="lambda in CE + lambda L_q")
     model.add_argument("--pooling", choices=("cls", "mean"), default="mean")
-    model.add_argument("--hidden_dropout", type=float, default=0.5)
-    model.add_argument("--classifier_dropout", type=float, default=0.5)
+    model.add_argument("--hidden_dropout", type=float, default=None,
+                       help="default 0.5 from scratch, 0.1 with --bert (frozen pre-trained features)")
+    model.add_argument("--classifier_dropout", type=float, default=None, help="default as --hidden_dropout")
     growth = parser.add_argument_group("growth")
     growth.add_argument("--no_growth", action="store_true", help="train --initial_heads heads, no callback")
-    growth.add_argument("--check_every", type=int, default=100, help="optimizer steps between gate checks")
+    growth.add_argument("--pre_growth_steps", type=int, default=200,
+                        help="steps the initial heads train before theta_w is calibrated and growth starts")
+    growth.add_argument("--check_every", type=int, default=10, help="optimizer steps between gate checks")
     growth.add_argument("--gate_batch_size", type=int, default=256, help="training rows per gate check")
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.05, help="0 disables pruning")
@@ -127,8 +139,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 2:
             parser.error(f"--{name} must be >= 2, got {value}")
+    if args.pre_growth_steps < 0:
+        parser.error(f"--pre_growth_steps must be >= 0, got {args.pre_growth_steps}")
+    if not args.no_growth and 0 < args.max_steps <= args.pre_growth_steps:
+        parser.error(f"--pre_growth_steps ({args.pre_growth_steps}) must be < --max_steps ({args.max_steps})")
     if args.use_encoder_outputs and not args.bert:
         parser.error("--use_encoder_outputs needs --bert")
+    for name in ("hidden_dropout", "classifier_dropout"):
+        if getattr(args, name) is None:
+            setattr(args, name, 0.1 if args.bert else 0.5)
     if args.output_dir is None:
         args.output_dir = str(REPO_ROOT / "results" / ("sst2_bert" if args.bert else "sst2"))
     return args
@@ -167,7 +186,7 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
     settings = {
         "num_hidden_layers": args.num_hidden_layers, "num_heads": args.initial_heads,
         "head_dim": args.head_dim, "max_heads": args.max_heads, "num_prototypes": args.num_prototypes,
-        "tau_init": args.tau_init,
+        "tau_init": args.tau_init, "tau_min": args.tau_min,
         "prototype_loss_weight": args.prototype_loss_weight, "pooling": args.pooling,
         "hidden_dropout_prob": args.hidden_dropout, "classifier_dropout": args.classifier_dropout,
         "gate_calibration_factor": args.gate_calibration_factor, "gate_prune_factor": args.gate_prune_factor,
@@ -180,55 +199,6 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
                              max_position_embeddings=args.max_length, pad_token_id=tokenizer.pad_token_id,
                              type_vocab_size=0, **settings)
     return DDCLIncrtForSequenceClassification(config)
-
-
-def trajectory_law(history: dict) -> list[dict]:
-    """K* per layer with kappa_T from the gate's lambda_max trajectory (module docstring, `trajectory`)."""
-    layers = []
-    for layer, observed in enumerate(history["num_heads"]):
-        checks = [check for check in history["checks"] if check["action"][layer] != "calibrating"]
-        events = [event for event in history["events"] if event["layer"] == layer]
-        grown = [event["lambda_max"] for event in events if event["action"] == "grow"]
-        stops = [event["lambda_max"] for event in events if event["action"] in ("stop", "full")]
-        record = {"layer": layer, "observed_heads": observed, "grow_lambdas": grown, "gamma_res0": None,
-                  "theta_w": None, "lambda_end": None, "rho": None, "kappa_T": None, "predicted_heads": None,
-                  "ratio": None}
-        if checks:
-            gamma, theta = checks[0]["lambda_max"][layer], checks[0]["theta_w"][layer]
-            end = stops[0] if stops else checks[-1]["lambda_max"][layer]
-            record.update(gamma_res0=gamma, theta_w=theta, lambda_end=end)
-            if grown and gamma > theta > 0 and grown[0] > 0:
-                record["rho"] = (max(end, 0.0) / grown[0]) ** (1 / len(grown))
-                if record["rho"] < 1:
-                    record["kappa_T"] = math.sqrt(1 / (1 - record["rho"]))
-                    record["predicted_heads"] = record["kappa_T"] ** 2 * math.log(gamma / theta)
-                    record["ratio"] = record["predicted_heads"] / observed
-        layers.append(record)
-    return layers
-
-
-@torch.no_grad()
-def spectrum_law(model: DDCLIncrtForSequenceClassification, gate_batch: dict) -> list[dict]:
-    """K* per layer from the trained model's exact A_sym spectrum (module docstring, `final_spectrum`)."""
-    moments = model.gate_second_moments(**gate_batch)
-    layers = []
-    for layer, (block, moment) in enumerate(zip(model.base_model.layers, moments, strict=True)):
-        attention = block.attention
-        directional = directional_matrix(attention.stacked("q_proj").double(),
-                                         attention.stacked("k_proj").double())
-        eigenvalues = torch.linalg.eigvalsh(interaction_matrix(moment.double(), directional)).flip(0)
-        theta = float(attention.gate.theta_w)
-        captured = eigenvalues[eigenvalues > theta].tolist()
-        record = {"layer": layer, "observed_heads": len(attention.heads), "theta_w": theta,
-                  "captured_eigenvalues": captured, "lambda_max": float(eigenvalues[0]), "kappa_T": None,
-                  "predicted_heads": 0.0 if not captured else None, "ratio": None}
-        if captured and theta > 0:
-            record["kappa_T"] = captured[0] / captured[-1]
-            record["predicted_heads"] = record["kappa_T"] ** 2 * math.log(captured[0] / theta)
-        if record["predicted_heads"] is not None:
-            record["ratio"] = record["predicted_heads"] / record["observed_heads"]
-        layers.append(record)
-    return layers
 
 
 @torch.no_grad()
@@ -251,6 +221,70 @@ def gate_batch(dataset, collator, size: int, seed: int) -> dict:
     rows = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:size].sort().values
     batch = collator([dataset[int(row)] for row in rows])
     return {name: value for name, value in batch.items() if name != "labels"}
+
+
+def shifted_history(history: dict, offset: int) -> dict:
+    """A growth history with its steps moved by `offset` (growth-phase steps -> global steps)."""
+    checks = [{**check, "step": check["step"] + offset} for check in history["checks"]]
+    events = [{**event, "step": event["step"] + offset} for event in history["events"]]
+    stopped = history["growth_stopped_at_step"]
+    return {**history, "checks": checks, "events": events, "growth_started_at_step": offset,
+            "growth_stopped_at_step": None if stopped is None else stopped + offset}
+
+
+def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir: Path) -> dict:
+    """The growth recipe of the module docstring: a pre-growth phase (warm-up, then constant learning rate)
+    and a growth phase (linear decay to 0, evaluations every `--eval_steps`), both `Trainer`s sharing one
+    optimizer. Returns the final evaluation, evaluations on global steps, the history on global steps (None
+    with `--no_growth`), the exact A_sym spectra and theta_w when growth starts, and the training time."""
+    steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)
+    total = args.max_steps if args.max_steps > 0 else math.ceil(args.epochs * steps_per_epoch)
+    pre = 0 if args.no_growth else args.pre_growth_steps
+    if pre >= total:
+        raise ValueError(f"--pre_growth_steps ({pre}) must be < the {total} training steps")
+    phases = ([(0, pre)] if pre else []) + [(pre, total)]
+    optimizer, trainer, callback, spectra = None, None, None, None
+    started = time.perf_counter()
+    for index, (start, end) in enumerate(phases):
+        growing = start == pre and not args.no_growth
+        training_args = TrainingArguments(
+            output_dir=str(output_dir), max_steps=end - start, per_device_train_batch_size=args.batch_size,
+            per_device_eval_batch_size=256, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
+            lr_scheduler_type="linear" if end == total else "constant_with_warmup",
+            warmup_steps=round(args.warmup_ratio * total) if start == 0 else 0,
+            eval_strategy="steps" if end == total else "no", eval_steps=args.eval_steps,
+            logging_steps=args.eval_steps, save_strategy="no", train_sampling_strategy=args.sampling,
+            report_to="none", disable_tqdm=not args.progress, seed=args.seed, data_seed=args.seed + index,
+            use_cpu=True,
+        )
+        if optimizer is None:
+            optimizer = make_optimizer(model, training_args,
+                                       prototype_lr_multiplier=args.prototype_lr_multiplier)
+        callbacks = []
+        if growing:
+            callback = IncrtGrowthCallback(check_every=args.check_every, gate_batch_size=args.gate_batch_size,
+                                           save_plot=False)
+            callbacks.append(callback)
+            spectra = gate_spectrum(model, gate_batch(train_rows, collator, args.gate_batch_size, args.seed),
+                                    deflated=False)
+        trainer = Trainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev,
+                          data_collator=collator, compute_metrics=classification_metrics(),
+                          optimizers=(optimizer, None), callbacks=callbacks)
+        trainer.train()
+    train_time = time.perf_counter() - started
+    evaluations = [{"step": entry["step"] + pre, "accuracy": entry["eval_accuracy"]}
+                   for entry in trainer.state.log_history if "eval_accuracy" in entry]
+    final = trainer.evaluate()
+    if not evaluations or evaluations[-1]["step"] != total:
+        evaluations.append({"step": total, "accuracy": final["eval_accuracy"]})
+    history = None
+    if callback is not None:
+        history = shifted_history(callback.history, pre)
+        write_json(output_dir / HISTORY_FILE, history)
+        plot_growth_history(history, output_dir / PLOT_FILE)
+    theta_w = [float(layer.attention.gate.theta_w) for layer in model.base_model.layers]
+    return {"final": final, "evaluations": evaluations, "history": history, "steps": total,
+            "spectra_at_growth_start": spectra, "theta_w": theta_w, "train_time_s": train_time}
 
 
 def parameter_counts(model: DDCLIncrtForSequenceClassification) -> dict:
@@ -296,86 +330,65 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     set_seed(args.seed)
-    (raw_train, raw_dev), tokenizer, (train, dev) = load_data(args)
+    (raw_train, raw_dev), tokenizer, (train_rows, dev) = load_data(args)
     baseline = tfidf_baseline(raw_train, raw_dev)
     model = build_model(args, tokenizer)
-    training_args = TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=256,
-        learning_rate=args.learning_rate, weight_decay=args.weight_decay, warmup_steps=args.warmup_ratio,
-        num_train_epochs=args.epochs, max_steps=args.max_steps, lr_scheduler_type="linear",
-        eval_strategy="steps", eval_steps=args.eval_steps, logging_steps=args.eval_steps, save_strategy="no",
-        train_sampling_strategy=args.sampling, report_to="none", disable_tqdm=not args.progress,
-        seed=args.seed, use_cpu=True,
-    )
     collator = DataCollatorWithPadding(tokenizer)
-    callback = None if args.no_growth else IncrtGrowthCallback(check_every=args.check_every,
-                                                                gate_batch_size=args.gate_batch_size)
-    trainer = Trainer(
-        model=model, args=training_args, train_dataset=train, eval_dataset=dev,
-        data_collator=collator, compute_metrics=classification_metrics(),
-        optimizers=(make_optimizer(model, training_args,
-                                   prototype_lr_multiplier=args.prototype_lr_multiplier), None),
-        callbacks=[callback] if callback is not None else None,
-    )
-    train_start = time.perf_counter()
-    trainer.train()
-    train_time = time.perf_counter() - train_start
-    evaluations = [{"step": entry["step"], "accuracy": entry["eval_accuracy"]}
-                   for entry in trainer.state.log_history if "eval_accuracy" in entry]
-    final = trainer.evaluate()
-    if not evaluations or evaluations[-1]["step"] != trainer.state.global_step:
-        evaluations.append({"step": trainer.state.global_step, "accuracy": final["eval_accuracy"]})
-    history = callback.history if callback is not None else None
-    law = {}
-    if history is not None:
-        spectrum_batch = gate_batch(train, collator, args.gate_batch_size, args.seed)
-        law = {"trajectory": trajectory_law(history), "final_spectrum": spectrum_law(model, spectrum_batch)}
+    run = train(model, args, train_rows, dev, collator, output_dir)
+    history = run["history"]
     if args.save_model:
-        trainer.save_model(str(output_dir / "model"))
-        tokenizer.save_pretrained(str(output_dir / "model"))
+        model.save_pretrained(output_dir / "model")
+        tokenizer.save_pretrained(output_dir / "model")
+    prototypes = prototype_statistics(model, dev, collator)
     result = {
         "experiment": "sst2_bert" if args.bert else "sst2",
-        "command": "python scripts/exp_sst2.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line("exp_sst2.py", argv),
         "args": vars(args),
-        "train_samples": len(train), "eval_samples": len(dev), "vocab_size": len(tokenizer),
-        "dev_accuracy": final["eval_accuracy"],
-        "dev_accuracy_history": evaluations,
+        "train_samples": len(train_rows), "eval_samples": len(dev), "vocab_size": len(tokenizer),
+        "dev_accuracy": run["final"]["eval_accuracy"],
+        "dev_accuracy_history": run["evaluations"],
         "baseline": {"name": "tfidf_logistic_regression", **baseline},
         "reference": {"paper_ddcl_incrt_from_scratch": SEED_PAPER_ACCURACY, "target": TARGET_ACCURACY},
         "num_heads": list(model.config.num_heads),
+        "growth_started_at_step": history["growth_started_at_step"] if history else None,
         "growth_stopped_at_step": history["growth_stopped_at_step"] if history else None,
+        "growth_end": stop_summary(history) if history else [],
+        "grow_order": grow_order(history) if history else [],
         "growth_events": [e for e in history["events"] if e["action"] != "calibrated"] if history else [],
-        "head_count_law": law,
-        "prototypes_on_dev": prototype_statistics(model, dev, collator),
+        "head_count_law": {
+            "trajectory": head_count_law(history),
+            "spectrum_at_growth_start": spectrum_head_count_law(
+                run["spectra_at_growth_start"], run["theta_w"], list(model.config.num_heads)
+            ),
+        } if history else {},
+        "temperature_split": temperature_split(prototypes["temperatures"], args.tau_min, args.tau_init),
+        "prototypes_on_dev": prototypes,
         "parameters": parameter_counts(model),
-        "steps": trainer.state.global_step,
-        "train_time_s": train_time,
+        "steps": run["steps"],
+        "train_time_s": run["train_time_s"],
         "wall_time_s": time.perf_counter() - started,
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": transformers.__version__, "threads": torch.get_num_threads()},
+        "environment": environment(),
     }
-    (output_dir / "sst2.json").write_text(json.dumps(result, indent=2))
+    write_json(output_dir / "sst2.json", result)
     plot(result, history, output_dir / "sst2.png")
     print_summary(result)
     return result
 
 
 def print_summary(result: dict) -> None:
-    parameters = result["parameters"]
-    print("| model | dev accuracy | heads per layer | parameters (trainable) | wall time |")
-    print("|---|---|---|---|---|")
-    print(f"| DDCL-INCRT ({result['experiment']}) | {result['dev_accuracy']:.4f} | {result['num_heads']} | "
-          f"{parameters['total']:,} ({parameters['trainable']:,}) | {result['wall_time_s']:.0f} s |")
-    baseline = result["baseline"]
-    print(f"| TF-IDF + logistic regression | {baseline['accuracy']:.4f} | - | {baseline['features'] + 1:,} | "
-          f"{baseline['wall_time_s']:.0f} s |")
+    parameters, baseline = result["parameters"], result["baseline"]
+    print(markdown_table(
+        ["model", "dev accuracy", "heads per layer", "parameters (trainable)", "wall time (s)"],
+        [[f"DDCL-INCRT ({result['experiment']})", result["dev_accuracy"], result["num_heads"],
+          f"{parameters['total']:,} ({parameters['trainable']:,})", result["wall_time_s"]],
+         ["TF-IDF + logistic regression", baseline["accuracy"], "-", f"{baseline['features'] + 1:,}",
+          baseline["wall_time_s"]]],
+    ))
     for name, layers in result["head_count_law"].items():
         for layer in layers:
-            predicted = layer["predicted_heads"]
-            text = "undefined" if predicted is None else f"{predicted:.3g}"
             print(f"head-count law ({name}), layer {layer['layer']}: observed {layer['observed_heads']} "
-                  f"heads, K* = {text}, kappa_T = {layer['kappa_T']}")
+                  f"heads, K* = {layer['predicted_heads']}, kappa_T = {layer['kappa_T']}")
+    print(f"results in {result['args']['output_dir']}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """The SST-2 experiment scripts (issue 6): tiny-budget runs of `exp_sst2.py` (from scratch and `--bert`) and
-`exp_pruning_safety.py` write their JSON + PNG with sane values; the head-count law and the pruning helpers
-against hand computations; bad arguments."""
+`exp_pruning_safety.py` write their JSON + PNG with sane values; the history shift and the pruning helpers
+against hand-built cases; bad arguments."""
 
 import importlib.util
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -58,56 +57,23 @@ def tiny_batch(size=6, length=7):
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.arange(size) % 2}
 
 
-def test_trajectory_law_matches_a_hand_computation(exp_sst2):
-    history = {
-        "initial_num_heads": [1, 2], "num_heads": [3, 2],
-        "checks": [
-            {"step": 10, "action": ["grow", "stop"], "lambda_max": [0.8, 0.05], "theta_w": [0.1, 0.1]},
-            {"step": 20, "action": ["grow", "stop"], "lambda_max": [0.4, 0.05], "theta_w": [0.1, 0.1]},
-            {"step": 30, "action": ["stop", "stop"], "lambda_max": [0.2, 0.05], "theta_w": [0.1, 0.1]},
-        ],
-        "events": [
-            {"step": 10, "layer": 0, "action": "grow", "lambda_max": 0.8},
-            {"step": 10, "layer": 1, "action": "stop", "lambda_max": 0.05},
-            {"step": 20, "layer": 0, "action": "grow", "lambda_max": 0.4},
-            {"step": 30, "layer": 0, "action": "stop", "lambda_max": 0.2},
-        ],
-    }
-    grown, quiet = exp_sst2.trajectory_law(history)
-    # rho = (0.2 / 0.8)^(1/2) = 1/2, kappa_T^2 = 1 / (1 - rho) = 2, K* = 2 log(0.8 / 0.1), observed 3.
-    assert grown["rho"] == pytest.approx(0.5) and grown["kappa_T"] == pytest.approx(math.sqrt(2))
-    assert grown["predicted_heads"] == pytest.approx(2 * math.log(8))
-    assert grown["ratio"] == pytest.approx(2 * math.log(8) / 3)
-    assert (grown["gamma_res0"], grown["theta_w"], grown["grow_lambdas"]) == (0.8, 0.1, [0.8, 0.4])
-    assert quiet["predicted_heads"] is None and quiet["kappa_T"] is None and quiet["observed_heads"] == 2
-    history["events"][3]["lambda_max"] = 0.9  # lambda grew while training: no contraction, no estimate
-    assert exp_sst2.trajectory_law(history)[0]["predicted_heads"] is None
-
-
-def test_spectrum_law_matches_an_independent_eigendecomposition(exp_sst2):
-    model = tiny_model(num_heads=3)
-    batch = {k: v for k, v in tiny_batch().items() if k not in ("labels", "attention_mask")}
-    with torch.no_grad():
-        tokens = model.model(**batch, output_hidden_states=True).hidden_states[0].reshape(-1, 16).double()
-        heads = model.model.layers[0].attention.heads
-        bilinear = sum(h.q_proj.weight.double().T @ h.k_proj.weight.double() for h in heads)
-        interaction = (tokens.T @ tokens / tokens.shape[0]) @ ((bilinear - bilinear.T) / 2)
-        eigenvalues = torch.linalg.eigvalsh((interaction + interaction.T) / 2).flip(0)
-        theta = float(eigenvalues[3] + eigenvalues[4]) / 2  # exactly 4 eigenvalues above theta
-        model.model.layers[0].attention.gate.theta_w.fill_(theta)
-    (record,) = exp_sst2.spectrum_law(model, batch)
-    top, fourth = float(eigenvalues[0]), float(eigenvalues[3])
-    assert len(record["captured_eigenvalues"]) == 4 and record["observed_heads"] == 3
-    assert record["kappa_T"] == pytest.approx(top / fourth, rel=1e-4)
-    assert record["predicted_heads"] == pytest.approx((top / fourth) ** 2 * math.log(top / theta), rel=1e-4)
-    assert record["ratio"] == pytest.approx(record["predicted_heads"] / 3)
+def test_shifted_history_moves_every_step_to_global_steps(exp_sst2):
+    history = {"num_heads": [2], "growth_stopped_at_step": 7,
+               "checks": [{"step": 5, "num_heads": [2]}, {"step": 7, "num_heads": [2]}],
+               "events": [{"step": 0, "action": "calibrated"}, {"step": 5, "action": "grow"}]}
+    shifted = exp_sst2.shifted_history(history, 100)
+    assert [c["step"] for c in shifted["checks"]] == [105, 107]
+    assert [e["step"] for e in shifted["events"]] == [100, 105]
+    assert (shifted["growth_started_at_step"], shifted["growth_stopped_at_step"]) == (100, 107)
+    assert history["checks"][0]["step"] == 5  # the callback's own history is left alone
 
 
 def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_path):
     output = tmp_path / "sst2"
     argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "96",
             "--max_eval_samples", "32", "--max_steps", "4", "--batch_size", "16", "--eval_steps", "2",
-            "--check_every", "1", "--gate_batch_size", "16", "--vocab_size", "300", "--hidden_size", "32",
+            "--pre_growth_steps", "2", "--check_every", "1", "--gate_batch_size", "16", "--vocab_size", "300",
+            "--hidden_size", "32",
             "--head_dim", "8", "--num_prototypes", "4", "--max_length", "32", "--threads", "1"]
     result = exp_sst2.main(argv)
     stored = json.loads((output / "sst2.json").read_text())
@@ -118,11 +84,13 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     assert len(effective) == 1 and len(effective[0]) == stored["num_heads"][0]
     assert all(1.0 - 1e-4 <= value <= 4 + 1e-4 for value in effective[0])
     assert 0.0 <= stored["dev_accuracy"] <= 1.0 and 0.0 <= stored["baseline"]["accuracy"] <= 1.0
-    assert stored["steps"] == 4 and [e["step"] for e in stored["dev_accuracy_history"]] == [2, 4]
+    assert stored["steps"] == 4 and [e["step"] for e in stored["dev_accuracy_history"]] == [4]
+    assert stored["growth_started_at_step"] == 2
+    assert all(3 <= event["step"] <= 4 for event in stored["growth_events"])
     assert (stored["train_samples"], stored["eval_samples"]) == (96, 32)
     assert 1 <= stored["num_heads"][0] <= 4
     law = stored["head_count_law"]
-    observed = [layer["observed_heads"] for layer in law["trajectory"] + law["final_spectrum"]]
+    observed = [layer["observed_heads"] for layer in law["trajectory"] + law["spectrum_at_growth_start"]]
     assert observed == stored["num_heads"] * 2
     actions = [event["action"] for event in stored["growth_events"]]
     assert stored["num_heads"][0] == 1 + actions.count("grow") - actions.count("prune")
@@ -217,6 +185,7 @@ def test_prune_least_used_prototypes_drops_unused_ones_and_reloads(exp_pruning_s
     [
         ("exp_sst2.py", ["--use_encoder_outputs"], "--use_encoder_outputs needs --bert"),
         ("exp_sst2.py", ["--max_train_samples", "1"], "--max_train_samples must be >= 2"),
+        ("exp_sst2.py", ["--max_steps", "5", "--pre_growth_steps", "5"], "--pre_growth_steps (5) must be <"),
         ("exp_pruning_safety.py", ["--num_heads", "2", "--prune_heads", "2"], "--prune_heads must lie in"),
         ("exp_pruning_safety.py", ["--num_prototypes", "4", "--keep_prototypes", "4"], "--keep_prototypes"),
     ],
