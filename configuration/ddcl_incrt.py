@@ -7,6 +7,7 @@ import math
 from transformers import BertConfig, PreTrainedConfig
 
 POOLING_MODES = ("cls", "mean")
+GATE_THRESHOLDS = ("calibrated", "relative")
 
 
 def _require_int(name: str, value, minimum: int) -> None:
@@ -49,8 +50,12 @@ class DDCLIncrtConfig(PreTrainedConfig):
         pooling (`"cls" | "mean"`): first token or masked mean over tokens.
         classifier_dropout (`float`): dropout before the classifier.
         gate_theta_w (`float | None`): fixed growth threshold theta_w; None = calibrate it.
-        gate_calibration_factor (`float`): theta_w = factor * median ||A_res||_F over the first checks.
-        gate_calibration_checks (`int`): number of checks whose ||A_res||_F calibrate theta_w.
+        gate_threshold (`"calibrated" | "relative"`): how theta_w is set when `gate_theta_w` is None.
+            "calibrated" (the author's): once, theta_w = factor * median ||A_res||_F over the first checks,
+            then fixed. "relative": at every check, theta_w = factor * ||A_sym||_F of the current undeflated
+            matrix, so the test does not depend on the scale of X, W_Q, W_K, which drift during training.
+        gate_calibration_factor (`float`): the factor of `gate_threshold`.
+        gate_calibration_checks (`int`): number of checks whose ||A_res||_F calibrate theta_w ("calibrated").
         gate_prune_factor (`float`): prune threshold phi_g = factor * theta_w (0 disables pruning).
         gate_prune_patience (`int`): consecutive checks below phi_g before a head is pruned.
         gate_oja_step, gate_mca_step (`float`): Oja / MCA EXIN step sizes in (0, 1], relative to a bound on
@@ -93,6 +98,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
     gate_theta_w: float | None = None
+    gate_threshold: str = "calibrated"
     gate_calibration_factor: float = 0.1
     gate_calibration_checks: int = 3
     gate_prune_factor: float = 0.05
@@ -138,8 +144,15 @@ class DDCLIncrtConfig(PreTrainedConfig):
                 raise ValueError(
                     f"`pad_token_id` ({self.pad_token_id}) must be < `vocab_size` ({self.vocab_size})"
                 )
+        if self.gate_threshold not in GATE_THRESHOLDS:
+            raise ValueError(
+                f"`gate_threshold` must be one of {GATE_THRESHOLDS}, got {self.gate_threshold!r}"
+            )
         if self.gate_theta_w is not None:
             _require_float("gate_theta_w", self.gate_theta_w, low=0.0, low_open=True)
+            if self.gate_threshold == "relative":
+                raise ValueError("`gate_theta_w` fixes theta_w, which contradicts "
+                                 "`gate_threshold='relative'`: set one of them")
         _require_float("gate_calibration_factor", self.gate_calibration_factor, low=0.0, low_open=True)
         _require_float("gate_prune_factor", self.gate_prune_factor, low=0.0)
         for name in ("gate_oja_step", "gate_mca_step", "gate_tracker_tolerance"):

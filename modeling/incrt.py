@@ -203,8 +203,9 @@ class IncrtGate(nn.Module):
 
     u_plus, u_minus (d): Oja / MCA EXIN vectors, warm starts of the next check; basis (m x d) with
     basis_owner (m, head index or -1) and basis_size: the deflation basis Q, one row per head grown along
-    a direction; theta_w and calibrated; calibration_norms (||A_res||_F of the first checks) and num_checks;
-    prune_counters (m): consecutive checks each head spent below phi_g = gate_prune_factor * theta_w.
+    a direction; theta_w (the latest one under the "relative" threshold) and calibrated; calibration_norms
+    (||A_res||_F of the first checks) and num_checks; prune_counters (m): consecutive checks each head spent
+    below phi_g = gate_prune_factor * theta_w.
     """
 
     def __init__(self, config, layer_index: int):
@@ -225,7 +226,9 @@ class IncrtGate(nn.Module):
             "basis_owner": torch.full((capacity,), -1, dtype=torch.long),
             "basis_size": torch.tensor(0, dtype=torch.long),
             "theta_w": torch.tensor(float(config.gate_theta_w or 0.0)),
-            "calibrated": torch.tensor(config.gate_theta_w is not None),
+            "calibrated": torch.tensor(
+                config.gate_theta_w is not None or config.gate_threshold == "relative"
+            ),
             "calibration_norms": torch.zeros(config.gate_calibration_checks),
             "num_checks": torch.tensor(0, dtype=torch.long),
             "prune_counters": torch.zeros(capacity, dtype=torch.long),
@@ -243,7 +246,8 @@ class IncrtGate(nn.Module):
         return start
 
     def _calibrate(self, residual_norm: float) -> None:
-        """theta_w = gate_calibration_factor * median ||A_res||_F over the first checks (author's code)."""
+        """theta_w = gate_calibration_factor * median ||A_res||_F over the first checks (author's code; the
+        "relative" `gate_threshold` sets theta_w = factor * ||A_sym||_F at every check in `check`)."""
         index = int(self.num_checks) - 1
         self.calibration_norms[index] = residual_norm
         if index + 1 == self.calibration_norms.shape[0]:
@@ -272,11 +276,14 @@ class IncrtGate(nn.Module):
         """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision."""
         config = self.config
         with torch.autocast(device_type=second_moment.device.type, enabled=False):
-            residual = deflate(interaction_matrix(second_moment.float(), directional.float()),
-                               self.active_basis())
+            symmetric = interaction_matrix(second_moment.float(), directional.float())
+            residual = deflate(symmetric, self.active_basis())
             residual_norm = float(torch.linalg.matrix_norm(residual))
             self.num_checks += 1
-            if not bool(self.calibrated):
+            if config.gate_threshold == "relative":
+                scale = float(torch.linalg.matrix_norm(symmetric))
+                self.theta_w.fill_(config.gate_calibration_factor * scale)
+            elif not bool(self.calibrated):
                 self._calibrate(residual_norm)
             if config.gate_use_exact_eigh:
                 exact = exact_extreme_eigenpairs(residual)

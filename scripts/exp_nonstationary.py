@@ -115,12 +115,12 @@ def plot(result: dict, history: dict, path: Path) -> None:
     for head in range(max_heads):
         energy_axis.plot(steps, [r["head_energy"][0][head] if len(r["head_energy"][0]) > head else np.nan
                                  for r in records], label=f"head {head}")
-    for layer in result["thresholds"]:
-        energy_axis.axhline(layer["phi_g"], color="black", linestyle="--", linewidth=0.8,
-                            label=f"phi_g, layer {layer['layer']}")
+    checks = history["checks"]
+    energy_axis.plot([c["step"] for c in checks], [result["args"]["gate_prune_factor"] * c["theta_w"][0]
+                                                   for c in checks],
+                     color="black", linestyle="--", linewidth=0.8, label="phi_g (layer 0)")
     energy_axis.set(yscale="log", ylabel="||C M_a^h||_F (layer 0)", title="directional energy per head index")
     energy_axis.legend(fontsize=7, ncol=2)
-    checks = history["checks"]
     gate_axis.plot([c["step"] for c in checks], [c["lambda_max"][0] for c in checks], marker=".",
                    label="lambda_max(A_res)")
     gate_axis.plot([c["step"] for c in checks], [c["theta_w"][0] for c in checks], linestyle="--",
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     phases = np.asarray(heldout["phase"])
     accuracy_per_phase = [evaluate_accuracy(model, heldout.select(np.flatnonzero(phases == p)[:1024]))
                           for p in (0, 1)]
-    theta = history["checks"][0]["theta_w"] if history["checks"] else []
+    checks = history["checks"]
     result = {
         "experiment": "nonstationary", "command": command_line("exp_nonstationary.py", argv),
         "switch_step": switch, "window_boundaries": boundaries,
@@ -188,8 +188,12 @@ def main(argv: list[str] | None = None) -> dict:
             "grown_before_switch": any(e["action"] == "grow" and e["step"] < switch for e in events),
             "heads_before_switch": heads_before_switch, "heads_at_end": list(model.config.num_heads),
         },
-        "thresholds": [{"layer": layer, "theta_w": value, "phi_g": args.gate_prune_factor * value}
-                       for layer, value in enumerate(theta)],
+        "thresholds": [{"layer": layer, "first_check": {"step": checks[0]["step"], "theta_w": first,
+                                                        "phi_g": args.gate_prune_factor * first},
+                        "last_check": {"step": checks[-1]["step"], "theta_w": last,
+                                       "phi_g": args.gate_prune_factor * last}}
+                       for layer, (first, last) in enumerate(zip(checks[0]["theta_w"], checks[-1]["theta_w"],
+                                                                 strict=True))] if checks else [],
         "events_per_window": events_per_window(history["events"], boundaries, args.max_steps),
         "energy_change": energy_change(probe.records, switch, span=min(100, switch - args.pre_growth_steps)),
         "final_accuracy_per_phase": accuracy_per_phase, "events": events, "probes": probe.records,
@@ -210,8 +214,9 @@ def print_summary(result: dict, history: dict) -> None:
     print(markdown_table(["window", "grow", "prune", "stop", "full"],
                          [[f"({w['start']}, {w['end']}]", w["grow"], w["prune"], w["stop"], w["full"]]
                           for w in result["events_per_window"]]))
-    print(markdown_table(["layer", "theta_w", "phi_g"],
-                         [[t["layer"], t["theta_w"], t["phi_g"]] for t in result["thresholds"]]))
+    print(markdown_table(["layer", "check", "step", "theta_w", "phi_g"],
+                         [[t["layer"], which, t[which]["step"], t[which]["theta_w"], t[which]["phi_g"]]
+                          for t in result["thresholds"] for which in ("first_check", "last_check")]))
     accuracy = result["final_accuracy_per_phase"]
     print(f"final held-out accuracy: phase 0 (before the switch) {accuracy[0]:.4f}, phase 1 "
           f"{accuracy[1]:.4f}; Bayes {result['bayes_accuracy']}")

@@ -190,6 +190,27 @@ def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tm
     steps = [r["step"] for r in result["probes"]]
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 24
     assert len(result["final_accuracy_per_phase"]) == 2
+    history = json.loads((tmp_path / "growth_history.json").read_text())
+    (thresholds,) = result["thresholds"]
+    for which, check in (("first_check", history["checks"][0]), ("last_check", history["checks"][-1])):
+        assert thresholds[which]["step"] == check["step"]
+        assert thresholds[which]["theta_w"] == check["theta_w"][0]
+        assert thresholds[which]["phi_g"] == pytest.approx(0.05 * check["theta_w"][0])  # the script's factor
+
+
+def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp_path):
+    exp_nonstationary = load_script("exp_nonstationary.py")
+    result = exp_nonstationary.main(TINY_MODEL + [
+        "--max_steps", "16", "--switch_step", "9", "--pre_growth_steps", "4", "--window_steps", "6",
+        "--check_every", "1", "--probe_every", "4", "--heldout_rows", "16", "--gate_threshold", "relative",
+        "--gate_prune_factor", "0.5", "--output_dir", str(tmp_path)])
+    assert not any(e["action"] == "calibrated" for e in result["events"])
+    history = json.loads((tmp_path / "growth_history.json").read_text())
+    assert history["checks"][0]["step"] == 5  # the first growth check decides
+    theta = [check["theta_w"][0] for check in history["checks"]]
+    assert len(set(theta)) > 1 and all(value > 0 for value in theta)
+    (thresholds,) = result["thresholds"]
+    assert thresholds["last_check"]["phi_g"] == pytest.approx(0.5 * theta[-1])
 
 
 # --------------------------------------------------------------------------------------------- the recipe

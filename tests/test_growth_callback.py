@@ -9,7 +9,7 @@ import torch
 from growth_worker import growth_callback, growth_trainer, spectral_task, tiny_model, training_args
 from matplotlib.image import imread
 from torch.utils.data import IterableDataset
-from transformers import BertConfig, BertForSequenceClassification, Trainer
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback
 
 from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback
 
@@ -65,6 +65,58 @@ def test_planted_spectrum_grows_exactly_the_heads_above_theta_then_stops(task, t
     assert stop["action"] == "stop" and stop["step"] == 6 and stop["lambda_max"] < 3.0
     assert history["growth_stopped_at_step"] == 6 and model.config.num_heads == [3]
     assert [c["step"] for c in history["checks"]] == [2, 4, 6]  # no pruning: checks end with growth
+
+
+def plant_coupling(head, moment, row: int, value: float) -> None:
+    """Row `row` of head 0's q/k = mu (v_i v_j^T - v_j v_i^T) with i = d-1-row, j = row: sym(C M_a) gets
+    eigenvalues +-value on (v_i +- v_j) / sqrt(2) (C = sum c_i v_i v_i^T)."""
+    spectrum, basis = torch.linalg.eigh(moment)
+    i, j = len(spectrum) - 1 - row, row
+    with torch.no_grad():
+        head.q_proj.weight[row] = (4 * value / (spectrum[i] - spectrum[j]) * basis[:, i]).float()
+        head.k_proj.weight[row] = basis[:, j].float()
+
+
+class PlantAtStep(TrainerCallback):
+    """Plants a new coupling (eigenvalue 10) in head 0 after optimizer step `step`: new structure appears."""
+
+    def __init__(self, moment, step):
+        self.moment, self.step = moment, step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            plant_coupling(model.model.layers[0].attention.heads[0], self.moment, row=3, value=10.0)
+
+
+@pytest.mark.parametrize("regrow", [False, True])
+def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task, tmp_path, regrow):
+    """Frozen weights, theta_w = 3: heads along 8 and 6, stop at step 6; at step 7 a coupling of 10 appears.
+    Without `regrow` the stop is final; with it the next check (step 8) grows a head along the new 10."""
+    model = tiny_model(head_dim=4, max_heads=6, gate_theta_w=3.0, gate_num_tokens=2048, gate_prune_factor=0.0)
+    moment = model.gate_second_moments(torch.tensor(task["train"]["input_ids"][:256]))[0].double()
+    head = model.model.layers[0].attention.heads[0]
+    with torch.no_grad():
+        head.q_proj.weight.zero_()
+        head.k_proj.weight.zero_()
+    for row, value in enumerate([8.0, 6.0]):
+        plant_coupling(head, moment, row, value)
+    args = training_args(tmp_path, max_steps=14, learning_rate=0.0)
+    growth = IncrtGrowthCallback(check_every=2, gate_batch_size=64, regrow=regrow)
+    trainer = Trainer(model=model, args=args, train_dataset=task["train"],
+                      callbacks=[growth, PlantAtStep(moment, step=7)])
+    trainer.train()
+    history = growth.history
+    actions = [(e["step"], e["action"]) for e in history["events"]]
+    if not regrow:
+        assert actions == [(2, "grow"), (4, "grow"), (6, "stop")] and model.config.num_heads == [3]
+        assert history["growth_stopped_at_step"] == 6
+        return
+    # the stop at 6 and the repeated stops after the regrowth are recorded once each
+    assert actions == [(2, "grow"), (4, "grow"), (6, "stop"), (8, "grow"), (10, "stop")]
+    assert history["events"][3]["lambda_max"] == pytest.approx(10.0, rel=0.15)
+    assert model.config.num_heads == [4] and history["growing"] == [True]
+    assert history["growth_stopped_at_step"] is None
+    assert [c["step"] for c in history["checks"]] == [2, 4, 6, 8, 10, 12, 14]
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +203,7 @@ def test_three_seeds_reach_head_counts_within_one_per_layer(task, tmp_path):
         ({"gate_batch_size": 0}, ValueError, "gate_batch_size"),
         ({"gate_batch_size": 2.5}, ValueError, "gate_batch_size"),
         ({"save_plot": "yes"}, TypeError, "save_plot"),
+        ({"regrow": 1}, TypeError, "regrow"),
     ],
 )
 def test_bad_callback_arguments_name_the_argument(kwargs, error, message):

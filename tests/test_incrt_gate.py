@@ -235,3 +235,61 @@ def test_no_signal_means_stop():
     gate = IncrtGate(gate_config(), 0)
     decision = gate.check(torch.eye(DIM), torch.zeros(DIM, DIM), torch.ones(1))
     assert decision.action == "stop" and decision.lambda_max == 0.0 and decision.residual_norm == 0.0
+
+
+def grow_until_stop(gate, second_moment, directional, max_checks=30):
+    """Check and grow (a planted problem, heads with unit energy) until the gate stops; the grown lambdas."""
+    grown = []
+    for _ in range(max_checks):
+        decision = gate.check(second_moment, directional, torch.ones(1 + len(grown)))
+        if decision.action == "grow":
+            gate.record_growth(1 + len(grown), decision.direction)
+            grown.append(decision.lambda_max)
+        elif decision.action == "stop":
+            return grown, decision
+    raise AssertionError("the gate did not stop")
+
+
+@pytest.mark.parametrize(("factor", "expected"), [(0.2, [8.0, 6.0, 4.0]), (0.3, [8.0, 6.0])])
+@pytest.mark.parametrize("scale", [1.0, 0.04, 30.0])
+def test_relative_threshold_grows_the_eigenvalues_above_a_fraction_of_the_frobenius_norm(factor, expected,
+                                                                                        scale):
+    pair_values = [8.0, 6.0, 4.0, 3.0, 1.0, 0.5, 0.3, 0.2]
+    second_moment, directional, _ = planted_problem(pair_values)
+    # A_sym has eigenvalues +-a: ||A_sym||_F = sqrt(2 sum a^2) = 15.90; theta_w = 3.18 (0.2) or 4.77 (0.3).
+    frobenius = math.sqrt(2 * sum(a * a for a in pair_values))
+    gate = IncrtGate(gate_config(gate_theta_w=None, gate_threshold="relative",
+                                 gate_calibration_factor=factor), 0)
+    assert bool(gate.calibrated)  # no calibration checks: the first check already decides
+    # C -> scale C and M_a -> scale M_a (inputs and weights drifting in training) scale A_sym by scale^2
+    grown, decision = grow_until_stop(gate, second_moment * scale, directional * scale)
+    assert grown == pytest.approx([value * scale * scale for value in expected], rel=0.02)
+    assert decision.theta_w == pytest.approx(factor * frobenius * scale * scale, rel=1e-5)
+    assert float(gate.theta_w) == pytest.approx(decision.theta_w)
+
+
+def test_calibrated_threshold_cascades_when_the_spectrum_grows_and_relative_does_not():
+    pair_values = [8.0, 6.0, 4.0, 3.0, 1.0, 0.5, 0.3, 0.2]
+    second_moment, directional, _ = planted_problem(pair_values)
+    settings = {"gate_theta_w": None, "gate_calibration_factor": 0.2, "gate_calibration_checks": 1}
+    calibrated = IncrtGate(gate_config(**settings), 0)
+    relative = IncrtGate(gate_config(**settings, gate_threshold="relative"), 0)
+    # calibrated on the first check: theta_w = 0.2 ||A_sym||_F = 0.2 sqrt(2 sum a^2) = 3.18, then fixed
+    first = calibrated.check(second_moment, directional, torch.ones(1))
+    assert first.theta_w == pytest.approx(3.18, abs=0.01)
+    # training makes W_Q W_K^T ten times larger: every eigenvalue above 3.18 gets a head (80 ... 5, not 3)
+    grown, _ = grow_until_stop(calibrated, second_moment, 10 * directional)
+    assert grown == pytest.approx([80.0, 60.0, 40.0, 30.0, 10.0, 5.0], rel=0.02)
+    # the relative threshold moves with the scale (31.8) and keeps the same three heads
+    grown, _ = grow_until_stop(relative, second_moment, 10 * directional)
+    assert grown == pytest.approx([80.0, 60.0, 40.0], rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"gate_threshold": "adaptive"}, "`gate_threshold` must be one of"),
+     ({"gate_threshold": "relative", "gate_theta_w": 1.0}, "`gate_theta_w` fixes theta_w")],
+)
+def test_bad_gate_threshold_settings_are_rejected(settings, message):
+    with pytest.raises(ValueError, match=message):
+        DDCLIncrtConfig(hidden_size=DIM, head_dim=2, **settings)

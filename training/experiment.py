@@ -74,6 +74,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
                              "nearly the same spectrum; training between checks inflates lambda_max)")
     growth.add_argument("--gate_batch_size", type=int, default=64, help="training rows per gate check")
     growth.add_argument("--gate_num_tokens", type=int, default=512, help="tokens per gate check")
+    growth.add_argument("--gate_threshold", choices=("calibrated", "relative"), default="calibrated",
+                        help="theta_w calibrated once (author) or factor x ||A_sym||_F at every check")
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.0, help="phi_g / theta_w; 0: no pruning")
     growth.add_argument("--gate_prune_patience", type=int, default=3)
@@ -124,7 +126,8 @@ def build_model(args: argparse.Namespace, *, vocab_size: int, max_position_embed
         prototype_loss_weight=args.prototype_loss_weight, pooling=args.pooling,
         hidden_dropout_prob=args.dropout, classifier_dropout=args.dropout, type_vocab_size=0,
         max_position_embeddings=max_position_embeddings, num_labels=num_labels, pad_token_id=pad_token_id,
-        gate_num_tokens=args.gate_num_tokens, gate_calibration_factor=args.gate_calibration_factor,
+        gate_num_tokens=args.gate_num_tokens, gate_threshold=args.gate_threshold,
+        gate_calibration_factor=args.gate_calibration_factor,
         gate_prune_factor=args.gate_prune_factor, gate_prune_patience=args.gate_prune_patience,
         gate_check_every=args.check_every,
     )
@@ -326,6 +329,7 @@ def _merge_window_history(merged: dict | None, window: dict) -> dict:
     merged["events"].extend(event for event in window["events"] if event["action"] != "calibrated")
     merged["num_heads"] = window["num_heads"]
     merged["growing"] = window["growing"]
+    merged["verdicts"] = window["verdicts"]
     if merged["growth_stopped_at_step"] is None:
         merged["growth_stopped_at_step"] = window["growth_stopped_at_step"]
     return merged

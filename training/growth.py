@@ -10,7 +10,10 @@ upkeep, several processes, growth history, and checkpoints that are complete or 
   zeroed), each layer's gate checks C = X^T X / N of a gate batch: heads the gate lists are pruned, and a
   layer still growing gets a head along u+ when lambda_max(A_res) > theta_w. A layer stops growing for good
   at its first "stop" (lambda_max <= theta_w) or "full" (max_heads reached) verdict; growth has stopped when
-  no layer grows any more (`growth_stopped_at_step`). Checks go on while pruning is enabled;
+  no layer grows any more (`growth_stopped_at_step`). Checks go on while pruning is enabled. With
+  `regrow=True` no verdict is final: every check may grow a layer again (data whose structure changes over
+  time; use it with the "relative" `gate_threshold`, which follows the scale of the weights), a stop/full
+  event is recorded when a layer's verdict changes to it, and `growth_stopped_at_step` stays None;
 * after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
 * gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
   drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
@@ -71,18 +74,21 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         gate_batch_size (`int`, *optional*): training rows per gate check and process; default
             `args.per_device_train_batch_size`.
         save_plot (`bool`): save `growth_history.png` (heads and lambda_max against steps) at the end.
+        regrow (`bool`): a "stop" or "full" verdict does not end a layer's growth (module docstring).
     """
 
     def __init__(self, check_every: int | None = None, gate_batch_size: int | None = None,
-                 save_plot: bool = True):
+                 save_plot: bool = True, regrow: bool = False):
         for name, value in (("check_every", check_every), ("gate_batch_size", gate_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}")
-        if not isinstance(save_plot, bool):
-            raise TypeError(f"`save_plot` must be a bool, got {save_plot!r}")
+        for name, value in (("save_plot", save_plot), ("regrow", regrow)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{name}` must be a bool, got {value!r}")
         self.check_every = check_every
         self.gate_batch_size = gate_batch_size
         self.save_plot = save_plot
+        self.regrow = regrow
         self.history: dict | None = None
         self._group = None  # process group of the gate's collectives; None in a single process
         self._gradient_hooks: dict[int, torch.utils.hooks.RemovableHandle] = {}
@@ -91,7 +97,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         """ExportableState: saved in trainer_state.json, so a resumed run continues the history."""
         return {
             "args": {"check_every": self.check_every, "gate_batch_size": self.gate_batch_size,
-                     "save_plot": self.save_plot},
+                     "save_plot": self.save_plot, "regrow": self.regrow},
             "attributes": {"history": self.history},
         }
 
@@ -132,13 +138,17 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
                                "num_heads": list(model.config.num_heads)})
             if not history["growing"][layer] or decision.action not in ("grow", "stop", "full"):
                 continue
+            previous = history["verdicts"][layer]
+            history["verdicts"][layer] = decision.action
+            if self.regrow and decision.action == previous != "grow":
+                continue  # the same stop/full verdict again: nothing to record
             event = {"step": step, "layer": layer, "action": decision.action,
                      "lambda_max": decision.lambda_max, "theta_w": decision.theta_w}
             if decision.action == "grow":
                 head = model.grow_head(layer, decision.direction)
                 added.append(head)
                 event["head"] = model.config.num_heads[layer] - 1
-            else:
+            elif not self.regrow:
                 history["growing"][layer] = False
             events.append({**event, "num_heads": list(model.config.num_heads)})
         if added:
@@ -214,7 +224,8 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if state.global_step == 0:
             self.history = {
                 "initial_num_heads": num_heads, "num_heads": num_heads, "growing": [True] * len(num_heads),
-                "growth_stopped_at_step": None, "checks": [], "events": [],
+                "verdicts": [None] * len(num_heads), "growth_stopped_at_step": None, "checks": [],
+                "events": [],
             }
             return
         if self.history is None:
