@@ -23,5 +23,5 @@ def test_trainer_compute_metrics_takes_argmax_of_logits():
 
 
 def test_unknown_metric_names_the_shipped_ones():
-    with pytest.raises(ValueError, match="shipped metrics: \\['accuracy'\\]"):
+    with pytest.raises(ValueError, match="shipped metrics: \\['accuracy', 'perplexity'\\]"):
         load_metric("bleu")

@@ -1,9 +1,11 @@
-"""Data builders (issue 6): SST-2 from GLUE TSV, tokenise-and-encode, and three synthetic tasks.
+"""Data builders (issue 6): SST-2 from GLUE TSV, tokenise-and-encode, three synthetic tasks, and fixed-length
+blocks of a token stream for causal language modelling (issue 7).
 
-Every builder returns `datasets` objects with `input_ids`, `attention_mask` and integer `labels` columns,
-ready for a `Trainer`. The synthetic builders are deterministic from `seed`, share BERT's special-token ids
-(`[PAD]`=0 `[UNK]`=1 `[CLS]`=2 `[SEP]`=3 `[MASK]`=4), wrap every sequence as `[CLS] ... [SEP]` and store
-their planted structure as JSON in `dataset.info.description` (read it back with `task_spec`).
+Every classification builder returns `datasets` objects with `input_ids`, `attention_mask` and integer
+`labels` columns, ready for a `Trainer`. The synthetic builders are deterministic from `seed`, share BERT's
+special-token ids (`[PAD]`=0 `[UNK]`=1 `[CLS]`=2 `[SEP]`=3 `[MASK]`=4), wrap every sequence as
+`[CLS] ... [SEP]` and store their planted structure as JSON in `dataset.info.description` (read it back with
+`task_spec`).
 """
 
 import csv
@@ -155,6 +157,37 @@ def _wrap_special(content: np.ndarray) -> np.ndarray:
     cls = np.full((rows, 1), CLS_ID, dtype=np.int64)
     sep = np.full((rows, 1), SEP_ID, dtype=np.int64)
     return np.concatenate([cls, content.astype(np.int64), sep], axis=1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Causal language modelling: a token stream cut into blocks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def causal_lm_blocks(token_ids: Sequence[int] | np.ndarray, block_size: int) -> Dataset:
+    """Consecutive, non-overlapping `block_size`-token windows of one token stream, as an `input_ids` column.
+
+    The remainder shorter than a block is dropped, as transformers' `run_clm.py` (`group_texts`) does. No
+    `labels` column: `DataCollatorForLanguageModeling(tokenizer, mlm=False)` copies `input_ids` into `labels`
+    (pad tokens -> -100) and the model shifts them, so each block gives block_size - 1 targets. Split with
+    `.train_test_split(test_size=0.1, shuffle=False)` for nanoGPT's last-10 % validation.
+    """
+    if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence, np.ndarray)):
+        raise TypeError(f"token_ids must be a list or numpy array of ids, got {type(token_ids).__name__}")
+    try:
+        ids = np.asarray(token_ids)
+    except ValueError as error:
+        raise ValueError("token_ids must be a flat sequence of ints (it is ragged)") from error
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise ValueError(f"token_ids must be a flat sequence of ints, got {ids.dtype} of shape {ids.shape}")
+    require_int("block_size", block_size, 2)
+    if ids.size and ids.min() < 0:
+        raise ValueError(f"token_ids must be >= 0, got {int(ids.min())}")
+    num_blocks = ids.size // block_size
+    if num_blocks == 0:
+        raise ValueError(f"token_ids holds {ids.size} tokens, less than one block (block_size={block_size})")
+    blocks = ids[: num_blocks * block_size].astype(np.int64).reshape(num_blocks, block_size)
+    return Dataset.from_dict({"input_ids": blocks.tolist()}, Features({"input_ids": List(Value("int64"))}))
 
 
 # ----------------------------------------------------------------------------------------------------------
