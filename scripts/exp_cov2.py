@@ -50,6 +50,7 @@ from geoformers.training.experiment import (  # noqa: E402
     run_growth_training,
     spectrum_head_count_law,
     stop_summary,
+    theta_at_growth_start,
     write_json,
 )
 
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     run = run_growth_training(model, args, task["train"], output_dir=output_dir,
                               eval_dataset=task["validation"], print_events=True, on_window=at_growth_start)
     history = run.history
-    thetas = [float(layer.attention.gate.theta_w) for layer in model.base_model.layers]
+    thetas = theta_at_growth_start(history, model)
     result = {
         "experiment": "cov2", "command": command_line("exp_cov2.py", argv),
         "task": {"lineages": list(LINEAGES), "train": len(task["train"]),

@@ -6,8 +6,10 @@ The stream (`build_nonstationary_stream`) uses one set of planted directional re
 Training reads it in order, one batch per step (sequential sampling). The growth phase runs in windows of
 `--window_steps` (`run_growth_training`): each window's gate batches come from that window's rows only (the
 gate never sees future rows) and growth is re-armed every window, at boundaries fixed in time (the default
-boundaries 150, 250, ... do not coincide with the switch at 500). Pruning is on (`--gate_prune_factor`:
-phi_g = factor x theta_w, `--gate_prune_patience` checks).
+boundaries 150, 250, ... do not coincide with the switch at 500). The gate's threshold is the "relative" one
+(theta_w = 0.1 ||A_sym||_F at every check), and pruning is on: phi_g = `--gate_prune_factor` x theta_w
+(0.5: a head whose directional energy stays under 5 % of ||A_sym||_F for `--gate_prune_patience` = 10
+checks is removed).
 
 Every `--probe_every` steps a probe on held-out rows of the current step (a second stream, other seed)
 records accuracy and each head's directional energy ||C M_a^h||_F, the prune criterion. Reported: events
@@ -64,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
     experiment.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "nonstationary"))
     add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=1000, pre_growth_steps=150, gate_prune_factor=0.05,
+    parser.set_defaults(max_steps=1000, pre_growth_steps=150, gate_prune_factor=0.5, gate_prune_patience=10,
                         lr_scheduler_type="constant", probe_every=10, eval_steps=1000)
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)

@@ -13,7 +13,8 @@ Checks, for several seeds on the same data (`build_spectral_task`, k planted dir
 5. uniqueness: the final head counts of the seeds;
 plus the head-count law K* (`head_count_law` on the gate's trajectory, `spectrum_head_count_law` on the exact
 spectrum at growth start) and validation accuracy against the Bayes accuracy. An ablation
-run calibrates theta_w at step 0 (no pre-growth training) to show why the recipe trains first.
+run starts growth at step 0 (no pre-growth training, so the gate sees untrained weights) to show why the
+recipe trains first.
 
 Writes results/synthetic/synthetic.json and synthetic.png, and each run's growth_history.{json,png} in
 results/synthetic/<run>/.
@@ -55,6 +56,7 @@ from geoformers.training.experiment import (  # noqa: E402
     spectrum_head_count_law,
     stop_summary,
     temperature_split,
+    theta_at_growth_start,
     write_json,
 )
 
@@ -70,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     experiment.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                             help="model initialisation / data-order seeds (same data)")
     experiment.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
-                            help="also run the first seed with theta_w calibrated at step 0")
+                            help="also run the first seed with growth from step 0")
     experiment.add_argument("--probe_rows", type=int, default=256, help="validation rows of the probes")
     experiment.add_argument("--collapse_ratio", type=float, default=0.01,
                             help="collapsed: final min prototype distance < ratio x the head's first one")
@@ -123,7 +125,7 @@ def run_one(args: argparse.Namespace, task, name: str, seed: int, pre_growth_ste
         probe.record(model, args.max_steps)
     history = run.history
     order = grow_order(history)
-    thetas = [float(layer.attention.gate.theta_w) for layer in model.base_model.layers]
+    thetas = theta_at_growth_start(history, model)
     return {
         "run": name, "seed": seed, "pre_growth_steps": pre_growth_steps,
         "num_heads": list(model.config.num_heads), "growth_end": stop_summary(history),
@@ -205,8 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(run_one(args, task, f"seed{seed}", seed, args.pre_growth_steps))
     ablation = None
     if args.ablation:
-        print(f"ablation: seed {args.seeds[0]}, theta_w calibrated at step 0")
-        ablation = run_one(args, task, f"seed{args.seeds[0]}_calibrated_at_step0", args.seeds[0], 0)
+        print(f"ablation: seed {args.seeds[0]}, growth from step 0")
+        ablation = run_one(args, task, f"seed{args.seeds[0]}_growth_from_step0", args.seeds[0], 0)
     counts = [run["num_heads"] for run in runs]
     result = {
         "experiment": "synthetic", "command": command_line("exp_synthetic.py", argv),

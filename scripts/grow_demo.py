@@ -2,9 +2,8 @@
 
 The task is the planted spectral task (`build_spectral_task`): a binary label carried by k directional
 token relations of decreasing strength, with a known Bayes accuracy. DDCL-INCRT starts with one head per
-layer, trains `--pre_growth_steps` steps, then `IncrtGrowthCallback` calibrates the INCRT gate's theta_w and
-adds a head along the top eigenvector u+ of the deflated residual A_res whenever lambda_max(A_res) > theta_w,
-until it stops
+layer, trains `--pre_growth_steps` steps, then `IncrtGrowthCallback` adds a head along the top eigenvector u+
+of the deflated residual A_res whenever lambda_max(A_res) > theta_w = 0.1 ||A_sym||_F, until it stops
 (`training/experiment.py` explains the recipe). Growth events are printed as they happen; at the end a
 summary (heads per layer, lambda_max at each event, validation accuracy against the Bayes accuracy) and the
 output folder: checkpoint (config.json + model.safetensors, reloads with `from_pretrained`),
