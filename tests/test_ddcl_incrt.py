@@ -313,8 +313,9 @@ def test_hand_edited_head_counts_are_refused():
         model(torch.ones(1, 4, dtype=torch.long))
 
 
-def test_grown_checkpoint_reloads_at_its_size_with_identical_logits_and_gate_state(tmp_path):
-    model = small_model()
+@pytest.mark.parametrize("gate_threshold", ["calibrated", "relative"])
+def test_grown_checkpoint_reloads_at_its_size_with_identical_logits_and_gate_state(tmp_path, gate_threshold):
+    model = small_model(gate_threshold=gate_threshold)
     input_ids, attention_mask = batch()
     model.grow_head(0, torch.randn(HIDDEN))
     model.grow_head(1)
@@ -338,6 +339,8 @@ def test_grown_checkpoint_reloads_at_its_size_with_identical_logits_and_gate_sta
     second = reloaded.gate_check(input_ids, attention_mask)
     assert [d.action for d in first] == [d.action for d in second]
     assert [d.lambda_max for d in first] == [d.lambda_max for d in second]
+    assert [d.theta_w for d in first] == [d.theta_w for d in second]
+    assert reloaded.config.gate_threshold == gate_threshold
 
 
 def test_fresh_initialisation_of_prototypes_temperatures_and_gate():
