@@ -2,14 +2,14 @@
 
 A WordPiece vocabulary is trained on the SST-2 training split and DDCL-INCRT starts with `--initial_heads`
 heads per layer. Training follows the project's growth recipe (`geoformers.training.experiment`): the initial
-heads first train `--pre_growth_steps` steps with no gate (theta_w calibrated at initialisation lies below
-every later lambda_max, so growth would only end at max_heads), then `IncrtGrowthCallback` calibrates theta_w
-and grows (and prunes) heads every `--check_every` steps until the end; one optimizer (`make_optimizer`,
-prototypes at `--prototype_lr_multiplier` times the learning rate) serves both phases, and each phase draws
-its own shuffled order of the training rows. A TF-IDF + logistic regression baseline (scikit-learn) is
-fitted on the same rows. `--bert` runs the same on a pre-trained BERT's frozen embeddings
-(`wrap_bert_embeddings`, its WordPiece vocabulary; default the offline MiniLM), `--use_encoder_outputs` on
-its frozen encoder outputs.
+heads first train `--pre_growth_steps` steps with no gate (a gate acting on untrained weights grows heads
+until max_heads), then `IncrtGrowthCallback` grows (and prunes) heads every `--check_every` steps until the
+end, by default against the relative threshold theta_w = 0.1 ||A_sym||_F of each check (`--gate_threshold`);
+one optimizer (`make_optimizer`, prototypes at `--prototype_lr_multiplier` times the learning rate) serves
+both phases, and each phase draws its own shuffled order of the training rows. A TF-IDF + logistic
+regression baseline (scikit-learn) is fitted on the same rows. `--bert` runs the same on a pre-trained BERT's
+frozen embeddings (`wrap_bert_embeddings`, its WordPiece vocabulary; default the offline MiniLM),
+`--use_encoder_outputs` on its frozen encoder outputs.
 
 Reported in `<output_dir>/sst2.json` (+ `sst2.png`, `growth_history.{json,png}` on global steps): dev
 accuracy (final and at every evaluation), heads per layer, parameters, wall times, grow order, how growth
@@ -106,17 +106,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--num_prototypes", type=int, default=16)
     model.add_argument("--tau_init", type=float, default=1.0)
     model.add_argument("--tau_min", type=float, default=0.05)
-    model.add_argument("--prototype_loss_weight", type=float, default=0.1, help="lambda in CE + lambda L_q")
+    model.add_argument("--prototype_loss_weight", type=float, default=0.01,
+                       help="lambda in CE + lambda L_q (0.1 collapsed prototype usage in exp_pruning_safety)")
     model.add_argument("--pooling", choices=("cls", "mean"), default="mean")
     model.add_argument("--hidden_dropout", type=float, default=None,
                        help="default 0.5 from scratch, 0.1 with --bert (frozen pre-trained features)")
     model.add_argument("--classifier_dropout", type=float, default=None, help="default as --hidden_dropout")
+    model.add_argument("--word_dropout", type=float, default=0.0,
+                       help="training only: drop each non-special token with this probability (DAN)")
     growth = parser.add_argument_group("growth")
     growth.add_argument("--no_growth", action="store_true", help="train --initial_heads heads, no callback")
     growth.add_argument("--pre_growth_steps", type=int, default=200,
                         help="steps the initial heads train before theta_w is calibrated and growth starts")
     growth.add_argument("--check_every", type=int, default=10, help="optimizer steps between gate checks")
     growth.add_argument("--gate_batch_size", type=int, default=256, help="training rows per gate check")
+    growth.add_argument("--gate_threshold", choices=("calibrated", "relative"), default="relative",
+                        help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once")
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.05, help="0 disables pruning")
     optimisation = parser.add_argument_group("optimisation")
@@ -139,6 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 2:
             parser.error(f"--{name} must be >= 2, got {value}")
+    if not 0.0 <= args.word_dropout < 1.0:
+        parser.error(f"--word_dropout must lie in [0, 1), got {args.word_dropout}")
     if args.pre_growth_steps < 0:
         parser.error(f"--pre_growth_steps must be >= 0, got {args.pre_growth_steps}")
     if not args.no_growth and 0 < args.max_steps <= args.pre_growth_steps:
@@ -190,7 +197,7 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
         "prototype_loss_weight": args.prototype_loss_weight, "pooling": args.pooling,
         "hidden_dropout_prob": args.hidden_dropout, "classifier_dropout": args.classifier_dropout,
         "gate_calibration_factor": args.gate_calibration_factor, "gate_prune_factor": args.gate_prune_factor,
-        "gate_check_every": args.check_every,
+        "gate_check_every": args.check_every, "gate_threshold": args.gate_threshold,
     }
     if args.bert:
         return wrap_bert_embeddings(args.bert_path or default_bert_path(),
@@ -221,6 +228,33 @@ def gate_batch(dataset, collator, size: int, seed: int) -> dict:
     rows = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:size].sort().values
     batch = collator([dataset[int(row)] for row in rows])
     return {name: value for name, value in batch.items() if name != "labels"}
+
+
+def drop_words(input_ids: torch.Tensor, attention_mask: torch.Tensor, rate: float,
+               special_ids: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Word dropout (DAN, Iyyer et al. 2015): every real token other than `special_ids` leaves the sentence
+    with probability `rate` -> the new attention mask (dropped tokens are neither attended to nor pooled;
+    [CLS]/[SEP] stay, so no row is emptied)."""
+    kept = torch.rand(input_ids.shape, generator=generator, device=input_ids.device) >= rate
+    kept |= torch.isin(input_ids, special_ids.to(input_ids.device))
+    return attention_mask * kept.to(attention_mask.dtype)
+
+
+class WordDropoutTrainer(Trainer):
+    """`Trainer` whose training steps see `drop_words`; evaluation, prototype statistics and the growth
+    callback's gate batches (drawn with the plain collator) see whole sentences."""
+
+    def __init__(self, *args, word_dropout: float, special_ids: list[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.word_dropout = word_dropout
+        self.special_ids = torch.tensor(special_ids)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training and self.word_dropout > 0:
+            inputs = {**inputs, "attention_mask": drop_words(inputs["input_ids"], inputs["attention_mask"],
+                                                             self.word_dropout, self.special_ids)}
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
 
 
 def shifted_history(history: dict, offset: int) -> dict:
@@ -267,9 +301,12 @@ def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir
             callbacks.append(callback)
             spectra = gate_spectrum(model, gate_batch(train_rows, collator, args.gate_batch_size, args.seed),
                                     deflated=False)
-        trainer = Trainer(model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev,
-                          data_collator=collator, compute_metrics=classification_metrics(),
-                          optimizers=(optimizer, None), callbacks=callbacks)
+        trainer = WordDropoutTrainer(
+            model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev,
+            data_collator=collator, compute_metrics=classification_metrics(), optimizers=(optimizer, None),
+            callbacks=callbacks, word_dropout=args.word_dropout,
+            special_ids=collator.tokenizer.all_special_ids,
+        )
         trainer.train()
     train_time = time.perf_counter() - started
     evaluations = [{"step": entry["step"] + pre, "accuracy": entry["eval_accuracy"]}

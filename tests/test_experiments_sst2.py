@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import TrainingArguments
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
@@ -66,6 +67,44 @@ def test_shifted_history_moves_every_step_to_global_steps(exp_sst2):
     assert [e["step"] for e in shifted["events"]] == [100, 105]
     assert (shifted["growth_started_at_step"], shifted["growth_stopped_at_step"]) == (100, 107)
     assert history["checks"][0]["step"] == 5  # the callback's own history is left alone
+
+
+def test_drop_words_removes_only_real_non_special_tokens_at_the_given_rate(exp_sst2):
+    special = torch.tensor([2, 3])  # [CLS], [SEP]
+    input_ids = torch.randint(5, 100, (400, 50), generator=torch.Generator().manual_seed(0))
+    input_ids[:, 0], input_ids[:, 40] = 2, 3
+    input_ids[:, 41:] = 0
+    attention_mask = (input_ids != 0).long()
+    mask = exp_sst2.drop_words(input_ids, attention_mask, 0.3, special, torch.Generator().manual_seed(1))
+    assert mask.dtype == attention_mask.dtype and mask.shape == attention_mask.shape
+    assert (mask[:, [0, 40]] == 1).all() and (mask[:, 41:] == 0).all()
+    words = mask[:, 1:40].float()  # 15,600 droppable tokens: the kept fraction is 0.7 within 4 sigma (0.015)
+    assert words.mean().item() == pytest.approx(0.7, abs=0.015)
+    assert torch.equal(exp_sst2.drop_words(input_ids, attention_mask, 0.0, special), attention_mask)
+    only_special = exp_sst2.drop_words(input_ids, attention_mask, 1.0 - 1e-9, special)
+    assert torch.equal(only_special, torch.isin(input_ids, special).long())
+
+
+def test_word_dropout_trainer_drops_words_in_training_steps_only(exp_sst2, tmp_path):
+    torch.manual_seed(0)
+    config = DDCLIncrtConfig(vocab_size=30, hidden_size=16, head_dim=4, num_heads=2, num_prototypes=4,
+                             max_position_embeddings=8, pooling="mean", hidden_dropout_prob=0.0,
+                             classifier_dropout=0.0)
+    model = DDCLIncrtForSequenceClassification(config)
+    batch = tiny_batch()
+    batch["input_ids"][:, 0] = 2
+    special = [0, 1, 2, 3, 4]
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer = exp_sst2.WordDropoutTrainer(model=model, args=args, word_dropout=0.5, special_ids=special)
+    model.train()  # no dropout layer is active (all rates 0): only word dropout makes the loss random
+    torch.manual_seed(3)
+    loss = trainer.compute_loss(model, dict(batch))
+    torch.manual_seed(3)
+    mask = exp_sst2.drop_words(batch["input_ids"], batch["attention_mask"], 0.5, torch.tensor(special))
+    assert not torch.equal(mask, batch["attention_mask"])
+    torch.testing.assert_close(loss, model(**{**batch, "attention_mask": mask}).loss)
+    model.eval()
+    torch.testing.assert_close(trainer.compute_loss(model, dict(batch)), model(**batch).loss)
 
 
 def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_path):
@@ -185,6 +224,7 @@ def test_prune_least_used_prototypes_drops_unused_ones_and_reloads(exp_pruning_s
     [
         ("exp_sst2.py", ["--use_encoder_outputs"], "--use_encoder_outputs needs --bert"),
         ("exp_sst2.py", ["--max_train_samples", "1"], "--max_train_samples must be >= 2"),
+        ("exp_sst2.py", ["--word_dropout", "1"], "--word_dropout must lie in [0, 1)"),
         ("exp_sst2.py", ["--max_steps", "5", "--pre_growth_steps", "5"], "--pre_growth_steps (5) must be <"),
         ("exp_pruning_safety.py", ["--num_heads", "2", "--prune_heads", "2"], "--prune_heads must lie in"),
         ("exp_pruning_safety.py", ["--num_prototypes", "4", "--keep_prototypes", "4"], "--keep_prototypes"),
