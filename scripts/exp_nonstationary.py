@@ -17,7 +17,14 @@ around the switch, whether heads were pruned or grown after it, energies before 
 phases at the end. Writes results/nonstationary/nonstationary.json and nonstationary.png, and
 growth_history.{json,png}.
 
+Growth windows re-arm the gate, so heads are also grown (and pruned) in windows where nothing changed: one run
+cannot tell a response to the switch from that background. `--seeds` runs, for every seed, the switching
+stream and a stationary control (`--stationary`: phase-0 relations throughout, same seeds), each in
+`<output_dir>/seed<N>/{switch,stationary}`, and writes `<output_dir>/summary.json`: grow / prune events per
+run before and after `--switch_step`, and their totals over the seeds for both streams.
+
     python scripts/exp_nonstationary.py
+    python scripts/exp_nonstationary.py --seeds 0 1 2 --output_dir results/nonstationary_seeds
     python scripts/exp_nonstationary.py --max_steps 40 --switch_step 20 --pre_growth_steps 10 \\
         --window_steps 10 --output_dir /tmp/nonstationary
 """
@@ -59,12 +66,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     stream.add_argument("--strengths_before", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
     stream.add_argument("--strengths_after", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
     stream.add_argument("--switch_step", type=int, default=500)
-    stream.add_argument("--data_seed", type=int, default=0, help="training stream; held-out: data_seed + 1")
+    stream.add_argument("--data_seed", type=int, default=0,
+                        help="training stream data_seed + 2 x seed; held-out: one more")
+    stream.add_argument("--stationary", action="store_true",
+                        help="control: phase-0 relations throughout (no switch); events still split at "
+                             "--switch_step")
     experiment = parser.add_argument_group("experiment")
     experiment.add_argument("--window_steps", type=int, default=100,
                             help="steps per growth window (gate batches from the window; growth re-armed)")
     experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
     experiment.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "nonstationary"))
+    experiment.add_argument("--seeds", type=int, nargs="+", default=None,
+                            help="run these seeds, each with the switch and --stationary, and summarise")
     add_experiment_arguments(parser)
     parser.set_defaults(max_steps=1000, pre_growth_steps=150, gate_prune_factor=0.5, gate_prune_patience=10,
                         lr_scheduler_type="constant", probe_every=10, eval_steps=1000)
@@ -76,7 +89,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("window_steps", "heldout_rows"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
+        parser.error(f"--seeds must be distinct non-negative integers, got {args.seeds}")
     return args
+
+
+def build_streams(args: argparse.Namespace) -> tuple:
+    """Training and held-out streams (seeds data_seed + 2 seed and one more); with `--stationary` both use the
+    phase-0 relations for all `max_steps` steps (the first steps of a stream that would switch after them)."""
+    switch = args.max_steps if args.stationary else args.switch_step
+    streams = []
+    for seed in (args.data_seed + 2 * args.seed, args.data_seed + 2 * args.seed + 1):
+        stream = build_nonstationary_stream(args.strengths_before, args.strengths_after,
+                                            num_steps=args.max_steps + args.stationary,
+                                            batch_size=args.batch_size, switch_step=switch, seed=seed)
+        streams.append(stream.select(range(args.max_steps * args.batch_size)) if args.stationary else stream)
+    return tuple(streams)
 
 
 def energy_change(records: list[dict], switch_step: int, span: int) -> list[dict]:
@@ -148,12 +176,49 @@ def plot(result: dict, history: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.seeds is None:
+        return run(args, argv)
+    return run_seeds(args, argv)
+
+
+def run_seeds(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """Every seed on the switching stream and on the stationary control; grow / prune counts before and after
+    --switch_step per run and summed over the seeds -> summary.json."""
+    runs = []
+    for seed in args.seeds:
+        for stationary in (False, True):
+            stream = "stationary" if stationary else "switch"
+            print(f"== seed {seed}, {stream} stream")
+            output_dir = Path(args.output_dir) / f"seed{seed}" / stream
+            run_args = argparse.Namespace(**{**vars(args), "seed": seed, "stationary": stationary,
+                                             "seeds": None, "output_dir": str(output_dir)})
+            result = run(run_args, argv)
+            counts = {f"{action}_{when}": sum(e["action"] == action and (e["steps_after_switch"] >= 0) == late
+                                              for e in result["events"])
+                      for action in ("grow", "prune") for when, late in (("before", False), ("after", True))}
+            runs.append({"seed": seed, "stream": stream, **counts,
+                         "heads_before_switch": result["verdicts"]["heads_before_switch"],
+                         "heads_at_end": result["verdicts"]["heads_at_end"]})
+    totals = {stream: {key: sum(r[key] for r in runs if r["stream"] == stream)
+                       for key in ("grow_before", "grow_after", "prune_before", "prune_after")}
+              for stream in ("switch", "stationary")}
+    summary = {"experiment": "nonstationary_seeds", "command": command_line("exp_nonstationary.py", argv),
+               "switch_step": args.switch_step, "seeds": args.seeds, "runs": runs, "totals": totals,
+               "args": vars(args), "environment": environment()}
+    write_json(Path(args.output_dir) / "summary.json", summary)
+    print(markdown_table(["seed", "stream", "grow before", "grow after", "prune before", "prune after",
+                          "heads before switch", "heads at end"],
+                         [[r["seed"], r["stream"], r["grow_before"], r["grow_after"], r["prune_before"],
+                           r["prune_after"], r["heads_before_switch"], r["heads_at_end"]] for r in runs]))
+    print(f"totals over seeds {args.seeds} (events split at step {args.switch_step}): {totals}")
+    return summary
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """One run on one stream (module docstring) -> its result, also written to nonstationary.json."""
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
-    train, heldout = (build_nonstationary_stream(args.strengths_before, args.strengths_after,
-                                                 num_steps=args.max_steps, batch_size=args.batch_size,
-                                                 switch_step=args.switch_step, seed=seed)
-                      for seed in (args.data_seed, args.data_seed + 1))
+    train, heldout = build_streams(args)
     spec = task_spec(train)
     model = build_model(args, vocab_size=spec["vocab_size"], max_position_embeddings=spec["seq_len"],
                         num_labels=2)
@@ -177,11 +242,11 @@ def main(argv: list[str] | None = None) -> dict:
             heads_before_switch = event["num_heads"]
     phases = np.asarray(heldout["phase"])
     accuracy_per_phase = [evaluate_accuracy(model, heldout.select(np.flatnonzero(phases == p)[:1024]))
-                          for p in (0, 1)]
+                          if (phases == p).any() else None for p in (0, 1)]
     checks = history["checks"]
     result = {
         "experiment": "nonstationary", "command": command_line("exp_nonstationary.py", argv),
-        "switch_step": switch, "window_boundaries": boundaries,
+        "stationary": args.stationary, "switch_step": switch, "window_boundaries": boundaries,
         "bayes_accuracy": [phase["bayes_accuracy"] for phase in spec["phases"]],
         "verdicts": {
             "pruned_after_switch": any(e["action"] == "prune" and e["step"] >= switch for e in events),
@@ -221,7 +286,7 @@ def print_summary(result: dict, history: dict) -> None:
                           for t in result["thresholds"] for which in ("first_check", "last_check")]))
     accuracy = result["final_accuracy_per_phase"]
     print(f"final held-out accuracy: phase 0 (before the switch) {accuracy[0]:.4f}, phase 1 "
-          f"{accuracy[1]:.4f}; Bayes {result['bayes_accuracy']}")
+          f"{'-' if accuracy[1] is None else f'{accuracy[1]:.4f}'}; Bayes {result['bayes_accuracy']}")
     print("verdicts:", result["verdicts"])
 
 

@@ -17,7 +17,12 @@ import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training import experiment
-from geoformers.training.data import build_cov2_variant_task, build_nonstationary_stream, build_spectral_task
+from geoformers.training.data import (
+    build_cov2_variant_task,
+    build_nonstationary_stream,
+    build_spectral_task,
+    task_spec,
+)
 from geoformers.training.experiment import (
     PrototypeProbe,
     add_experiment_arguments,
@@ -199,6 +204,48 @@ def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tm
         assert thresholds[which]["step"] == check["step"]
         assert thresholds[which]["theta_w"] == check["theta_w"][0]
         assert thresholds[which]["phi_g"] == pytest.approx(0.5 * check["theta_w"][0])  # the script's factor
+
+
+def test_exp_nonstationary_stationary_control_never_switches():
+    exp_nonstationary = load_script("exp_nonstationary.py")
+    common = ["--max_steps", "20", "--switch_step", "10", "--pre_growth_steps", "4", "--batch_size", "8",
+              "--seed", "1"]
+    switching = exp_nonstationary.build_streams(exp_nonstationary.parse_args(common))
+    control = exp_nonstationary.build_streams(exp_nonstationary.parse_args(common + ["--stationary"]))
+    for switched, stationary in zip(switching, control, strict=True):
+        assert len(stationary) == len(switched) == 20 * 8
+        assert set(stationary["phase"]) == {0} and set(switched["phase"]) == {0, 1}
+        relation_tokens = [t for r in task_spec(switched)["phases"][0]["relations"]
+                           for t in (r["key_token"], r["query_token"])]
+        later = np.asarray(stationary["input_ids"])[10 * 8:]
+        assert np.isin(later, relation_tokens).any()  # the phase-0 relations go on after step 10
+    train, heldout = switching
+    assert train["input_ids"] != heldout["input_ids"]  # held-out stream: another seed
+
+
+def test_exp_nonstationary_seeds_summarise_switch_against_stationary(tmp_path):
+    exp_nonstationary = load_script("exp_nonstationary.py")
+    summary = exp_nonstationary.main(TINY_MODEL + [
+        "--max_steps", "16", "--switch_step", "9", "--pre_growth_steps", "4", "--window_steps", "6",
+        "--check_every", "1", "--probe_every", "8", "--heldout_rows", "16", "--gate_prune_factor", "0.9",
+        "--gate_prune_patience", "1", "--seeds", "0", "3", "--output_dir", str(tmp_path)])
+    assert [(r["seed"], r["stream"]) for r in summary["runs"]] == [
+        (0, "switch"), (0, "stationary"), (3, "switch"), (3, "stationary")]
+    for entry in summary["runs"]:
+        result = json.loads((tmp_path / f"seed{entry['seed']}" / entry["stream"] / "nonstationary.json")
+                            .read_text())
+        assert result["stationary"] == (entry["stream"] == "stationary")
+        assert (result["final_accuracy_per_phase"][1] is None) == result["stationary"]
+        assert result["args"]["seed"] == entry["seed"]
+        for action in ("grow", "prune"):
+            assert entry[f"{action}_after"] == sum(e["action"] == action and e["step"] >= 9
+                                                   for e in result["events"])
+            assert entry[f"{action}_before"] == sum(e["action"] == action and e["step"] < 9
+                                                    for e in result["events"])
+    assert summary["totals"]["switch"]["grow_before"] == sum(
+        r["grow_before"] for r in summary["runs"] if r["stream"] == "switch")
+    assert sum(summary["totals"]["stationary"].values()) + sum(summary["totals"]["switch"].values()) > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["totals"] == summary["totals"]
 
 
 def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp_path):
@@ -386,6 +433,7 @@ def test_evaluate_accuracy_counts_argmax_hits():
         ("exp_synthetic.py", ["--collapse_ratio", "2"], "--collapse_ratio"),
         ("exp_cov2.py", ["--warmup_steps", "-1"], "--warmup_steps"),
         ("exp_nonstationary.py", ["--switch_step", "2000"], "--switch_step"),
+        ("exp_nonstationary.py", ["--seeds", "1", "1"], "--seeds"),
         ("exp_nonstationary.py", ["--window_steps", "0"], "--window_steps"),
     ],
 )
