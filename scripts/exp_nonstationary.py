@@ -21,7 +21,10 @@ Growth windows re-arm the gate, so heads are also grown (and pruned) in windows 
 cannot tell a response to the switch from that background. `--seeds` runs, for every seed, the switching
 stream and a stationary control (`--stationary`: phase-0 relations throughout, same seeds), each in
 `<output_dir>/seed<N>/{switch,stationary}`, and writes `<output_dir>/summary.json`: grow / prune events per
-run before and after `--switch_step`, and their totals over the seeds for both streams.
+run before and after `--switch_step`, and their totals over the seeds for both streams. `--continuous` drops
+the windows: one callback (`regrow=True`) runs the whole growth phase and each check draws its gate batch
+from the rows of the last `--window_steps` steps (`IncrtGrowthCallback(gate_rows=...)`); events are still
+counted per `--window_steps` bin.
 
     python scripts/exp_nonstationary.py
     python scripts/exp_nonstationary.py --seeds 0 1 2 --output_dir results/nonstationary_seeds
@@ -74,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     experiment = parser.add_argument_group("experiment")
     experiment.add_argument("--window_steps", type=int, default=100,
                             help="steps per growth window (gate batches from the window; growth re-armed)")
+    experiment.add_argument("--continuous", action="store_true",
+                            help="one regrowing callback, gate batches from the last --window_steps steps")
     experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
     experiment.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "nonstationary"))
     experiment.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -167,7 +172,8 @@ def plot(result: dict, history: dict, path: Path) -> None:
         axis.axvline(switch, color="tab:red", linestyle=":", linewidth=1)
         for boundary in result["window_boundaries"]:
             axis.axvline(boundary, color="grey", linewidth=0.4)
-    figure.suptitle("non-stationary stream (red: switch, grey: growth windows)")
+    bins = "event bins" if result["args"]["continuous"] else "growth windows"
+    figure.suptitle(f"non-stationary stream (red: switch, grey: {bins})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -228,10 +234,12 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
         return rows_as_batch(heldout, range(first, first + args.heldout_rows))
 
     probe = PrototypeProbe(heldout_rows, args.probe_every)
-    print(f"stream of {args.max_steps} steps, switch at {args.switch_step}; growth windows of "
-          f"{args.window_steps} steps after {args.pre_growth_steps} pre-growth steps")
+    windows = {("gate_window_steps" if args.continuous else "window_steps"): args.window_steps}
+    print(f"stream of {args.max_steps} steps, switch at {args.switch_step}; "
+          f"{'gate batches from the last' if args.continuous else 'growth windows of'} {args.window_steps} "
+          f"steps after {args.pre_growth_steps} pre-growth steps")
     run = run_growth_training(model, args, train.remove_columns(["step", "phase"]), output_dir=output_dir,
-                              probe=probe, print_events=True, sequential=True, window_steps=args.window_steps)
+                              probe=probe, print_events=True, sequential=True, **windows)
     history = run.history
     switch = args.switch_step
     boundaries = list(range(args.pre_growth_steps, args.max_steps, args.window_steps))

@@ -32,6 +32,7 @@ from geoformers.training.experiment import (
     gate_spectrum,
     grow_order,
     head_count_law,
+    recent_stream_rows,
     rows_as_batch,
     run_growth_training,
     spectrum_head_count_law,
@@ -289,6 +290,51 @@ def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path,
     assert history["growth_started_at_step"] == 2 and history["window_steps"] == 4
     assert [check["step"] for check in history["checks"]][:4] == [3, 4, 5, 6]
     assert all(2 <= record["step"] <= 12 for record in history["checks"] + history["events"])
+
+
+def test_recent_stream_rows_are_the_rows_of_the_last_steps():
+    assert recent_stream_rows(3, 4, 0) == range(0, 4)  # before any step: the first step's rows
+    assert recent_stream_rows(3, 4, 2) == range(0, 8)
+    assert recent_stream_rows(3, 4, 7) == range(16, 28)  # steps 4, 5, 6
+
+
+def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent_rows(tmp_path, monkeypatch):
+    """gate_window_steps: after pre-growth, one growth Trainer over the rest of the stream; every gate batch
+    holds rows of the last gate_window_steps steps only (rows read back from their tokens 1 and 2)."""
+    stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
+    signed = stream.remove_columns(["phase", "step"]).map(
+        lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
+                            + row["input_ids"][3:]}, with_indices=True)
+    seen_datasets, gate_rows = [], []
+    original = experiment.Trainer
+
+    def recording_trainer(*args, **kwargs):
+        seen_datasets.append(kwargs["train_dataset"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "Trainer", recording_trainer)
+    args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=6, check_every=1)
+    model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
+    measure = model.gate_second_moments
+
+    def recording_moments(input_ids, **kwargs):
+        gate_rows.append({int(a - 5) * 40 + int(b - 5) for a, b in input_ids[:, 1:3].tolist()})
+        return measure(input_ids, **kwargs)
+
+    monkeypatch.setattr(model, "gate_second_moments", recording_moments)
+    run = run_growth_training(model, args, signed, output_dir=tmp_path, sequential=True, gate_window_steps=2)
+    assert [len(d) for d in seen_datasets] == [8, 40]  # pre-growth [0, 2), then one growth phase [2, 12)
+    steps = [check["step"] for check in run.history["checks"]]
+    assert steps == list(range(3, 13))  # regrow: a check at every step, also after a stop
+    assert len(gate_rows) == len(steps)
+    for step, rows in zip(steps, gate_rows, strict=True):  # growth-phase rows start at global row 8
+        window = {8 + row for row in recent_stream_rows(2, 4, step - 2)}
+        assert len(rows) == min(6, len(window)) and rows <= window, step
+    with pytest.raises(ValueError, match="gate_window_steps"):
+        run_growth_training(model, args, signed, output_dir=tmp_path, sequential=True, window_steps=4,
+                            gate_window_steps=2)
+    with pytest.raises(ValueError, match="gate_window_steps"):
+        run_growth_training(model, args, signed, output_dir=tmp_path, gate_window_steps=2)
 
 
 def test_gate_spectrum_matches_a_float64_reference():

@@ -119,6 +119,54 @@ def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task,
     assert [c["step"] for c in history["checks"]] == [2, 4, 6, 8, 10, 12, 14]
 
 
+def signed_rows(dataset):
+    """Tokens 1 and 2 of each row spell its index (index // 40 + 5, index % 40 + 5): rows can be read back."""
+    return dataset.map(lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
+                                           + row["input_ids"][3:]}, with_indices=True)
+
+
+@pytest.mark.parametrize("regrow", [False, True])
+def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_path, monkeypatch, regrow):
+    """gate_rows(step) = the rows of the last 3 steps of a sequential stream of 8 rows per step: every gate
+    batch (the calibration at step 0 and each check) holds only those rows, gate_batch_size of them."""
+    model = tiny_model(gate_prune_factor=0.0)
+    seen = []
+    measure = model.gate_second_moments
+
+    def recording(input_ids, **kwargs):
+        seen.append(sorted(int(a - 5) * 40 + int(b - 5) for a, b in input_ids[:, 1:3].tolist()))
+        return measure(input_ids, **kwargs)
+
+    monkeypatch.setattr(model, "gate_second_moments", recording)
+
+    def last_steps(step):
+        return range(max(0, step - 3) * 8, max(step, 1) * 8)
+
+    growth = IncrtGrowthCallback(check_every=2, gate_batch_size=6, gate_rows=last_steps, regrow=regrow)
+    args = training_args(tmp_path, max_steps=10, train_sampling_strategy="sequential",
+                         per_device_train_batch_size=8)
+    Trainer(model=model, args=args, train_dataset=signed_rows(task["train"].select(range(80))),
+            callbacks=[growth]).train()
+    calibrations = model.config.gate_calibration_checks
+    checked_steps = [0] * calibrations + [check["step"] for check in growth.history["checks"]]
+    assert len(seen) == len(checked_steps) and len(growth.history["checks"]) >= 1
+    for step, rows in zip(checked_steps, seen, strict=True):
+        allowed = set(last_steps(step))
+        assert len(rows) == len(set(rows)) == 6 and set(rows) <= allowed, (step, rows)
+
+
+@pytest.mark.parametrize(
+    ("gate_rows", "message"),
+    [(lambda step: [], r"gate_rows\(0\)` must return a non-empty"),
+     (lambda step: [0, 10_000], "outside the training set")],
+)
+def test_gate_rows_that_name_no_row_or_a_missing_row_are_refused(task, tmp_path, gate_rows, message):
+    trainer = Trainer(model=tiny_model(), args=training_args(tmp_path, max_steps=2),
+                      train_dataset=task["train"], callbacks=[IncrtGrowthCallback(gate_rows=gate_rows)])
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+
+
 @pytest.fixture(scope="module")
 def planted_task_run(task, tmp_path_factory):
     """40 steps of real training on the planted task, gate every 5 steps (theta_w calibrated at step 0)."""
@@ -204,6 +252,7 @@ def test_three_seeds_reach_head_counts_within_one_per_layer(task, tmp_path):
         ({"gate_batch_size": 2.5}, ValueError, "gate_batch_size"),
         ({"save_plot": "yes"}, TypeError, "save_plot"),
         ({"regrow": 1}, TypeError, "regrow"),
+        ({"gate_rows": [1, 2]}, TypeError, "gate_rows"),
     ],
 )
 def test_bad_callback_arguments_name_the_argument(kwargs, error, message):

@@ -14,7 +14,9 @@ Growth recipe (`run_growth_training`, a project choice; the papers do not say wh
    optimizer (`make_optimizer`) serves every phase, so Adam moments carry over. With `window_steps` the
    growth phase runs as consecutive windows, each a `Trainer` with a fresh callback that draws its gate
    batches from the window's rows only (a time-ordered stream must not show the gate future rows) and may
-   grow again after a stop (the gate re-armed every window; the windows are fixed in time).
+   grow again after a stop (the gate re-armed every window; the windows are fixed in time). With
+   `gate_window_steps` instead, one callback with `regrow=True` runs the whole growth phase and each check
+   draws its gate batch from the rows of the last `gate_window_steps` steps (`IncrtGrowthCallback.gate_rows`).
 
 Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included.
 """
@@ -30,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -339,6 +342,12 @@ def _merge_window_history(merged: dict | None, window: dict) -> dict:
     return merged
 
 
+def recent_stream_rows(window_steps: int, rows_per_step: int, step: int) -> range:
+    """Rows of a sequential stream trained in the last `window_steps` steps before `step` (at step 0: the
+    first step's rows)."""
+    return range(max(0, step - window_steps) * rows_per_step, max(step, 1) * rows_per_step)
+
+
 def run_growth_training(
     model: DDCLIncrtForSequenceClassification,
     args: argparse.Namespace,
@@ -351,6 +360,7 @@ def run_growth_training(
     sequential: bool = False,
     window_steps: int | None = None,
     on_window: Callable[[int, int], None] | None = None,
+    gate_window_steps: int | None = None,
 ) -> GrowthRun:
     """The growth recipe of the module docstring on the stock `Trainer`; writes growth_history.json and its
     plot (global steps) into `output_dir`.
@@ -358,7 +368,14 @@ def run_growth_training(
     `sequential`: `train_dataset` is a stream of `args.batch_size` rows per step (global step t trains on
     rows [t * batch_size, (t + 1) * batch_size)). `window_steps`: run the growth phase as windows of that
     many steps; `on_window(start, end)` is called before each (e.g. to move the probe's batch).
+    `gate_window_steps` (with `sequential`, not with `window_steps`): one growth phase whose gate checks read
+    the rows of the last that many steps.
     """
+    continuous = gate_window_steps is not None
+    if continuous and (window_steps is not None or not sequential or gate_window_steps < 1):
+        raise ValueError("`gate_window_steps` must be >= 1 and needs `sequential=True` and no "
+                         f"`window_steps`, got gate_window_steps={gate_window_steps}, "
+                         f"window_steps={window_steps}, sequential={sequential}")
     output_dir = Path(output_dir)
     optimizer = None  # one for all phases, built from the first phase's arguments
     compute_metrics = classification_metrics() if eval_dataset is not None else None
@@ -390,8 +407,11 @@ def run_growth_training(
         callbacks: list[TrainerCallback] = []
         growth = None
         if growing:
+            gate_rows = None
+            if continuous:
+                gate_rows = partial(recent_stream_rows, gate_window_steps, args.batch_size)
             growth = IncrtGrowthCallback(check_every=args.check_every, gate_batch_size=args.gate_batch_size,
-                                         save_plot=False)
+                                         save_plot=False, regrow=continuous, gate_rows=gate_rows)
             callbacks.append(growth)
         if print_events:
             callbacks.append(GrowthEventPrinter(growth, step_offset=start))
@@ -605,6 +625,6 @@ __all__ = [
     "GrowthEventPrinter", "GrowthRun", "ProgressBarOnly", "PrototypeProbe", "add_experiment_arguments",
     "build_model", "check_experiment_arguments", "command_line", "describe_event", "environment",
     "evaluate_accuracy", "events_table", "gate_spectrum", "grow_order", "head_count_law", "markdown_table",
-    "parameter_count", "rows_as_batch", "run_growth_training", "spectrum_head_count_law", "stop_summary",
-    "temperature_split", "training_arguments", "write_json",
+    "parameter_count", "recent_stream_rows", "rows_as_batch", "run_growth_training",
+    "spectrum_head_count_law", "stop_summary", "temperature_split", "training_arguments", "write_json",
 ]

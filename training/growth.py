@@ -17,6 +17,9 @@ upkeep, several processes, growth history, and checkpoints that are complete or 
 * after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
 * gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
   drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
+  `gate_rows(global_step)` may restrict the draw to some rows, e.g. those of the last steps of a time-ordered
+  stream, so that with `regrow=True` one callback follows a stream whose structure changes (it is a
+  callable, so it is not part of the saved callback state: pass it again when resuming).
 
 Several processes (DDP): C is averaged over the ranks before `gate_check`, so every rank takes the same
 decision; a new head's parameters are broadcast from rank 0; DDP fixed its parameter set when it wrapped the
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -75,18 +79,24 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             `args.per_device_train_batch_size`.
         save_plot (`bool`): save `growth_history.png` (heads and lambda_max against steps) at the end.
         regrow (`bool`): a "stop" or "full" verdict does not end a layer's growth (module docstring).
+        gate_rows (`Callable[[int], Sequence[int]]`, *optional*): the training-set rows a gate check at
+            `state.global_step` may draw from (default: all); at most `gate_batch_size` of them are used.
     """
 
     def __init__(self, check_every: int | None = None, gate_batch_size: int | None = None,
-                 save_plot: bool = True, regrow: bool = False):
+                 save_plot: bool = True, regrow: bool = False,
+                 gate_rows: Callable[[int], Sequence[int]] | None = None):
         for name, value in (("check_every", check_every), ("gate_batch_size", gate_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}")
         for name, value in (("save_plot", save_plot), ("regrow", regrow)):
             if not isinstance(value, bool):
                 raise TypeError(f"`{name}` must be a bool, got {value!r}")
+        if gate_rows is not None and not callable(gate_rows):
+            raise TypeError(f"`gate_rows` must be None or a callable step -> row indices, got {gate_rows!r}")
         self.check_every = check_every
         self.gate_batch_size = gate_batch_size
+        self.gate_rows = gate_rows
         self.save_plot = save_plot
         self.regrow = regrow
         self.history: dict | None = None
@@ -117,7 +127,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         self._every = self.check_every or model.config.gate_check_every
         self._setup_processes(args, model)
         self._start_or_restore_history(state, model)
-        self._calibrate(args, model)
+        self._calibrate(args, model, state.global_step)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         model = kwargs["model"]
@@ -125,8 +135,8 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         pruning = model.config.gate_prune_factor > 0
         if state.global_step % self._every != 0 or not (any(history["growing"]) or pruning):
             return
-        decisions = model.gate_check(second_moments=self._second_moments(args, model))
         step = state.global_step
+        decisions = model.gate_check(second_moments=self._second_moments(args, model, step))
         events, added, pruned = [], [], False
         for decision in decisions:
             layer = decision.layer
@@ -260,32 +270,43 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
                              "get no gradient")
         self._group = dist.new_group()
 
-    def _gate_batch(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> dict:
-        """`gate_batch_size` training rows, collated; seeded by (args.seed, checks so far, rank)."""
+    def _gate_batch(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> dict:
+        """`gate_batch_size` training rows (of `gate_rows(step)` if given), collated; seeded by (args.seed,
+        checks so far, rank)."""
         checks_so_far = int(model.base_model.layers[0].attention.gate.num_checks)
         rank = dist.get_rank() if self._group is not None else 0
         generator = np.random.default_rng([args.seed, checks_so_far, rank])
-        rows = generator.choice(len(self._dataset), size=min(self._rows, len(self._dataset)), replace=False)
+        candidates = np.arange(len(self._dataset))
+        if self.gate_rows is not None:
+            candidates = np.asarray(list(self.gate_rows(step)), dtype=np.int64)
+            if candidates.ndim != 1 or candidates.size == 0:
+                raise ValueError(f"`gate_rows({step})` must return a non-empty sequence of row indices, got "
+                                 f"{candidates.size} values")
+            if candidates.min() < 0 or candidates.max() >= len(self._dataset):
+                raise ValueError(f"`gate_rows({step})` returned rows outside the training set "
+                                 f"[0, {len(self._dataset)})")
+        rows = generator.choice(candidates, size=min(self._rows, candidates.size), replace=False)
         batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
         return {name: batch[name].to(model.device) for name in GATE_INPUTS if batch.get(name) is not None}
 
-    def _second_moments(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> list[torch.Tensor]:
+    def _second_moments(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel,
+                        step: int) -> list[torch.Tensor]:
         """Per-layer C = X^T X / N of a gate batch, averaged over processes (same decision on every rank)."""
-        moments = model.gate_second_moments(**self._gate_batch(args, model))
+        moments = model.gate_second_moments(**self._gate_batch(args, model, step))
         if self._group is None:
             return moments
         stacked = torch.stack(moments)
         dist.all_reduce(stacked, group=self._group)
         return list(stacked / dist.get_world_size())
 
-    def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> None:
+    def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> None:
         """INCRT calibration on the first gate batches; their decisions are not acted on."""
         gates = [layer.attention.gate for layer in model.base_model.layers]
         for _ in range(model.config.gate_calibration_checks):
             uncalibrated = [not bool(gate.calibrated) for gate in gates]
             if not any(uncalibrated):
                 break
-            decisions = model.gate_check(second_moments=self._second_moments(args, model))
+            decisions = model.gate_check(second_moments=self._second_moments(args, model, step))
             for decision, gate, was_uncalibrated in zip(decisions, gates, uncalibrated, strict=True):
                 if was_uncalibrated and bool(gate.calibrated):
                     self.history["events"].append({
