@@ -266,12 +266,8 @@ def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp
 # --------------------------------------------------------------------------------------------- the recipe
 
 
-def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path, monkeypatch):
-    """Sequential windows: each phase's Trainer gets exactly its steps' rows of the stream, in order; the
-    growth callback draws its gate batches from that Trainer's training set."""
-    stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
-    marked = stream.remove_columns(["phase", "step"]).map(
-        lambda row, index: {"input_ids": [index % 40 + 5] + row["input_ids"][1:]}, with_indices=True)
+def record_training_sets(monkeypatch) -> list:
+    """The training set of every Trainer `run_growth_training` builds, in order."""
     seen_datasets = []
     original = experiment.Trainer
 
@@ -280,6 +276,16 @@ def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path,
         return original(*args, **kwargs)
 
     monkeypatch.setattr(experiment, "Trainer", recording_trainer)
+    return seen_datasets
+
+
+def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path, monkeypatch):
+    """Sequential windows: each phase's Trainer gets exactly its steps' rows of the stream, in order; the
+    growth callback draws its gate batches from that Trainer's training set."""
+    stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
+    marked = stream.remove_columns(["phase", "step"]).map(
+        lambda row, index: {"input_ids": [index % 40 + 5] + row["input_ids"][1:]}, with_indices=True)
+    seen_datasets = record_training_sets(monkeypatch)
     args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=4, check_every=1)
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
     run = run_growth_training(model, args, marked, output_dir=tmp_path, sequential=True, window_steps=4)
@@ -305,14 +311,7 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
     signed = stream.remove_columns(["phase", "step"]).map(
         lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
                             + row["input_ids"][3:]}, with_indices=True)
-    seen_datasets, gate_rows = [], []
-    original = experiment.Trainer
-
-    def recording_trainer(*args, **kwargs):
-        seen_datasets.append(kwargs["train_dataset"])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(experiment, "Trainer", recording_trainer)
+    seen_datasets, gate_rows = record_training_sets(monkeypatch), []
     args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=6, check_every=1)
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
     measure = model.gate_second_moments
