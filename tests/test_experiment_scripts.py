@@ -249,6 +249,18 @@ def test_exp_nonstationary_seeds_summarise_switch_against_stationary(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["totals"] == summary["totals"]
 
 
+def test_exp_nonstationary_continuous_checks_every_step_with_one_callback(tmp_path):
+    exp_nonstationary = load_script("exp_nonstationary.py")
+    result = exp_nonstationary.main(TINY_MODEL + [
+        "--max_steps", "16", "--switch_step", "9", "--pre_growth_steps", "4", "--window_steps", "3",
+        "--check_every", "1", "--probe_every", "8", "--heldout_rows", "16", "--continuous",
+        "--output_dir", str(tmp_path)])
+    history = json.loads((tmp_path / "growth_history.json").read_text())
+    assert "window_steps" not in history and result["args"]["continuous"]
+    assert [check["step"] for check in history["checks"]] == list(range(5, 17))  # regrow: never final
+    assert history["growth_stopped_at_step"] is None
+
+
 def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp_path):
     exp_nonstationary = load_script("exp_nonstationary.py")
     result = exp_nonstationary.main(TINY_MODEL + [
