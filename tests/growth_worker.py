@@ -34,6 +34,18 @@ def spectral_task(num_train: int = 512):
     return build_spectral_task(num_train=num_train, num_validation=64, seq_len=SEQ_LEN, seed=0)
 
 
+def sign_rows(dataset):
+    """Tokens 1 and 2 of each row spell its index (index // 40 + 5, index % 40 + 5): a gate batch's rows can
+    be read back with `signed_row_indices`."""
+    return dataset.map(lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
+                                           + row["input_ids"][3:]}, with_indices=True)
+
+
+def signed_row_indices(input_ids: torch.Tensor) -> list[int]:
+    """The row indices spelled by `sign_rows` in a batch of input_ids, in batch order."""
+    return [(high - 5) * 40 + (low - 5) for high, low in input_ids[:, 1:3].tolist()]
+
+
 def tiny_model(seed: int = 0, **overrides) -> DDCLIncrtForSequenceClassification:
     settings = {
         "vocab_size": 48, "hidden_size": 32, "head_dim": 8, "num_hidden_layers": 1, "num_heads": 1,

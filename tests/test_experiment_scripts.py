@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from growth_worker import sign_rows, signed_row_indices
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
@@ -320,16 +321,14 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
     """gate_window_steps: after pre-growth, one growth Trainer over the rest of the stream; every gate batch
     holds rows of the last gate_window_steps steps only (rows read back from their tokens 1 and 2)."""
     stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
-    signed = stream.remove_columns(["phase", "step"]).map(
-        lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
-                            + row["input_ids"][3:]}, with_indices=True)
+    signed = sign_rows(stream.remove_columns(["phase", "step"]))
     seen_datasets, gate_rows = record_training_sets(monkeypatch), []
     args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=6, check_every=1)
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
     measure = model.gate_second_moments
 
     def recording_moments(input_ids, **kwargs):
-        gate_rows.append({int(a - 5) * 40 + int(b - 5) for a, b in input_ids[:, 1:3].tolist()})
+        gate_rows.append(set(signed_row_indices(input_ids)))
         return measure(input_ids, **kwargs)
 
     monkeypatch.setattr(model, "gate_second_moments", recording_moments)

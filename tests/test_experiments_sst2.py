@@ -127,7 +127,9 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     assert stored["growth_started_at_step"] == 2
     assert all(3 <= event["step"] <= 4 for event in stored["growth_events"])
     assert (stored["train_samples"], stored["eval_samples"]) == (96, 32)
-    assert 1 <= stored["num_heads"][0] <= 4
+    history = json.loads((output / "growth_history.json").read_text())
+    assert [check["step"] for check in history["checks"]] == [3, 4]  # global steps, one check per step
+    assert stored["num_heads"][0] <= 1 + len(history["checks"])  # at most one head grown per check
     law = stored["head_count_law"]
     observed = [layer["observed_heads"] for layer in law["trajectory"] + law["spectrum_at_growth_start"]]
     assert observed == stored["num_heads"] * 2
@@ -139,7 +141,7 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     assert 0 < stored["train_time_s"] < stored["wall_time_s"]
     for name in ("sst2.png", "growth_history.png"):
         assert (output / name).read_bytes()[:8] == PNG_MAGIC
-    assert json.loads((output / "growth_history.json").read_text())["num_heads"] == stored["num_heads"]
+    assert history["num_heads"] == stored["num_heads"]
 
 
 def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data, tmp_path):

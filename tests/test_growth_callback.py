@@ -3,14 +3,24 @@ planted spectral task grows heads with logs, growth_history.json and the plot; t
 
 import json
 import math
+from functools import partial
 
 import pytest
 import torch
-from growth_worker import growth_callback, growth_trainer, spectral_task, tiny_model, training_args
+from growth_worker import (
+    growth_callback,
+    growth_trainer,
+    sign_rows,
+    signed_row_indices,
+    spectral_task,
+    tiny_model,
+    training_args,
+)
 from matplotlib.image import imread
 from torch.utils.data import IterableDataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback
 
+from geoformers.training.experiment import recent_stream_rows
 from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback
 
 
@@ -119,12 +129,6 @@ def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task,
     assert [c["step"] for c in history["checks"]] == [2, 4, 6, 8, 10, 12, 14]
 
 
-def signed_rows(dataset):
-    """Tokens 1 and 2 of each row spell its index (index // 40 + 5, index % 40 + 5): rows can be read back."""
-    return dataset.map(lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
-                                           + row["input_ids"][3:]}, with_indices=True)
-
-
 @pytest.mark.parametrize("regrow", [False, True])
 def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_path, monkeypatch, regrow):
     """gate_rows(step) = the rows of the last 3 steps of a sequential stream of 8 rows per step: every gate
@@ -134,18 +138,16 @@ def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_p
     measure = model.gate_second_moments
 
     def recording(input_ids, **kwargs):
-        seen.append(sorted(int(a - 5) * 40 + int(b - 5) for a, b in input_ids[:, 1:3].tolist()))
+        seen.append(sorted(signed_row_indices(input_ids)))
         return measure(input_ids, **kwargs)
 
     monkeypatch.setattr(model, "gate_second_moments", recording)
 
-    def last_steps(step):
-        return range(max(0, step - 3) * 8, max(step, 1) * 8)
-
+    last_steps = partial(recent_stream_rows, 3, 8)
     growth = IncrtGrowthCallback(check_every=2, gate_batch_size=6, gate_rows=last_steps, regrow=regrow)
     args = training_args(tmp_path, max_steps=10, train_sampling_strategy="sequential",
                          per_device_train_batch_size=8)
-    Trainer(model=model, args=args, train_dataset=signed_rows(task["train"].select(range(80))),
+    Trainer(model=model, args=args, train_dataset=sign_rows(task["train"].select(range(80))),
             callbacks=[growth]).train()
     calibrations = model.config.gate_calibration_checks
     checked_steps = [0] * calibrations + [check["step"] for check in growth.history["checks"]]
