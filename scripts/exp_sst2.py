@@ -215,11 +215,15 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
 
 
 @torch.no_grad()
-def prototype_statistics(model: DDCLIncrtForSequenceClassification, dev, collator) -> dict:
-    """DDCL quantities of the trained model on the whole dev set (one batch, so the means are exact):
-    per-head temperature, min pairwise prototype distance, effective number of used prototypes."""
+def dev_outputs(model: DDCLIncrtForSequenceClassification, dev, collator):
+    """The trained model's outputs on the whole dev set in one batch (so the DDCL means are exact)."""
     batch = collator([dev[index] for index in range(len(dev))])
-    outputs = model.eval()(**{name: value for name, value in batch.items() if name != "labels"})
+    return model.eval()(**{name: value for name, value in batch.items() if name != "labels"})
+
+
+def prototype_statistics(outputs) -> dict:
+    """DDCL quantities of `dev_outputs`: per-head temperature, min pairwise prototype distance, effective
+    number of used prototypes."""
     return {
         "l_q": float(outputs.l_q), "l_ols": float(outputs.l_ols),
         "prototype_variance": float(outputs.prototype_variance),
@@ -227,14 +231,6 @@ def prototype_statistics(model: DDCLIncrtForSequenceClassification, dev, collato
         "min_prototype_distance": [d.tolist() for d in outputs.min_prototype_distance],
         "effective_prototypes": [p.tolist() for p in outputs.prototype_perplexity],
     }
-
-
-@torch.no_grad()
-def dev_probabilities(model: DDCLIncrtForSequenceClassification, dev, collator) -> torch.Tensor:
-    """Class probabilities (rows of dev, classes) of the trained model, the whole dev set in one batch."""
-    batch = collator([dev[index] for index in range(len(dev))])
-    logits = model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return logits.float().softmax(-1)
 
 
 def gate_batch(dataset, collator, size: int, seed: int) -> dict:
@@ -377,28 +373,32 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    data = load_data(args)
+    (raw_train, raw_dev), _, _ = data
+    baseline = tfidf_baseline(raw_train, raw_dev)
     if args.ensemble_size > 1:
-        return run_ensemble(args, argv)
-    return run_single(args, argv, load_data(args))[0]
+        return run_ensemble(args, argv, data, baseline, started)
+    return run_single(args, argv, data, baseline, started)[0]
 
 
-def run_ensemble(args: argparse.Namespace, argv: list[str] | None) -> dict:
+def run_ensemble(args: argparse.Namespace, argv: list[str] | None, data, baseline: dict,
+                 started: float) -> dict:
     """`--ensemble_size` members, each a full run (its own sst2.json) under `member<m>/` with seed
     K * seed + m on the same data and vocabulary; the ensemble predicts the argmax of their mean dev
     probabilities. Writes `sst2_ensemble.json`."""
-    started = time.perf_counter()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    data = load_data(args)
     members, probabilities = [], []
     for member in range(args.ensemble_size):
         member_args = argparse.Namespace(**{**vars(args), "ensemble_size": 1,
                                             "seed": args.ensemble_size * args.seed + member,
                                             "output_dir": str(output_dir / f"member{member}")})
-        result, member_probabilities = run_single(member_args, argv, data)
+        result, member_probabilities = run_single(member_args, argv, data, baseline)
         members.append(result)
         probabilities.append(member_probabilities)
-    labels = torch.tensor(list(data[0][1]["label"]))
+    (_, raw_dev), _, _ = data
+    labels = torch.tensor(list(raw_dev["label"]))
     mean_probabilities = torch.stack(probabilities).mean(0)
     accuracies = [member["dev_accuracy"] for member in members]
     result = {
@@ -425,15 +425,15 @@ def run_ensemble(args: argparse.Namespace, argv: list[str] | None) -> dict:
     return result
 
 
-def run_single(args: argparse.Namespace, argv: list[str] | None, data) -> tuple[dict, torch.Tensor]:
+def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline: dict,
+               started: float | None = None) -> tuple[dict, torch.Tensor]:
     """One model on `data` (`load_data`): train, write `sst2.json` and the figures -> (the result, its dev
-    probabilities)."""
-    started = time.perf_counter()
+    probabilities). Its wall time counts from `started` (default: now)."""
+    started = time.perf_counter() if started is None else started
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     set_seed(args.seed)
-    (raw_train, raw_dev), tokenizer, (train_rows, dev) = data
-    baseline = tfidf_baseline(raw_train, raw_dev)
+    _, tokenizer, (train_rows, dev) = data
     model = build_model(args, tokenizer)
     collator = DataCollatorWithPadding(tokenizer)
     run = train(model, args, train_rows, dev, collator, output_dir)
@@ -441,7 +441,8 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data) -> tuple[
     if args.save_model:
         model.save_pretrained(output_dir / "model")
         tokenizer.save_pretrained(output_dir / "model")
-    prototypes = prototype_statistics(model, dev, collator)
+    outputs = dev_outputs(model, dev, collator)
+    prototypes = prototype_statistics(outputs)
     result = {
         "experiment": "sst2_bert" if args.bert else "sst2",
         "command": command_line("exp_sst2.py", argv),
@@ -474,7 +475,7 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data) -> tuple[
     write_json(output_dir / "sst2.json", result)
     plot(result, history, output_dir / "sst2.png")
     print_summary(result)
-    return result, dev_probabilities(model, dev, collator)
+    return result, outputs.logits.float().softmax(-1)
 
 
 def print_summary(result: dict) -> None:
