@@ -10,7 +10,8 @@ both phases, and each phase draws its own shuffled order of the training rows. A
 regression baseline (scikit-learn) is fitted on the same rows. `--bert` runs the same on a pre-trained BERT's
 frozen embeddings (`wrap_bert_embeddings`, its WordPiece vocabulary; default the offline MiniLM),
 `--use_encoder_outputs` on its frozen encoder outputs. `--ensemble_size K` trains K members (seeds
-K * seed + m, each a full run under `member<m>/`) and reports the accuracy of their mean dev probabilities.
+K * seed + m, each a full run under `member<m>/`, `--member_processes` of them at once) and reports the
+accuracy of their mean dev probabilities.
 
 Reported in `<output_dir>/sst2.json` (+ `sst2.png`, `growth_history.{json,png}` on global steps): dev
 accuracy (final and at every evaluation), heads per layer, parameters, wall times, grow order, how growth
@@ -31,7 +32,9 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -140,6 +143,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     optimisation.add_argument("--seed", type=int, default=0)
     optimisation.add_argument("--ensemble_size", type=int, default=1,
                               help="members trained with seeds K * seed + m, m < K; their mean probabilities")
+    optimisation.add_argument("--member_processes", type=int, default=1,
+                              help="ensemble members trained at once, each in its own process on one thread")
     optimisation.add_argument("--progress", action="store_true", help="show the Trainer's progress bar")
     optimisation.add_argument("--threads", type=int, default=None,
                               help="torch CPU threads (default: torch's)")
@@ -150,6 +155,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name} must be >= 2, got {value}")
     if args.ensemble_size < 1:
         parser.error(f"--ensemble_size must be >= 1, got {args.ensemble_size}")
+    if args.member_processes < 1:
+        parser.error(f"--member_processes must be >= 1, got {args.member_processes}")
+    if args.member_processes > 1 and args.threads not in (None, 1):
+        parser.error(f"--member_processes > 1 runs each member on one thread; drop --threads {args.threads}")
     if not 0.0 <= args.word_dropout < 1.0:
         parser.error(f"--word_dropout must lie in [0, 1), got {args.word_dropout}")
     if args.pre_growth_steps < 0:
@@ -389,14 +398,16 @@ def run_ensemble(args: argparse.Namespace, argv: list[str] | None, data, baselin
     probabilities. Writes `sst2_ensemble.json`."""
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    members, probabilities = [], []
-    for member in range(args.ensemble_size):
-        member_args = argparse.Namespace(**{**vars(args), "ensemble_size": 1,
-                                            "seed": args.ensemble_size * args.seed + member,
-                                            "output_dir": str(output_dir / f"member{member}")})
-        result, member_probabilities = run_single(member_args, argv, data, baseline)
-        members.append(result)
-        probabilities.append(member_probabilities)
+    member_args = [argparse.Namespace(**{**vars(args), "ensemble_size": 1,
+                                         "seed": args.ensemble_size * args.seed + member,
+                                         "output_dir": str(output_dir / f"member{member}")})
+                   for member in range(args.ensemble_size)]
+    if args.member_processes == 1:
+        runs = [run_single(one, argv, data, baseline) for one in member_args]
+    else:
+        runs = run_in_processes(member_args, argv, data, baseline, args.member_processes)
+    members = [member for member, _ in runs]
+    probabilities = [member_probabilities for _, member_probabilities in runs]
     (_, raw_dev), _, _ = data
     labels = torch.tensor(list(raw_dev["label"]))
     mean_probabilities = torch.stack(probabilities).mean(0)
@@ -425,6 +436,17 @@ def run_ensemble(args: argparse.Namespace, argv: list[str] | None, data, baselin
     return result
 
 
+def run_in_processes(member_args: list[argparse.Namespace], argv: list[str] | None, data, baseline: dict,
+                     processes: int) -> list[tuple[dict, torch.Tensor]]:
+    """`run_single` for each member, `processes` at a time in forked processes on one torch thread each
+    (one thread keeps them clear of OpenMP's fork hazard and makes each member identical to a sequential
+    `--threads 1` run) -> the members' (result, dev probabilities) in member order."""
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
+                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        futures = [pool.submit(run_single, one, argv, data, baseline) for one in member_args]
+        return [future.result() for future in futures]
+
+
 def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline: dict,
                started: float | None = None) -> tuple[dict, torch.Tensor]:
     """One model on `data` (`load_data`): train, write `sst2.json` and the figures -> (the result, its dev
@@ -443,6 +465,7 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline:
         tokenizer.save_pretrained(output_dir / "model")
     outputs = dev_outputs(model, dev, collator)
     prototypes = prototype_statistics(outputs)
+    probabilities = outputs.logits.float().softmax(-1)
     result = {
         "experiment": "sst2_bert" if args.bert else "sst2",
         "command": command_line("exp_sst2.py", argv),
@@ -466,6 +489,7 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline:
         } if history else {},
         "temperature_split": temperature_split(prototypes["temperatures"], args.tau_min, args.tau_init),
         "prototypes_on_dev": prototypes,
+        "dev_probabilities": probabilities.tolist(),
         "parameters": parameter_counts(model),
         "steps": run["steps"],
         "train_time_s": run["train_time_s"],
@@ -475,7 +499,7 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline:
     write_json(output_dir / "sst2.json", result)
     plot(result, history, output_dir / "sst2.png")
     print_summary(result)
-    return result, outputs.logits.float().softmax(-1)
+    return result, probabilities
 
 
 def print_summary(result: dict) -> None:

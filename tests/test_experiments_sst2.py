@@ -4,6 +4,7 @@ against hand-built cases; bad arguments."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def load_script(name: str):
+    """The script as a module, registered in sys.modules so that its functions pickle (process pools)."""
     spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -171,10 +174,30 @@ def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_ss
         accuracy = (member_probabilities.argmax(-1) == labels).double().mean().item()
         assert accuracy == pytest.approx(member_result["dev_accuracy"], abs=1e-9)
         assert accuracy == pytest.approx(stored["member_dev_accuracy"][member], abs=1e-9)
+        torch.testing.assert_close(torch.tensor(member_result["dev_probabilities"]), member_probabilities,
+                                   atol=1e-5, rtol=0)
         probabilities.append(member_probabilities)
     ensemble = ((probabilities[0] + probabilities[1]) / 2).argmax(-1)
     assert stored["dev_accuracy"] == pytest.approx((ensemble == labels).double().mean().item(), abs=1e-9)
     assert stored["member_mean_dev_accuracy"] == pytest.approx(sum(stored["member_dev_accuracy"]) / 2)
+
+
+def test_sst2_ensemble_members_in_processes_equal_sequential_members(exp_sst2, shared_data, tmp_path):
+    argv = ["--data_dir", str(shared_data / "sst2"), "--max_train_samples", "64", "--max_eval_samples", "40",
+            "--max_steps", "6", "--pre_growth_steps", "2", "--check_every", "2", "--gate_batch_size", "16",
+            "--batch_size", "16", "--initial_heads", "1", "--vocab_size", "300", "--hidden_size", "16",
+            "--head_dim", "8", "--num_prototypes", "4", "--max_length", "32", "--ensemble_size", "3"]
+    sequential = exp_sst2.main([*argv, "--threads", "1", "--output_dir", str(tmp_path / "sequential")])
+    parallel = exp_sst2.main([*argv, "--member_processes", "2", "--output_dir", str(tmp_path / "parallel")])
+    assert parallel["member_seeds"] == sequential["member_seeds"] == [0, 1, 2]
+    for member in range(3):
+        stored = [json.loads((tmp_path / run / f"member{member}" / "sst2.json").read_text())
+                  for run in ("sequential", "parallel")]
+        assert stored[1]["args"]["output_dir"] == str(tmp_path / "parallel" / f"member{member}")
+        assert stored[1]["num_heads"] == stored[0]["num_heads"]
+        assert stored[1]["dev_probabilities"] == stored[0]["dev_probabilities"]
+    assert parallel["member_dev_accuracy"] == sequential["member_dev_accuracy"]
+    assert parallel["dev_accuracy"] == sequential["dev_accuracy"]
 
 
 def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data, tmp_path):
@@ -261,6 +284,8 @@ def test_prune_least_used_prototypes_drops_unused_ones_and_reloads(exp_pruning_s
         ("exp_sst2.py", ["--max_train_samples", "1"], "--max_train_samples must be >= 2"),
         ("exp_sst2.py", ["--word_dropout", "1"], "--word_dropout must lie in [0, 1)"),
         ("exp_sst2.py", ["--ensemble_size", "0"], "--ensemble_size must be >= 1"),
+        ("exp_sst2.py", ["--member_processes", "0"], "--member_processes must be >= 1"),
+        ("exp_sst2.py", ["--member_processes", "2", "--threads", "2"], "drop --threads 2"),
         ("exp_sst2.py", ["--max_steps", "5", "--pre_growth_steps", "5"], "--pre_growth_steps (5) must be <"),
         ("exp_pruning_safety.py", ["--num_heads", "2", "--prune_heads", "2"], "--prune_heads must lie in"),
         ("exp_pruning_safety.py", ["--num_prototypes", "4", "--keep_prototypes", "4"], "--keep_prototypes"),
