@@ -359,6 +359,24 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("chart", CHARTS)
+def test_compiles_as_one_graph_with_eager_gradients(chart):
+    """torch.compile(fullgraph=True) traces the whole training forward, custom chart autograd included
+    (aot_eager: the same graph inductor gets, without its minutes of C++ code generation on a CPU)."""
+    ids = token_ids(2, 8)
+    grads = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model = small_model(seed=6, num_hidden_layers=1, hc_streams=4, hc_chart=chart).train()
+        forward = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
+        output = forward(ids, labels=ids)
+        output.loss.backward()
+        grads.append((output.loss.detach(), {name: p.grad for name, p in model.named_parameters()}))
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-6, rtol=0)
+    for name, grad in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
 # ----------------------------------------------------------------------------------------------
 # Save / load
 
