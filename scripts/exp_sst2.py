@@ -23,7 +23,7 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
 
     python scripts/exp_sst2.py                                   # from scratch, the default recipe
     python scripts/exp_sst2.py --bert                            # on frozen MiniLM embeddings
-    python scripts/exp_sst2.py --batch_size 32 --ensemble_size 3  # three members, their mean probabilities
+    python scripts/exp_sst2.py --batch_size 32 --ensemble_size 5 --member_processes 2  # 2 at a time
     python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 --output_dir /tmp/x
 """
 
@@ -157,6 +157,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--ensemble_size must be >= 1, got {args.ensemble_size}")
     if args.member_processes < 1:
         parser.error(f"--member_processes must be >= 1, got {args.member_processes}")
+    if args.member_processes > args.ensemble_size:
+        parser.error(f"--member_processes ({args.member_processes}) must be <= --ensemble_size "
+                     f"({args.ensemble_size})")
     if args.member_processes > 1 and args.threads not in (None, 1):
         parser.error(f"--member_processes > 1 runs each member on one thread; drop --threads {args.threads}")
     if not 0.0 <= args.word_dropout < 1.0:
