@@ -56,6 +56,7 @@ from geoformers.training.experiment import (  # noqa: E402
     environment,
     evaluate_accuracy,
     events_table,
+    head_energies,
     markdown_table,
     rows_as_batch,
     run_growth_training,
@@ -97,6 +98,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.seeds is not None and (len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0):
         parser.error(f"--seeds must be distinct non-negative integers, got {args.seeds}")
     return args
+
+
+class SwitchProbe(PrototypeProbe):
+    """`PrototypeProbe` that also measures, at `switch_step` (weights trained on pre-switch rows only), every
+    head's prune criterion ||C M_a^h||_F on the held-out rows of the step before and of the switch step: the
+    same weights on the two phases' data, so the ratio is what the data shift alone does to the criterion."""
+
+    def __init__(self, batch, every: int, switch_step: int):
+        super().__init__(batch, every)
+        self.switch_step = switch_step
+        self.at_switch: dict | None = None
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        super().on_step_end(args, state, control, model=model, **kwargs)
+        if state.global_step + self.step_offset == self.switch_step:
+            model.eval()
+            try:
+                before, after = (head_energies(model, self.batch(step))
+                                 for step in (self.switch_step - 1, self.switch_step))
+            finally:
+                model.train()
+            ratio = [[a / max(b, 1e-30) for a, b in zip(layer_after, layer_before, strict=True)]
+                     for layer_after, layer_before in zip(after, before, strict=True)]
+            self.at_switch = {"step": self.switch_step, "rows_before": before, "rows_after": after,
+                              "ratio": ratio}
 
 
 def build_streams(args: argparse.Namespace) -> tuple:
@@ -233,7 +259,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
         first = min(step * args.batch_size, len(heldout) - args.heldout_rows)
         return rows_as_batch(heldout, range(first, first + args.heldout_rows))
 
-    probe = PrototypeProbe(heldout_rows, args.probe_every)
+    probe = SwitchProbe(heldout_rows, args.probe_every, args.switch_step)
     windows = {("gate_window_steps" if args.continuous else "window_steps"): args.window_steps}
     print(f"stream of {args.max_steps} steps, switch at {args.switch_step}; "
           f"{'gate batches from the last' if args.continuous else 'growth windows of'} {args.window_steps} "
@@ -271,6 +297,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
                                                                  strict=True))] if checks else [],
         "events_per_window": events_per_window(history["events"], boundaries, args.max_steps),
         "energy_change": energy_change(probe.records, switch, span=min(100, switch - args.pre_growth_steps)),
+        "energy_at_switch": probe.at_switch,
         "final_accuracy_per_phase": accuracy_per_phase, "events": events, "probes": probe.records,
         "train_time_s": run.train_time_s, "wall_time_s": time.perf_counter() - started,
         "args": vars(args), "environment": environment(),
@@ -286,6 +313,13 @@ def print_summary(result: dict, history: dict) -> None:
     print(markdown_table(["layer", "head index", "mean energy before switch", "mean energy at end"],
                          [[h["layer"], h["head"], h["before_switch"], h["at_end"]]
                           for h in result["energy_change"]]))
+    at_switch = result["energy_at_switch"]
+    print(markdown_table(["layer", "head", f"energy on rows of step {at_switch['step'] - 1}",
+                          f"on rows of step {at_switch['step']}", "ratio"],
+                         [[layer, head, before, after, ratio]
+                          for layer, rows in enumerate(zip(at_switch["rows_before"], at_switch["rows_after"],
+                                                           at_switch["ratio"], strict=True))
+                          for head, (before, after, ratio) in enumerate(zip(*rows, strict=True))]))
     print(markdown_table(["window", "grow", "prune", "stop", "full"],
                          [[f"({w['start']}, {w['end']}]", w["grow"], w["prune"], w["stop"], w["full"]]
                           for w in result["events_per_window"]]))

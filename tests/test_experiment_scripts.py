@@ -200,6 +200,9 @@ def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tm
     steps = [r["step"] for r in result["probes"]]
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 24
     assert len(result["final_accuracy_per_phase"]) == 2
+    at_switch = result["energy_at_switch"]
+    assert at_switch["step"] == 13
+    assert len(at_switch["rows_before"][0]) == len(at_switch["rows_after"][0]) >= 1
     history = json.loads((tmp_path / "growth_history.json").read_text())
     (thresholds,) = result["thresholds"]
     for which, check in (("first_check", history["checks"][0]), ("last_check", history["checks"][-1])):
@@ -389,6 +392,27 @@ def test_prototype_probe_matches_direct_computation():
     assert record["step"] == 3 and record["accuracy"] == pytest.approx(float(accuracy))
     assert record["l_q"] == pytest.approx(record["l_ols"] + record["prototype_variance"], rel=1e-5)
     assert record["temperatures"][0] == pytest.approx([1.0, 1.0])
+
+
+def test_switch_probe_measures_both_sides_of_the_switch_with_the_same_weights():
+    exp_nonstationary = load_script("exp_nonstationary.py")
+    model = build_model(tiny_args(initial_heads=3), vocab_size=48, max_position_embeddings=24, num_labels=2)
+    validation = build_spectral_task(num_train=16, num_validation=16, seed=0)["validation"]
+
+    def rows(step: int) -> dict:
+        return rows_as_batch(validation, range(2 * step - 8, 2 * step - 4))  # steps 6 / 7: disjoint rows
+
+    probe = exp_nonstationary.SwitchProbe(rows, every=100, switch_step=7)
+    for step in (6, 7):
+        probe.on_step_end(None, argparse.Namespace(global_step=step), None, model=model)
+        assert (probe.at_switch is None) == (step == 6)
+    assert model.training and probe.at_switch["step"] == 7
+    for key, step in (("rows_before", 6), ("rows_after", 7)):  # PrototypeProbe: checked against fp64 above
+        expected = PrototypeProbe(rows(step), every=1).record(model, step)["head_energy"]
+        assert probe.at_switch[key][0] == pytest.approx(expected[0], rel=1e-6)
+    before, after = probe.at_switch["rows_before"][0], probe.at_switch["rows_after"][0]
+    assert before != after and len(before) == 3 and len(probe.at_switch["rows_after"]) == 1
+    assert probe.at_switch["ratio"][0] == pytest.approx([a / b for a, b in zip(after, before, strict=True)])
 
 
 # --------------------------------------------------------------------------------------------- analysis

@@ -212,6 +212,17 @@ def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool =
     return spectra
 
 
+@torch.no_grad()
+def head_energies(model: DDCLIncrtPreTrainedModel, inputs: dict) -> list[list[float]]:
+    """Per layer and head, the INCRT prune criterion ||C M_a^h||_F (DESIGN §3) on the tokens of `inputs`
+    (on the model's device)."""
+    moments = model.gate_second_moments(input_ids=inputs["input_ids"],
+                                        attention_mask=inputs.get("attention_mask"))
+    return [head_directional_energy(moment, layer.attention.stacked("q_proj").float(),
+                                    layer.attention.stacked("k_proj").float()).tolist()
+            for layer, moment in zip(model.base_model.layers, moments, strict=True)]
+
+
 class PrototypeProbe(TrainerCallback):
     """Every `every` steps (and at the start of each run), the model in eval mode on a batch: accuracy, L_q,
     L_OLS, V and, per layer and head, tau, min pairwise prototype distance, effective number of used
@@ -233,15 +244,9 @@ class PrototypeProbe(TrainerCallback):
         try:
             inputs = {name: value.to(model.device) for name, value in batch.items()}
             outputs = model(**inputs)
-            moments = model.gate_second_moments(input_ids=inputs["input_ids"],
-                                                attention_mask=inputs.get("attention_mask"))
+            energies = head_energies(model, inputs)
         finally:
             model.train(was_training)
-        energies = []
-        for layer, moment in zip(model.base_model.layers, moments, strict=True):
-            attention = layer.attention
-            energies.append(head_directional_energy(moment, attention.stacked("q_proj").float(),
-                                                    attention.stacked("k_proj").float()).tolist())
         accuracy = (outputs.logits.argmax(-1) == inputs["labels"]).float().mean()
         record = {
             "step": step, "num_heads": list(model.config.num_heads), "accuracy": float(accuracy),
