@@ -230,7 +230,8 @@ def run_seeds(args: argparse.Namespace, argv: list[str] | None) -> dict:
                       for action in ("grow", "prune") for when, late in (("before", False), ("after", True))}
             runs.append({"seed": seed, "stream": stream, **counts,
                          "heads_before_switch": result["verdicts"]["heads_before_switch"],
-                         "heads_at_end": result["verdicts"]["heads_at_end"]})
+                         "heads_at_end": result["verdicts"]["heads_at_end"],
+                         "energy_ratio_at_switch": result["energy_at_switch"]["ratio"]})
     totals = {stream: {key: sum(r[key] for r in runs if r["stream"] == stream)
                        for key in ("grow_before", "grow_after", "prune_before", "prune_after")}
               for stream in ("switch", "stationary")}
