@@ -326,6 +326,24 @@ def test_lora_in_the_trainer_moves_only_adapter_weights(tokenizer, blocks, tmp_p
     assert metrics["eval_accuracy"] == pytest.approx(eval_accuracy, abs=1e-12)
 
 
+def test_trainer_with_torch_compile_follows_the_eager_losses(tokenizer, blocks, tmp_path):
+    """`TrainingArguments(torch_compile=True)` (aot_eager: the traced graph without inductor's minutes of
+    C++ code generation) trains DDL-mHC through the compiled graph with the eager run's losses."""
+    losses = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        options = {"torch_compile": True, "torch_compile_backend": "aot_eager"} if compiled else {}
+        trainer = make_trainer(tiny_model(tokenizer), tokenizer, blocks, tmp_path / str(compiled),
+                               max_steps=4, **options)
+        trainer.train()
+        losses.append(logged_losses(trainer))
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert (graphs > 0) == compiled  # the compiled run really went through Dynamo
+    assert len(losses[1]) == 4
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------
 # Gradient accumulation
 
