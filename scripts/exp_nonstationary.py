@@ -113,12 +113,8 @@ class SwitchProbe(PrototypeProbe):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         super().on_step_end(args, state, control, model=model, **kwargs)
         if state.global_step + self.step_offset == self.switch_step:
-            model.eval()
-            try:
-                before, after = (head_energies(model, self.batch(step))
-                                 for step in (self.switch_step - 1, self.switch_step))
-            finally:
-                model.train()
+            before, after = (head_energies(model, self.batch(step))  # eval mode inside, mode restored
+                             for step in (self.switch_step - 1, self.switch_step))
             ratio = [[a / max(b, 1e-30) for a, b in zip(layer_after, layer_before, strict=True)]
                      for layer_after, layer_before in zip(after, before, strict=True)]
             self.at_switch = {"step": self.switch_step, "rows_before": before, "rows_after": after,
