@@ -10,6 +10,7 @@ from transformers.activations import ACT2FN
 HC_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
 RESIDUAL_UPDATES = ("delta", "add")
 STREAM_EXPANSIONS = ("repeat", "conv")
+HC_IMPLEMENTATIONS = ("fused", "reference")
 MHC_LITE_MAX_STREAMS = 6  # mhc_lite enumerates all n! permutation matrices (DESIGN §1)
 
 
@@ -61,6 +62,9 @@ class DDLmHCConfig(PreTrainedConfig):
     stream_expansion (`str`, defaults to `"repeat"`): embedding -> n streams by copying (`"repeat"`) or by
         DDL's identity-initialised causal depthwise convolution (`"conv"`, EC).
     stream_conv_kernel (`int`, defaults to 4): kernel size of the `"conv"` expansion.
+    hc_implementation (`str`, defaults to `"fused"`): how the stream read/mix/write runs. `"fused"`: one
+        autograd node per step with a hand-written backward (`fused_streams.py`); `"reference"`: the plain
+        PyTorch autograd formulas. Both compute the same function (tests compare them); read at build time.
     """
 
     model_type = "ddl_mhc"
@@ -96,6 +100,7 @@ class DDLmHCConfig(PreTrainedConfig):
     delta_eps: float = 1e-6
     stream_expansion: str = "repeat"
     stream_conv_kernel: int = 4
+    hc_implementation: str = "fused"
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -169,6 +174,7 @@ class DDLmHCConfig(PreTrainedConfig):
         _check_float("delta_eps", self.delta_eps, 0.0, 1.0, True, False)
         _check_choice("stream_expansion", self.stream_expansion, STREAM_EXPANSIONS)
         _check_int("stream_conv_kernel", self.stream_conv_kernel, 1)
+        _check_choice("hc_implementation", self.hc_implementation, HC_IMPLEMENTATIONS)
 
 
 __all__ = ["DDLmHCConfig"]

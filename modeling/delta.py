@@ -7,7 +7,8 @@ Per token, with streams X in R^{n x d} and the doubly-stochastic mixing H_res of
     v     = W_v h + b_v                      per-stream write amplitudes in R^n (DDL value)
     X'    = H_res X (I - beta k k^T) + beta v k^T = H_res X + s k^T,  s = beta (v - H_res X k)  (DDL eq. 2.5)
 
-This file computes k, beta and the write amplitudes s; the hyper-connection applies X' = H_res X + s k^T.
+This file computes k, beta, v and the reference amplitudes s; the hyper-connection applies
+X' = H_res X + s k^T (per-token maps: `fused_streams.DeltaMixWrite` does both in one autograd node).
 With n = 1 (H_res = 1) it is DDL with d_v = 1: x' = x + beta (v - k . x) k (DDL eq. 3.7).
 """
 
@@ -51,8 +52,8 @@ def delta_amplitudes(
 
 
 class DeltaWrite(nn.Module):
-    """The delta write of one sublayer: direction k(h), gate beta(t_beta) and value `value_proj`(h) (a
-    PEFT-targetable `nn.Linear`), returning the amplitudes s of X' = H_res X + s k^T."""
+    """The delta write's per-token quantities of one sublayer: direction k(h), gate beta(t_beta) and value
+    `value_proj`(h) (a PEFT-targetable `nn.Linear`); the hyper-connection applies X' = H_res X + s k^T."""
 
     def __init__(self, hidden_size: int, num_streams: int, eps: float):
         super().__init__()
@@ -60,14 +61,9 @@ class DeltaWrite(nn.Module):
         self.value_proj = nn.Linear(hidden_size, num_streams, bias=True)
 
     def forward(
-        self,
-        h_res: torch.Tensor | None,
-        streams: torch.Tensor,
-        sublayer_output: torch.Tensor,
-        beta_logit: torch.Tensor,
+        self, sublayer_output: torch.Tensor, beta_logit: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(s, k, beta) from H_res, X (..., n, d), h (..., d) and the gate logit t_beta ((..., 1) or (1,))."""
+        """(k, beta, v) from h (..., d) and the gate logit t_beta ((..., 1) or (1,))."""
         direction = unit_direction(sublayer_output, self.eps)
         beta = 2.0 * torch.sigmoid(upcast(beta_logit))
-        value = self.value_proj(sublayer_output)
-        return delta_amplitudes(h_res, streams, direction, beta, value), direction, beta
+        return direction, beta, self.value_proj(sublayer_output)

@@ -27,7 +27,8 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .birkhoff import birkhoff, num_logits
-from .delta import DeltaWrite, upcast
+from .delta import DeltaWrite, delta_amplitudes, upcast
+from .fused_streams import AddMixWrite, DeltaMixWrite, StreamRead
 
 
 class StreamMaps(NamedTuple):
@@ -46,52 +47,20 @@ class StreamMixing(NamedTuple):
     direction: torch.Tensor | None
 
 
-class _MixAndWrite(torch.autograd.Function):
-    """X' = H X + s u^T with one (n, n) matrix H per token, in one pass and with a hand-written backward:
-    dH = G X^T, dX = H^T G, ds = G u, du = G^T s. It hands `bmm` a contiguous H^T (on a transposed (n, n)
-    view CPU `bmm` falls back to one tiny product per token) and skips autograd's temporaries; at n = 4,
-    d = 128 it is several times faster than `torch.matmul(H, X) + s[..., None] * u[..., None, :]`."""
-
-    @staticmethod
-    def forward(ctx, h_res, streams, amplitudes, direction):
-        ctx.save_for_backward(h_res, streams, amplitudes, direction)
-        with torch.autocast(device_type=streams.device.type, enabled=False):
-            mixed = torch.matmul(h_res, streams)
-            return mixed.addcmul_(amplitudes.unsqueeze(-1), direction.unsqueeze(-2))
-
-    @staticmethod
-    def backward(ctx, grad):
-        h_res, streams, amplitudes, direction = ctx.saved_tensors
-        grad = grad.to(streams.dtype).contiguous()
-        grad_h_res = grad_streams = grad_amplitudes = grad_direction = None
-        if ctx.needs_input_grad[0]:
-            grad_h_res = torch.matmul(grad, streams.transpose(-1, -2))
-        if ctx.needs_input_grad[1]:
-            grad_streams = torch.matmul(h_res.transpose(-1, -2).contiguous(), grad)
-        if ctx.needs_input_grad[2]:
-            grad_amplitudes = (grad * direction.unsqueeze(-2)).sum(-1)
-        if ctx.needs_input_grad[3]:
-            grad_direction = (grad * amplitudes.unsqueeze(-1)).sum(-2)
-        return grad_h_res, grad_streams, grad_amplitudes, grad_direction
-
-
 def mix_and_write(
     h_res: torch.Tensor | None, streams: torch.Tensor, amplitudes: torch.Tensor, direction: torch.Tensor
 ) -> torch.Tensor:
-    """X' = H_res X + s u^T (DESIGN §2) in the streams' dtype. H_res: (..., n, n) per token, (n, n) static or
-    None (identity); X (..., n, d); amplitudes s (..., n); direction u (..., d)."""
+    """X' = H_res X + s u^T (DESIGN §2) in the streams' dtype, plain autograd (the reference of
+    `fused_streams.AddMixWrite`). H_res: (..., n, n) per token, (n, n) static or None (identity);
+    X (..., n, d); amplitudes s (..., n); direction u (..., d)."""
     dtype = streams.dtype
-    amplitudes, direction = amplitudes.to(dtype), direction.to(dtype)
-    if h_res is not None and h_res.ndim > 2:
-        batch = streams.shape[:-2]
-        amplitudes, direction = amplitudes.expand(*batch, -1), direction.expand(*batch, -1)
-        return _MixAndWrite.apply(h_res.to(dtype).contiguous(), streams.contiguous(), amplitudes, direction)
-    mixed = streams if h_res is None else torch.einsum("mn,...nd->...md", h_res.to(dtype), streams)
-    return mixed + amplitudes.unsqueeze(-1) * direction.unsqueeze(-2)
+    mixed = streams if h_res is None else torch.matmul(h_res.to(dtype), streams)
+    return mixed + amplitudes.to(dtype).unsqueeze(-1) * direction.to(dtype).unsqueeze(-2)
 
 
 def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """x_in = H_pre X: weights (n,) static or (..., n) per token, X (..., n, d) -> (..., d)."""
+    """x_in = H_pre X: weights (n,) static or (..., n) per token, X (..., n, d) -> (..., d), plain autograd
+    (the reference of `fused_streams.StreamRead`)."""
     weights = weights.to(streams.dtype)
     if weights.ndim == 1:
         return torch.einsum("n,...nd->...d", weights, streams)
@@ -109,6 +78,7 @@ class HyperConnection(nn.Module):
         n, d = config.hc_streams, config.hidden_size
         self.num_streams = n
         self.chart = config.hc_chart
+        self.fused = config.hc_implementation == "fused"
         self.eps = config.rms_norm_eps
         mixes = n > 1
         write_size = 1 if config.residual == "delta" else (n if mixes else 0)
@@ -145,7 +115,9 @@ class HyperConnection(nn.Module):
         pre_logit, res_logit, write_logit = self._map_logits(streams)
         if self.num_streams == 1:
             return streams.squeeze(-2), StreamMaps(None, write_logit)
-        hidden = read_streams(torch.softmax(pre_logit, -1), streams)
+        weights = torch.softmax(pre_logit, -1)
+        per_token = self.fused and weights.ndim > 1
+        hidden = StreamRead.apply(weights, streams) if per_token else read_streams(weights, streams)
         chart = birkhoff(res_logit, self.num_streams, self.chart)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
         identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
@@ -156,15 +128,24 @@ class HyperConnection(nn.Module):
     ) -> tuple[torch.Tensor, StreamMixing]:
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
         h_res = maps.h_res
+        per_token = self.fused and h_res is not None and h_res.ndim > 2
         if self.delta is not None:
-            amplitudes, direction, beta = self.delta(h_res, streams, sublayer_output, maps.write_logit)
-            record = StreamMixing(h_res, beta, direction)
-        elif self.write_bias is not None:
-            amplitudes, direction = 2.0 * torch.sigmoid(maps.write_logit), sublayer_output
-            record = StreamMixing(h_res, None, None)
-        else:
+            direction, beta, value = self.delta(sublayer_output, maps.write_logit)
+            if per_token:
+                updated, _ = DeltaMixWrite.apply(h_res, streams, direction, beta, value)
+            else:
+                amplitudes = delta_amplitudes(h_res, streams, direction, beta, value)
+                updated = mix_and_write(h_res, streams, amplitudes, direction)
+            return updated, StreamMixing(h_res, beta, direction)
+        if self.write_bias is None:
             return streams + sublayer_output.unsqueeze(-2), StreamMixing(None, None, None)
-        return mix_and_write(h_res, streams, amplitudes, direction), record
+        amplitudes = 2.0 * torch.sigmoid(maps.write_logit)
+        if per_token:
+            batch = streams.shape[:-2]
+            updated = AddMixWrite.apply(h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
+        else:
+            updated = mix_and_write(h_res, streams, amplitudes, sublayer_output)
+        return updated, StreamMixing(h_res, None, None)
 
 
 class StreamExpansion(nn.Module):

@@ -20,7 +20,8 @@ import geoformers
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, DDLmHCModel, convert_llama_to_ddl_mhc
 from geoformers.modeling.birkhoff import ds_violation
 from geoformers.modeling.delta import unit_direction
-from geoformers.modeling.hyper_connections import HyperConnection, StreamExpansion, _MixAndWrite
+from geoformers.modeling.fused_streams import AddMixWrite
+from geoformers.modeling.hyper_connections import HyperConnection, StreamExpansion
 
 VOCAB = 61
 SMALL = dict(
@@ -243,7 +244,7 @@ def test_mix_and_write_gradients():
         torch.randn(2, 3, 4, dtype=torch.float64, generator=generator),
         torch.randn(2, 3, 5, dtype=torch.float64, generator=generator),
     ]
-    assert torch.autograd.gradcheck(_MixAndWrite.apply, [t.requires_grad_() for t in inputs])
+    assert torch.autograd.gradcheck(AddMixWrite.apply, [t.requires_grad_() for t in inputs])
 
 
 def test_conv_expansion_matches_explicit_causal_convolution():

@@ -1,0 +1,129 @@
+"""Fused hyper-connection stream operations with hand-written backward passes (docs/ddl_mhc.md,
+"Fused sublayer").
+
+Each function is one autograd node for one step of a sublayer's update over streams X (..., n, d):
+
+- `StreamRead`:      x_in = H_pre X                                  (the n -> 1 read)
+- `AddMixWrite`:     X' = H_res X + s u^T                            (mHC add: s = H_post, u = h)
+- `DeltaMixWrite`:   X' = Y + beta (v - Y k) k^T,  Y = H_res X        (DDL eq. 2.5 with mixing)
+
+The plain PyTorch references are `read_streams` / `mix_and_write` in `hyper_connections.py` and
+`delta_amplitudes` in `delta.py`; the tests compare outputs and gradients of both. On CPU the per-token
+(n, n) x (n, d) products are batched GEMMs with contiguous operands (`bmm` on a transposed (n, n) view
+falls back to one tiny product per token), the weighted sums over streams are n multiply-adds into one
+(..., d) buffer, and autograd keeps one node instead of a dozen temporaries of size (..., n, d).
+Per-token maps (H_res, s, k, beta, v) enter in float32; the big tensors stay in the streams' dtype.
+"""
+
+import torch
+
+from .delta import upcast
+
+
+def weighted_stream_sum(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """sum_j w_j X_j: weights (..., n), streams (..., n, d) -> (..., d), in the streams' dtype."""
+    weights = weights.to(streams.dtype)
+    total = streams[..., 0, :] * weights[..., 0, None]
+    for j in range(1, streams.shape[-2]):
+        total.addcmul_(streams[..., j, :], weights[..., j, None])
+    return total
+
+
+def _stream_dot(streams: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """X_j . u for every stream: streams (..., n, d), vector (..., d) -> (..., n), at least float32."""
+    return upcast(torch.linalg.vecdot(streams, vector.to(streams.dtype).unsqueeze(-2)))
+
+
+def _contiguous_transpose(matrices: torch.Tensor) -> torch.Tensor:
+    return matrices.transpose(-1, -2).contiguous()
+
+
+class StreamRead(torch.autograd.Function):
+    """x_in = H_pre X with per-token read weights (..., n): dX = w g^T, dw = X g."""
+
+    @staticmethod
+    def forward(ctx, weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weights, streams)
+        with torch.autocast(device_type=streams.device.type, enabled=False):
+            return weighted_stream_sum(weights, streams)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weights, streams = ctx.saved_tensors
+        grad = grad.to(streams.dtype)
+        grad_weights = grad_streams = None
+        if ctx.needs_input_grad[0]:
+            grad_weights = _stream_dot(streams, grad).to(weights.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_streams = weights.to(streams.dtype).unsqueeze(-1) * grad.unsqueeze(-2)
+        return grad_weights, grad_streams
+
+
+class AddMixWrite(torch.autograd.Function):
+    """X' = H X + s u^T with one (n, n) matrix H per token: dH = G X^T, dX = H^T G, ds = G u, du = G^T s."""
+
+    @staticmethod
+    def forward(ctx, h_res, streams, amplitudes, direction):
+        dtype = streams.dtype
+        h_res, streams = h_res.to(dtype).contiguous(), streams.contiguous()
+        amplitudes, direction = amplitudes.to(dtype), direction.to(dtype)
+        ctx.save_for_backward(h_res, streams, amplitudes, direction)
+        with torch.autocast(device_type=streams.device.type, enabled=False):
+            mixed = torch.matmul(h_res, streams)
+            return mixed.addcmul_(amplitudes.unsqueeze(-1), direction.unsqueeze(-2))
+
+    @staticmethod
+    def backward(ctx, grad):
+        h_res, streams, amplitudes, direction = ctx.saved_tensors
+        grad = grad.to(streams.dtype).contiguous()
+        grad_h_res = grad_streams = grad_amplitudes = grad_direction = None
+        if ctx.needs_input_grad[0]:
+            grad_h_res = torch.matmul(grad, streams.transpose(-1, -2))
+        if ctx.needs_input_grad[1]:
+            grad_streams = torch.matmul(_contiguous_transpose(h_res), grad)
+        if ctx.needs_input_grad[2]:
+            grad_amplitudes = torch.linalg.vecdot(grad, direction.unsqueeze(-2))
+        if ctx.needs_input_grad[3]:
+            grad_direction = weighted_stream_sum(amplitudes, grad)
+        return grad_h_res, grad_streams, grad_amplitudes, grad_direction
+
+
+class DeltaMixWrite(torch.autograd.Function):
+    """X' = Y + s k^T, s = beta (v - Y k), Y = H X (DDL eq. 2.5 over mixed streams), with the backward
+
+        g_k = G k,  dv = beta g_k,  dbeta = g_k . (v - Y k),  dY = G - (beta g_k) k^T,
+        dH = dY X^T,  dX = H^T dY,  dk = G^T s - X^T (H^T beta g_k).
+
+    Shapes: H (..., n, n), X (..., n, d), k (..., d), beta (..., 1), v (..., n); returns (X', s)."""
+
+    @staticmethod
+    def forward(ctx, h_res, streams, direction, beta, value):
+        dtype = streams.dtype
+        h_res, streams = h_res.to(dtype).contiguous(), streams.contiguous()
+        direction = direction.to(dtype)
+        with torch.autocast(device_type=streams.device.type, enabled=False):
+            mixed = torch.matmul(h_res, streams)
+            residual = upcast(value) - _stream_dot(mixed, direction)
+            amplitudes = upcast(beta) * residual
+            mixed.addcmul_(amplitudes.to(dtype).unsqueeze(-1), direction.unsqueeze(-2))
+        ctx.save_for_backward(h_res, streams, direction, beta, residual, amplitudes)
+        ctx.value_dtype = value.dtype
+        ctx.mark_non_differentiable(amplitudes)
+        return mixed, amplitudes
+
+    @staticmethod
+    def backward(ctx, grad, _grad_amplitudes):
+        h_res, streams, direction, beta, residual, amplitudes = ctx.saved_tensors
+        dtype = streams.dtype
+        grad = grad.to(dtype).contiguous()
+        grad_k = _stream_dot(grad, direction)
+        beta_grad_k = upcast(beta) * grad_k
+        grad_value = beta_grad_k.to(ctx.value_dtype)
+        grad_beta = (grad_k * residual).sum(-1, keepdim=True).sum_to_size(beta.shape).to(beta.dtype)
+        erase = beta_grad_k.to(dtype).unsqueeze(-1)
+        grad_mixed = torch.addcmul(grad, erase, direction.unsqueeze(-2), value=-1)
+        grad_h_res = torch.matmul(grad_mixed, streams.transpose(-1, -2))
+        grad_streams = torch.matmul(_contiguous_transpose(h_res), grad_mixed)
+        back_weights = (upcast(h_res) * beta_grad_k.unsqueeze(-1)).sum(-2)  # H^T (beta g_k)
+        grad_direction = weighted_stream_sum(amplitudes, grad) - weighted_stream_sum(back_weights, streams)
+        return grad_h_res, grad_streams, grad_direction, grad_beta, grad_value
