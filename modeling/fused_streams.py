@@ -3,7 +3,8 @@
 
 Each function is one autograd node for one step of a sublayer's update over streams X (..., n, d):
 
-- `StreamRead`:      x_in = H_pre X                                  (the n -> 1 read)
+- `StreamMapsRead`:  z = vec(X) W^T / rms(X), x_in = softmax(t_pre) X  (dynamic maps and the read)
+- `StreamRead`:      x_in = H_pre X                                  (the n -> 1 read, given H_pre)
 - `AddMixWrite`:     X' = H_res X + s u^T                            (mHC add: s = H_post, u = h)
 - `DeltaMixWrite`:   X' = Y + beta (v - Y k) k^T,  Y = H_res X        (DDL eq. 2.5 with mixing)
 
@@ -127,3 +128,48 @@ class DeltaMixWrite(torch.autograd.Function):
         back_weights = (upcast(h_res) * beta_grad_k.unsqueeze(-1)).sum(-2)  # H^T (beta g_k)
         grad_direction = weighted_stream_sum(amplitudes, grad) - weighted_stream_sum(back_weights, streams)
         return grad_h_res, grad_streams, grad_direction, grad_beta, grad_value
+
+
+class StreamMapsRead(torch.autograd.Function):
+    """The dynamic map terms and the read of one sublayer in one node (mHC's fused maps, then x_in = H_pre X):
+
+        r = 1 / sqrt(mean(vec(X)^2) + eps),  z = r vec(X) W^T,  w = softmax(b_pre + g_pre z_pre),  x_in = w X
+
+    returns (z (..., m) at least float32, x_in (..., d)); z_pre = z[..., :n]. Backward: the softmax and gate
+    of the read go back into dz, then dW = (r dz)^T vec(X) and
+    d vec(X) = (r dz) W - (r^3 (dz . z / r) / N) vec(X) + w (x) dx_in: one GEMM-accumulate, one X pass."""
+
+    @staticmethod
+    def forward(ctx, streams, weight, pre_bias, pre_gate, eps):
+        *batch, n, d = streams.shape
+        dtype = streams.dtype
+        flat = streams.reshape(-1, n * d)
+        with torch.autocast(device_type=streams.device.type, enabled=False):
+            inverse_rms = torch.rsqrt(upcast(torch.linalg.vecdot(flat, flat)) / (n * d) + eps).unsqueeze(-1)
+            terms = upcast(torch.matmul(flat, weight.to(dtype).t())) * inverse_rms
+            weights = torch.softmax(upcast(pre_bias) + upcast(pre_gate) * terms[:, :n], -1)
+            hidden = weighted_stream_sum(weights, flat.view(-1, n, d))
+        ctx.save_for_backward(flat, weight, pre_gate, inverse_rms, terms, weights)
+        ctx.shape = streams.shape
+        return terms.view(*batch, -1), hidden.view(*batch, d)
+
+    @staticmethod
+    def backward(ctx, grad_terms, grad_hidden):
+        flat, weight, pre_gate, inverse_rms, terms, weights = ctx.saved_tensors
+        *_, n, d = ctx.shape
+        dtype = flat.dtype
+        grad_terms = upcast(grad_terms.reshape(terms.shape)).clone()
+        grad_hidden = grad_hidden.reshape(-1, d).to(dtype)
+        grad_weights = _stream_dot(flat.view(-1, n, d), grad_hidden)
+        grad_pre = weights * (grad_weights - (weights * grad_weights).sum(-1, keepdim=True))  # softmax
+        grad_pre_bias = grad_pre.sum(0)
+        grad_pre_gate = (grad_pre * terms[:, :n]).sum().to(pre_gate.dtype)
+        grad_terms[:, :n].add_(grad_pre * upcast(pre_gate))
+        grad_raw = grad_terms * inverse_rms
+        grad_weight = torch.matmul(grad_raw.t().to(dtype), flat).to(weight.dtype)
+        grad_rms = (grad_terms * terms).sum(-1, keepdim=True) / inverse_rms  # dL/dr
+        coefficient = -(inverse_rms**3) * grad_rms / (n * d)
+        grad_flat = torch.addmm(flat * coefficient.to(dtype), grad_raw.to(dtype), weight.to(dtype))
+        grad_streams = grad_flat.view(-1, n, d)
+        grad_streams.addcmul_(weights.to(dtype).unsqueeze(-1), grad_hidden.unsqueeze(-2))
+        return grad_streams.view(ctx.shape), grad_weight, grad_pre_bias, grad_pre_gate, None

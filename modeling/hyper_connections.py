@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .birkhoff import birkhoff, num_logits
 from .delta import DeltaWrite, delta_amplitudes, upcast
-from .fused_streams import AddMixWrite, DeltaMixWrite, StreamRead
+from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
 
 
 class StreamMaps(NamedTuple):
@@ -97,27 +97,40 @@ class HyperConnection(nn.Module):
 
     def _map_logits(self, streams: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         """(t_pre, t_res, t_write), float32: bias + gate * (x W^T) / rms(x), or the bias alone when static."""
-        biases = (self.pre_bias, self.res_bias, self.write_bias)
         if self.maps_proj is None:
-            return tuple(None if bias is None else upcast(bias) for bias in biases)
+            return self._gated(None)
         flat = streams.flatten(-2)
         mean_square = torch.linalg.vecdot(upcast(flat), upcast(flat)).unsqueeze(-1) / flat.shape[-1]
         inverse_rms = torch.rsqrt(mean_square + self.eps)
-        dynamic = (upcast(self.maps_proj(flat)) * inverse_rms).split(self.map_sizes, -1)
+        return self._gated(upcast(self.maps_proj(flat)) * inverse_rms)
+
+    def _gated(self, terms: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """bias + gate * term per map from the dynamic terms (..., sum(map_sizes)), or the biases alone."""
+        biases = (self.pre_bias, self.res_bias, self.write_bias)
+        if terms is None:
+            return tuple(None if bias is None else upcast(bias) for bias in biases)
         gates = (self.pre_gate, self.res_gate, self.write_gate)
         return tuple(
             None if bias is None else upcast(bias) + upcast(gate) * term
-            for bias, gate, term in zip(biases, gates, dynamic, strict=True)
+            for bias, gate, term in zip(biases, gates, terms.split(self.map_sizes, -1), strict=True)
         )
 
     def read(self, streams: torch.Tensor) -> tuple[torch.Tensor, StreamMaps]:
         """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d)."""
-        pre_logit, res_logit, write_logit = self._map_logits(streams)
         if self.num_streams == 1:
+            _, _, write_logit = self._map_logits(streams)
             return streams.squeeze(-2), StreamMaps(None, write_logit)
-        weights = torch.softmax(pre_logit, -1)
-        per_token = self.fused and weights.ndim > 1
-        hidden = StreamRead.apply(weights, streams) if per_token else read_streams(weights, streams)
+        # PEFT wraps maps_proj in a module of its own: then the maps take the reference path through it.
+        if self.fused and type(self.maps_proj) is nn.Linear:
+            terms, hidden = StreamMapsRead.apply(
+                streams, self.maps_proj.weight, self.pre_bias, self.pre_gate, self.eps
+            )
+            _, res_logit, write_logit = self._gated(terms)
+        else:
+            pre_logit, res_logit, write_logit = self._map_logits(streams)
+            weights = torch.softmax(pre_logit, -1)
+            per_token = self.fused and weights.ndim > 1
+            hidden = StreamRead.apply(weights, streams) if per_token else read_streams(weights, streams)
         chart = birkhoff(res_logit, self.num_streams, self.chart)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
         identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)

@@ -1,0 +1,167 @@
+"""Where one DDL-mHC training step's time goes, grouped by mechanism (torch.profiler).
+
+Every mechanism of the step is wrapped in a `torch.profiler.record_function` scope for the duration of
+the profile (module forwards and the hyper-connection functions, patched here, never in the library).
+Forward time is the self time of the ops inside each scope; backward time is attributed through the
+autograd sequence number that links each backward node to the forward op that created it, so a scope's
+number is its forward plus its backward. `bench_causal_lm.py --profile` prints the table.
+"""
+
+import contextlib
+import time
+from collections import defaultdict
+from types import SimpleNamespace
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
+
+from geoformers.modeling import delta, hyper_connections
+
+MECHANISMS = (
+    "maps projection",
+    "chart",
+    "read",
+    "mix+write",
+    "delta amplitudes",
+    "attention",
+    "MLP",
+    "norms",
+    "embedding + lm head",
+    "optimizer",
+    "other",
+)
+_BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+
+
+def _scoped(label: str, function):
+    def wrapped(*args, **kwargs):
+        with record_function(label):
+            return function(*args, **kwargs)
+
+    return wrapped
+
+
+@contextlib.contextmanager
+def mechanism_scopes(model: torch.nn.Module):
+    """Wrap each mechanism of `model` (DDL-mHC or transformers' Llama) in a labelled profiler scope."""
+    patches = [
+        (hyper_connections.HyperConnection, "_map_logits", "maps projection"),
+        (hyper_connections, "birkhoff", "chart"),
+        (hyper_connections, "read_streams", "read"),
+        (hyper_connections, "mix_and_write", "mix+write"),
+        (hyper_connections, "delta_amplitudes", "delta amplitudes"),
+        (delta.DeltaWrite, "forward", "delta amplitudes"),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    functions = [
+        ("StreamMapsRead", "maps projection"),  # fused: the read is inside this node
+        ("StreamRead", "read"),
+        ("AddMixWrite", "mix+write"),
+        ("DeltaMixWrite", "mix+write"),
+    ]
+    for owner, name, label in patches:
+        setattr(owner, name, _scoped(label, getattr(owner, name)))
+    for name, label in functions:
+        original = getattr(hyper_connections, name)
+        originals.append((hyper_connections, name, original))
+        setattr(hyper_connections, name, SimpleNamespace(apply=_scoped(label, original.apply)))
+    wrapped_modules = []
+    for module in model.modules():
+        label = None
+        if isinstance(module, LlamaAttention):
+            label = "attention"
+        elif isinstance(module, LlamaMLP):
+            label = "MLP"
+        elif isinstance(module, LlamaRMSNorm):
+            label = "norms"
+        elif isinstance(module, torch.nn.Embedding) or module is getattr(model, "lm_head", None):
+            label = "embedding + lm head"
+        if label is not None:
+            module.forward = _scoped(label, module.forward)
+            wrapped_modules.append(module)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+        for module in wrapped_modules:
+            del module.forward
+
+
+def _scope_of(event, labels: set[str]) -> str | None:
+    while event is not None:
+        if event.name in labels:
+            return event.name
+        if event.name.startswith("Optimizer."):
+            return "optimizer"
+        event = event.cpu_parent
+    return None
+
+
+def attribute_events(events) -> dict[str, float]:
+    """Microseconds per mechanism: forward self times by enclosing scope, backward nodes by the scope
+    of the forward op with the same autograd sequence number."""
+    labels = set(MECHANISMS)
+    forward_scope = {}
+    for event in events:
+        if event.sequence_nr >= 0 and not event.name.startswith(_BACKWARD_PREFIX):
+            scope = _scope_of(event, labels)
+            if scope is not None or event.sequence_nr not in forward_scope:
+                forward_scope[event.sequence_nr] = scope
+    totals = defaultdict(float)
+    for event in events:
+        if event.name.startswith(_BACKWARD_PREFIX):
+            totals[forward_scope.get(event.sequence_nr) or "other"] += event.cpu_time_total
+            continue
+        ancestor, in_backward = event.cpu_parent, False
+        while ancestor is not None:
+            if ancestor.name.startswith(_BACKWARD_PREFIX):
+                in_backward = True
+                break
+            ancestor = ancestor.cpu_parent
+        if not in_backward:
+            totals[_scope_of(event, labels) or "other"] += event.self_cpu_time_total
+    return dict(totals)
+
+
+def profile_training_step(model, batch: torch.Tensor, steps: int = 3) -> dict:
+    """Profile `steps` forward+backward+AdamW steps of `model` on `batch` after one warm-up step:
+    {"step_ms": wall time per step without the profiler, "mechanisms": {name: ms per step}}."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step() -> None:
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    step_ms = (time.perf_counter() - start) / steps * 1000
+    with mechanism_scopes(model), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    totals = attribute_events(prof.events())
+    return {
+        "step_ms": step_ms,
+        "mechanisms": {name: totals.get(name, 0.0) / steps / 1000 for name in MECHANISMS},
+    }
+
+
+def markdown_profile(profiles: dict[str, dict]) -> str:
+    """One column per profiled model: ms per step and share of the profiled total, by mechanism."""
+    names = list(profiles)
+    lines = ["| mechanism | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for mechanism in MECHANISMS:
+        cells = []
+        for name in names:
+            times = profiles[name]["mechanisms"]
+            share = times[mechanism] / max(sum(times.values()), 1e-9)
+            cells.append(f"{times[mechanism]:.1f} ms ({share:.0%})")
+        lines.append(f"| {mechanism} | " + " | ".join(cells) + " |")
+    steps = " | ".join(f"{profiles[name]['step_ms']:.1f} ms" for name in names)
+    lines.append(f"| step (no profiler) | {steps} |")
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""The fused hyper-connection sublayer (`fused_streams.py`) against the plain PyTorch reference path:
+finite-difference gradients of every node in float64, and whole models (`hc_implementation="fused"` vs
+`"reference"`, same weights) for every chart, n in {1, 2, 4, 8}, both residuals, fp32 and bf16 autocast."""
+
+import pytest
+import torch
+
+from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+from geoformers.modeling.fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
+from geoformers.modeling.hyper_connections import mix_and_write, read_streams
+
+SMALL = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _random(*shape, generator, positive=False):
+    values = torch.rand(*shape, dtype=torch.float64, generator=generator)
+    if not positive:
+        values = 2 * values - 1
+    return values.requires_grad_()
+
+
+def test_node_gradients_match_finite_differences():
+    generator = torch.Generator().manual_seed(0)
+    streams = _random(2, 3, 4, 5, generator=generator)
+    h_res = _random(2, 3, 4, 4, generator=generator, positive=True)
+    direction, value = _random(2, 3, 5, generator=generator), _random(2, 3, 4, generator=generator)
+    amplitudes, weights = _random(2, 3, 4, generator=generator), _random(2, 3, 4, generator=generator)
+    for beta in (_random(2, 3, 1, generator=generator, positive=True), _random(1, generator=generator)):
+        delta = lambda *args: DeltaMixWrite.apply(*args)[0]
+        assert torch.autograd.gradcheck(delta, (h_res, streams, direction, beta, value))
+    assert torch.autograd.gradcheck(AddMixWrite.apply, (h_res, streams, amplitudes, direction))
+    assert torch.autograd.gradcheck(StreamRead.apply, (weights, streams))
+    weight = _random(14, 20, generator=generator)
+    pre_bias, pre_gate = _random(4, generator=generator), _random((), generator=generator)
+    maps_read = lambda *args: StreamMapsRead.apply(*args, 1e-3)
+    assert torch.autograd.gradcheck(maps_read, (streams, weight, pre_bias, pre_gate))
+
+
+def test_nodes_equal_reference_formulas():
+    """Forward values of each node against the plain formulas it replaces (float64, hand-written)."""
+    generator = torch.Generator().manual_seed(1)
+    streams = _random(3, 4, 6, generator=generator).detach()
+    h_res = _random(3, 4, 4, generator=generator, positive=True).detach()
+    k, v = _random(3, 6, generator=generator).detach(), _random(3, 4, generator=generator).detach()
+    beta = _random(3, 1, generator=generator, positive=True).detach()
+    mixed = h_res @ streams
+    expected = mixed + (beta * (v - (mixed @ k[..., None])[..., 0]))[..., None] * k[:, None, :]
+    updated, amplitudes = DeltaMixWrite.apply(h_res, streams, k, beta, v)
+    torch.testing.assert_close(updated, expected, atol=1e-14, rtol=0)
+    torch.testing.assert_close(amplitudes, beta * (v - (mixed @ k[..., None])[..., 0]), atol=1e-14, rtol=0)
+    torch.testing.assert_close(AddMixWrite.apply(h_res, streams, v, k), mix_and_write(h_res, streams, v, k))
+    torch.testing.assert_close(StreamRead.apply(v, streams), read_streams(v, streams))
+
+    weight, pre_bias = _random(9, 24, generator=generator).detach(), _random(4, generator=generator).detach()
+    gate = torch.tensor(0.3, dtype=torch.float64)
+    terms, hidden = StreamMapsRead.apply(streams, weight, pre_bias, gate, 0.5)
+    flat = streams.flatten(-2)
+    inverse_rms = 1 / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + 0.5)
+    torch.testing.assert_close(terms, flat @ weight.T * inverse_rms, atol=1e-14, rtol=0)
+    read = torch.softmax(pre_bias + 0.3 * terms[:, :4], -1)
+    torch.testing.assert_close(hidden, (read[..., None] * streams).sum(1), atol=1e-14, rtol=0)
+
+
+def _model_pair(**overrides):
+    torch.manual_seed(0)
+    fused = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides, hc_implementation="fused"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # move every hyper-connection parameter off its near-identity start
+        for name, param in fused.named_parameters():
+            if "connection" in name or "stream_" in name:
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+    reference = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides, hc_implementation="reference"))
+    reference.load_state_dict(fused.state_dict())
+    return fused, reference
+
+
+def _loss_and_grads(model, ids, autocast=False):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+CASES = [
+    (chart, n, residual)
+    for chart, sizes in {
+        "rtbp": (1, 2, 4, 8),
+        "tbp": (2, 4, 8),
+        "sinkhorn": (2, 4),
+        "mhc_lite": (2, 4),
+        "kromhc": (2, 4, 8),
+    }.items()
+    for n in sizes
+    for residual in ("delta", "add")
+]
+
+
+@pytest.mark.parametrize(("chart", "n", "residual"), CASES)
+def test_fused_model_equals_reference(chart, n, residual):
+    """float64: equal to 1e-12 (same function). float32: logits to 1e-6; gradients, sums over every token,
+    to 1e-5 of their largest entry (float32 rounding: the float64 comparison shows there is no other gap)."""
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(2))
+    for dtype, logits_tol, grad_tol in ((torch.float64, 1e-12, 1e-12), (torch.float32, 1e-6, 1e-5)):
+        pair = _model_pair(hc_streams=n, hc_chart=chart, residual=residual)
+        fused, reference = (model.to(dtype) for model in pair)
+        logits_f, loss_f, grads_f = _loss_and_grads(fused, ids)
+        logits_r, loss_r, grads_r = _loss_and_grads(reference, ids)
+        torch.testing.assert_close(logits_f, logits_r, atol=logits_tol, rtol=0)
+        assert grads_f.keys() == grads_r.keys()
+        for name in grads_r:
+            scale = grads_r[name].abs().max().clamp_min(1.0)
+            torch.testing.assert_close(
+                grads_f[name] / scale, grads_r[name] / scale, atol=grad_tol, rtol=0, msg=f"{dtype} {name}"
+            )
+
+
+@pytest.mark.parametrize("residual", ["delta", "add"])
+@pytest.mark.parametrize("n", [1, 4])
+def test_fused_model_equals_reference_bf16_autocast(n, residual):
+    fused, reference = _model_pair(hc_streams=n, residual=residual)
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(3))
+    logits_f, loss_f, grads_f = _loss_and_grads(fused, ids, autocast=True)
+    logits_r, loss_r, grads_r = _loss_and_grads(reference, ids, autocast=True)
+    torch.testing.assert_close(logits_f, logits_r, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(loss_f, loss_r, atol=1e-2, rtol=1e-2)
+    for name in grads_r:
+        scale = grads_r[name].abs().max().clamp_min(1e-3)
+        torch.testing.assert_close(grads_f[name] / scale, grads_r[name] / scale, atol=5e-2, rtol=0, msg=name)
+
+
+def test_static_maps_and_peft_take_the_reference_path_with_equal_results():
+    """hc_dynamic=False has no per-token maps; a PEFT-wrapped maps_proj goes through its module."""
+    from peft import LoraConfig, get_peft_model
+
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(4))
+    fused, reference = _model_pair(hc_streams=4, hc_dynamic=False)
+    torch.testing.assert_close(fused(ids).logits, reference(ids).logits, atol=1e-6, rtol=0)
+    fused, reference = _model_pair(hc_streams=4)
+    lora = LoraConfig(r=2, target_modules=["maps_proj"], init_lora_weights=False)
+    fused, reference = get_peft_model(fused, lora), get_peft_model(reference, lora)
+    reference.load_state_dict(fused.state_dict())
+    torch.testing.assert_close(fused(ids).logits, reference(ids).logits, atol=1e-6, rtol=0)
+
+
+def test_invalid_implementation_is_refused():
+    with pytest.raises(ValueError, match="hc_implementation"):
+        DDLmHCConfig(**SMALL, hc_implementation="triton!")
