@@ -61,7 +61,8 @@ class StreamRead(torch.autograd.Function):
 
 
 class AddMixWrite(torch.autograd.Function):
-    """X' = H X + s u^T with one (n, n) matrix H per token: dH = G X^T, dX = H^T G, ds = G u, du = G^T s."""
+    """X' = H X + s u^T with one (n, n) matrix H per token (a static H enters expanded):
+    dH = G X^T, dX = H^T G, ds = G u, du = G^T s."""
 
     @staticmethod
     def forward(ctx, h_res, streams, amplitudes, direction):
@@ -95,15 +96,18 @@ class DeltaMixWrite(torch.autograd.Function):
         g_k = G k,  dv = beta g_k,  dbeta = g_k . (v - Y k),  dY = G - (beta g_k) k^T,
         dH = dY X^T,  dX = H^T dY,  dk = G^T s - X^T (H^T beta g_k).
 
-    Shapes: H (..., n, n), X (..., n, d), k (..., d), beta (..., 1), v (..., n); returns (X', s)."""
+    Shapes: H (..., n, n) or None (identity: DDL with n streams and no mixing, e.g. n = 1), X (..., n, d),
+    k (..., d), beta (..., 1) or (1,), v (..., n); returns (X', s)."""
 
     @staticmethod
     def forward(ctx, h_res, streams, direction, beta, value):
         dtype = streams.dtype
-        h_res, streams = h_res.to(dtype).contiguous(), streams.contiguous()
+        streams = streams.contiguous()
+        if h_res is not None:
+            h_res = h_res.to(dtype).contiguous()
         direction = direction.to(dtype)
         with torch.autocast(device_type=streams.device.type, enabled=False):
-            mixed = torch.matmul(h_res, streams)
+            mixed = streams.clone() if h_res is None else torch.matmul(h_res, streams)
             residual = upcast(value) - _stream_dot(mixed, direction)
             amplitudes = upcast(beta) * residual
             mixed.addcmul_(amplitudes.to(dtype).unsqueeze(-1), direction.unsqueeze(-2))
@@ -123,9 +127,12 @@ class DeltaMixWrite(torch.autograd.Function):
         grad_beta = (grad_k * residual).sum(-1, keepdim=True).sum_to_size(beta.shape).to(beta.dtype)
         erase = beta_grad_k.to(dtype).unsqueeze(-1)
         grad_mixed = torch.addcmul(grad, erase, direction.unsqueeze(-2), value=-1)
-        grad_h_res = torch.matmul(grad_mixed, streams.transpose(-1, -2))
-        grad_streams = torch.matmul(_contiguous_transpose(h_res), grad_mixed)
-        back_weights = (upcast(h_res) * beta_grad_k.unsqueeze(-1)).sum(-2)  # H^T (beta g_k)
+        if h_res is None:
+            grad_h_res, grad_streams, back_weights = None, grad_mixed, beta_grad_k
+        else:
+            grad_h_res = torch.matmul(grad_mixed, streams.transpose(-1, -2))
+            grad_streams = torch.matmul(_contiguous_transpose(h_res), grad_mixed)
+            back_weights = (upcast(h_res) * beta_grad_k.unsqueeze(-1)).sum(-2)  # H^T (beta g_k)
         grad_direction = weighted_stream_sum(amplitudes, grad) - weighted_stream_sum(back_weights, streams)
         return grad_h_res, grad_streams, grad_direction, grad_beta, grad_value
 

@@ -129,8 +129,10 @@ class HyperConnection(nn.Module):
         else:
             pre_logit, res_logit, write_logit = self._map_logits(streams)
             weights = torch.softmax(pre_logit, -1)
-            per_token = self.fused and weights.ndim > 1
-            hidden = StreamRead.apply(weights, streams) if per_token else read_streams(weights, streams)
+            if self.fused:
+                hidden = StreamRead.apply(weights.expand(*streams.shape[:-2], -1), streams)
+            else:
+                hidden = read_streams(weights, streams)
         chart = birkhoff(res_logit, self.num_streams, self.chart)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
         identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
@@ -141,24 +143,25 @@ class HyperConnection(nn.Module):
     ) -> tuple[torch.Tensor, StreamMixing]:
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
         h_res = maps.h_res
-        per_token = self.fused and h_res is not None and h_res.ndim > 2
+        batch = streams.shape[:-2]
+        if self.fused and h_res is not None:  # a static H_res enters the fused nodes expanded per token
+            h_res = h_res.expand(*batch, -1, -1)
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)
-            if per_token:
+            if self.fused:
                 updated, _ = DeltaMixWrite.apply(h_res, streams, direction, beta, value)
             else:
                 amplitudes = delta_amplitudes(h_res, streams, direction, beta, value)
                 updated = mix_and_write(h_res, streams, amplitudes, direction)
-            return updated, StreamMixing(h_res, beta, direction)
+            return updated, StreamMixing(maps.h_res, beta, direction)
         if self.write_bias is None:
             return streams + sublayer_output.unsqueeze(-2), StreamMixing(None, None, None)
         amplitudes = 2.0 * torch.sigmoid(maps.write_logit)
-        if per_token:
-            batch = streams.shape[:-2]
+        if self.fused:
             updated = AddMixWrite.apply(h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
         else:
             updated = mix_and_write(h_res, streams, amplitudes, sublayer_output)
-        return updated, StreamMixing(h_res, None, None)
+        return updated, StreamMixing(maps.h_res, None, None)
 
 
 class StreamExpansion(nn.Module):

@@ -36,6 +36,7 @@ def test_node_gradients_match_finite_differences():
     for beta in (_random(2, 3, 1, generator=generator, positive=True), _random(1, generator=generator)):
         delta = lambda *args: DeltaMixWrite.apply(*args)[0]
         assert torch.autograd.gradcheck(delta, (h_res, streams, direction, beta, value))
+        assert torch.autograd.gradcheck(delta, (None, streams, direction, beta, value))  # H_res = I
     assert torch.autograd.gradcheck(AddMixWrite.apply, (h_res, streams, amplitudes, direction))
     assert torch.autograd.gradcheck(StreamRead.apply, (weights, streams))
     weight = _random(14, 20, generator=generator)
