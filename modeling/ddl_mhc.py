@@ -129,6 +129,7 @@ class DDLmHCPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # static cache (with the EC conv state) + torch.compile / torch.export
     _can_record_outputs = {
         "hidden_states": DDLmHCDecoderLayer,
         "attentions": DDLmHCAttention,

@@ -156,3 +156,32 @@ def test_static_maps_and_peft_take_the_reference_path_with_equal_results():
 def test_invalid_implementation_is_refused():
     with pytest.raises(ValueError, match="hc_implementation"):
         DDLmHCConfig(**SMALL, hc_implementation="triton!")
+
+
+@pytest.mark.parametrize("expansion", ["repeat", "conv"])
+def test_compiled_static_cache_decode_equals_eager_dynamic_decode(expansion):
+    """generate(cache_implementation="static") with the forward compiled as one graph (Dynamo, fullgraph;
+    the eager backend keeps the test fast) gives the eager dynamic-cache tokens, token for token."""
+    from transformers import CompileConfig
+
+    torch.manual_seed(0)
+    config = DDLmHCConfig(**SMALL, hc_streams=4, stream_expansion=expansion, pad_token_id=0)
+    model = DDLmHCForCausalLM(config).eval()
+    prompt = torch.randint(1, SMALL["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(5))
+    eager = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    static = model.generate(prompt, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    torch._dynamo.reset()
+    compile_config = CompileConfig(backend="eager", fullgraph=True, dynamic=False)
+    compile_config._compile_all_devices = True  # transformers auto-compiles on accelerators only
+    options = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+    compiled = model.generate(prompt, compile_config=compile_config, **options)
+    assert torch.equal(static, eager) and torch.equal(compiled, eager)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # the decode really went through Dynamo
+
+
+def test_torch_export_matches_eager():
+    torch.manual_seed(0)
+    model = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, hc_streams=4)).eval()
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(6))
+    exported = torch.export.export(model, args=(), kwargs={"input_ids": ids, "use_cache": False})
+    torch.testing.assert_close(exported.module()(input_ids=ids, use_cache=False).logits, model(ids).logits)
