@@ -1,24 +1,24 @@
-"""Benchmark DDL-mHC against transformers' LlamaForCausalLM (issue 3, DESIGN §2), all in one process.
+"""Benchmark DDL-mHC against transformers' LlamaForCausalLM of the same shape, all in one process.
 
-Same shape for every model: nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64, batch 12,
-character-level tiny-shakespeare, SwiGLU width 344), the same batches, AdamW lr 1e-3 with warm-up and
-cosine decay (`train_causal_lm.py`'s loop). Models: Llama, then geoformers with (n=1, add) = the Llama
-ablation, (n=1, delta) = DDL with d_v = 1, (n=4, add, sinkhorn) = mHC, (n=4, add, rtbp), (n=4, delta, rtbp).
+Every model of a run sees the same batches of character-level tiny-shakespeare, AdamW lr 1e-3 with warm-up
+and cosine decay (`train_causal_lm.py`'s loop). Training runs round robin (one step of every model in turn)
+and so do the decode repetitions, so a noisy, shared machine slows all models alike; times are medians.
+The default shape is nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64, batch 12).
 
-Training runs round robin (one step of every model in turn), and so do the generation repetitions, so a
-noisy, shared machine slows all models alike. For each model: training tokens/s (median step time over
-the run, and its ratio to Llama), generation tokens/s with the KV cache (greedy, batch 1, median of
-`--gen_reps`), peak training memory (CUDA: peak allocated; CPU: parameters + gradients + AdamW state +
-the activations autograd saves for one step, counted once per storage), parameter count, and validation
-loss after `--steps` steps (nanoGPT: 2,000). `--compile` trains every model, Llama included, through
-`torch.compile` (generation stays eager). Prints a markdown table and writes benchmarks/causal_lm.json.
+    python scripts/bench_causal_lm.py --steps 200            # the variant table -> benchmarks/causal_lm.json
+    python scripts/bench_causal_lm.py --profile              # where an n=4 step's time goes, widths 128 / 512
+    python scripts/bench_causal_lm.py --sweep                # widths 128/256/512, n=1/4 and the peer mHC
+    python scripts/bench_causal_lm.py --sweep --compile      # the same through torch.compile (+ static cache)
+    python scripts/bench_causal_lm.py --equal_time --seeds 0 1 2   # the wall time of Llama's 2,000 steps
+    python scripts/bench_causal_lm.py --device cuda --bf16 --sweep --widths 768 --layers 12   # GPU
 
-    python scripts/bench_causal_lm.py                  # 2,000 steps per model (about an hour on a CPU)
-    python scripts/bench_causal_lm.py --steps 50       # quick check that everything runs
-    python scripts/bench_causal_lm.py --steps 200 --compile  # every model through torch.compile
+Modes write benchmarks/causal_lm{,_profile,_sweep,_equal_time}.json (`--output` overrides). Peak memory:
+CUDA's peak allocated; on CPU parameters + gradients + AdamW state + the tensors autograd saves for one
+step (counted once per storage).
 """
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from profile_causal_lm import markdown_profile, profile_training_step  # noqa: E402
 from train_causal_lm import (  # noqa: E402
     SMALL_CPU_SHAPE,
     add_training_arguments,
@@ -43,35 +44,65 @@ from train_causal_lm import (  # noqa: E402
 import geoformers  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LLAMA = "llama (transformers)"
+PEER = "peer mHC n=4 (hyper-connections)"
 VARIANTS = {
-    "llama (transformers)": None,
+    LLAMA: None,
     "ddl-mhc n=1 add": {"hc_streams": 1, "residual": "add"},
     "ddl-mhc n=1 delta": {"hc_streams": 1, "residual": "delta"},
     "ddl-mhc n=4 add sinkhorn": {"hc_streams": 4, "residual": "add", "hc_chart": "sinkhorn"},
     "ddl-mhc n=4 add rtbp": {"hc_streams": 4, "residual": "add", "hc_chart": "rtbp"},
     "ddl-mhc n=4 delta rtbp": {"hc_streams": 4, "residual": "delta", "hc_chart": "rtbp"},
 }
-# Issue 3's targets for the n = 4 delta model: >= 0.8x Llama's training throughput, lower validation loss.
-TARGET_THROUGHPUT_RATIO = 0.8
+SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp", PEER)
+EQUAL_TIME_VARIANTS = (LLAMA, "llama param-matched", "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp")
+# Targets for the n = 4 delta model (default chart): training throughput relative to Llama of the same shape.
+TARGETS = {
+    "train eager, width 128": 0.7,
+    "train compiled, width 128": 0.8,
+    "train compiled, width 512": 0.9,
+    "decode eager": 0.5,
+    "decode static cache + compile": 0.7,
+}
 
 
-def build_model(variant: dict | None, tokenizer, max_positions: int):
-    shape = dict(
-        SMALL_CPU_SHAPE,
+def shape_for(width: int, layers: int) -> dict:
+    """SMALL_CPU_SHAPE's proportions (SwiGLU width 2.6875 x hidden, 4 heads) at another width / depth."""
+    return dict(
+        SMALL_CPU_SHAPE, hidden_size=width, intermediate_size=int(2.6875 * width), num_hidden_layers=layers
+    )
+
+
+def build_model(name: str, tokenizer, max_positions: int, shape: dict, intermediate_size: int | None = None):
+    fields = dict(
+        shape,
         vocab_size=len(tokenizer),
         max_position_embeddings=max_positions,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    if variant is None:
-        return LlamaForCausalLM(LlamaConfig(**shape))
-    return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**shape, **variant))
+    if intermediate_size is not None:
+        fields["intermediate_size"] = intermediate_size
+    if name == PEER:
+        from peer_mhc import build_peer_mhc_llama
+
+        return build_peer_mhc_llama(LlamaConfig(**fields), num_streams=4)
+    if VARIANTS.get(name) is None:
+        return LlamaForCausalLM(LlamaConfig(**fields))
+    return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**fields, **VARIANTS[name]))
+
+
+def parameter_matched_intermediate(tokenizer, max_positions: int, shape: dict, target: int) -> int:
+    """The Llama `intermediate_size` whose parameter count is closest to `target` (it is linear in it)."""
+    sizes = [shape["intermediate_size"], shape["intermediate_size"] + 64]
+    counts = [build_model(LLAMA, tokenizer, max_positions, shape, size).num_parameters() for size in sizes]
+    per_unit = (counts[1] - counts[0]) / (sizes[1] - sizes[0])
+    return max(1, round(sizes[0] + (target - counts[0]) / per_unit))
 
 
 def training_memory_bytes(model, batch: torch.Tensor, device: torch.device) -> int:
-    """Peak training memory of one step: measured on CUDA; on CPU, parameters + gradients + two AdamW
-    moments + the tensors autograd saves for backward (counted once per storage)."""
+    """Peak training memory of one step (see the module docstring)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -97,9 +128,17 @@ def training_memory_bytes(model, batch: torch.Tensor, device: torch.device) -> i
 
 
 @torch.no_grad()
-def generation_seconds(model, tokenizer, new_tokens: int, device) -> float:
-    """Wall seconds to generate `new_tokens` greedy tokens after one BOS token, with the KV cache."""
+def generation_seconds(model, tokenizer, new_tokens: int, device, static: bool, compiled: bool) -> float:
+    """Wall seconds for `new_tokens` greedy tokens after one BOS token with the KV cache (`static`:
+    transformers' StaticCache; `compiled`: its forward through torch.compile, fullgraph)."""
     prompt = torch.tensor([[tokenizer.bos_token_id]], device=device)
+    options = {}
+    if static:
+        options["cache_implementation"] = "static"
+    if compiled:
+        config = CompileConfig(fullgraph=True, dynamic=False)
+        config._compile_all_devices = True  # transformers auto-compiles on accelerators only
+        options["compile_config"] = config
     start = time.perf_counter()
     model.generate(
         prompt,
@@ -108,109 +147,310 @@ def generation_seconds(model, tokenizer, new_tokens: int, device) -> float:
         do_sample=False,
         use_cache=True,
         pad_token_id=tokenizer.pad_token_id,
+        **options,
     )
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
+def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int) -> dict:
+    """Round robin until every model has done its `steps[name]`: each model's step times and losses."""
+    seconds = {name: [] for name in models}
+    losses = {name: [] for name in models}
+    for step in range(max(steps.values())):
+        for name in models:
+            if step < steps[name]:
+                loss, wall = trainers[name]()
+                seconds[name].append(wall)
+                losses[name].append(loss)
+        if (step + 1) % log_every == 0:
+            print(f"step {step + 1}/{max(steps.values())}", flush=True)
+    return {"seconds": seconds, "losses": losses}
+
+
+def measure(
+    names, tokenizer, train_ids, val_ids, args, device, shape: dict, decode: bool = True
+) -> list[dict]:
+    """Train `names` round robin for args.steps at `shape`, then decode round robin; one row per model."""
+    generator = torch.Generator().manual_seed(0)
+    probe = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
+    max_positions = max(args.block_size, args.gen_tokens + 1)  # RoPE: no weights depend on it
+    models, trainers, memory = {}, {}, {}
+    for name in names:
+        torch.manual_seed(args.seed)
+        models[name] = build_model(name, tokenizer, max_positions, shape).to(device)
+        memory[name] = training_memory_bytes(models[name], probe, device)
+        trainers[name] = make_trainer(models[name], train_ids, args, device)
+    run = train_round_robin(models, trainers, dict.fromkeys(names, args.steps), max(1, args.steps // 5))
+    generation = {name: [] for name in names}
+    for model in models.values():
+        model.eval()
+    can_decode = [name for name in names if decode and hasattr(models[name], "generate")]
+    for _ in range(args.gen_reps):
+        for name in can_decode:
+            seconds = generation_seconds(
+                models[name], tokenizer, args.gen_tokens, device, static=args.compile, compiled=args.compile
+            )
+            generation[name].append(seconds)
+    rows = []
+    tokens_per_step = args.batch_size * args.block_size
+    timed = run["seconds"]
+    for name, model in models.items():
+        steady = timed[name][1:] if args.compile else timed[name]  # the first compiled step compiles
+        row = {
+            "model": name,
+            "config": VARIANTS.get(name),
+            "hidden_size": shape["hidden_size"],
+            "num_hidden_layers": shape["num_hidden_layers"],
+            "parameters": model.num_parameters(),
+            "train_tokens_per_second": tokens_per_step / statistics.median(steady),
+            "generation_tokens_per_second": (
+                args.gen_tokens / statistics.median(generation[name]) if generation[name] else None
+            ),
+            "peak_memory_bytes": memory[name],
+            "val_loss": estimate_loss(
+                model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device
+            ),
+            "train_seconds": sum(timed[name]),
+            "first_step_seconds": timed[name][0],
+        }
+        rows.append(row)
+        print(
+            f"{name} (width {shape['hidden_size']}): val loss {row['val_loss']:.4f}, "
+            f"{row['train_tokens_per_second']:,.0f} tok/s",
+            flush=True,
+        )
+    llama = next(row for row in rows if row["model"] == LLAMA)
+    for row in rows:
+        row["train_throughput_ratio"] = row["train_tokens_per_second"] / llama["train_tokens_per_second"]
+        gen, base = row["generation_tokens_per_second"], llama["generation_tokens_per_second"]
+        row["generation_ratio"] = gen / base if gen and base else None
+        row["memory_ratio"] = row["peak_memory_bytes"] / llama["peak_memory_bytes"]
+    return rows
+
+
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| model | params | train tok/s | ratio to Llama | gen tok/s (cache) | peak mem (MiB) | val loss |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | width | params | train tok/s | train vs Llama | decode tok/s | decode vs Llama "
+        "| peak mem (MiB) | val loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        gen = row["generation_tokens_per_second"]
+        gen_text = f"{gen:,.0f} | {row['generation_ratio']:.2f}" if gen else "- | -"
         lines.append(
-            f"| {row['model']} | {row['parameters']:,} | {row['train_tokens_per_second']:,.0f} | "
-            f"{row['train_throughput_ratio']:.2f} | {row['generation_tokens_per_second']:,.0f} | "
+            f"| {row['model']} | {row['hidden_size']} | {row['parameters']:,} | "
+            f"{row['train_tokens_per_second']:,.0f} | {row['train_throughput_ratio']:.2f} | {gen_text} | "
             f"{row['peak_memory_bytes'] / 2**20:.1f} | {row['val_loss']:.4f} |"
         )
     return "\n".join(lines)
 
 
+def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
+    """Every model trains for the wall-clock time of Llama's `args.steps` steps. Each model's step count (and
+    so its cosine schedule) comes from its step time relative to Llama's in an interleaved calibration of
+    `args.calibration_steps`; all models then train round robin. Llama is also run parameter-matched
+    (`intermediate_size` raised until its parameters match the n=4 delta model's within 2 %)."""
+    shape = dict(SMALL_CPU_SHAPE)
+    max_positions = args.block_size
+    ddl = build_model("ddl-mhc n=4 delta rtbp", tokenizer, max_positions, shape)
+    matched = parameter_matched_intermediate(tokenizer, max_positions, shape, ddl.num_parameters())
+    builders = {name: (name, None) for name in EQUAL_TIME_VARIANTS}
+    builders["llama param-matched"] = (LLAMA, matched)
+    per_seed = []
+    for seed in args.seeds:
+        seed_args = copy.copy(args)
+        seed_args.seed = seed
+        models = {}
+        for name, (base, intermediate) in builders.items():
+            torch.manual_seed(seed)
+            models[name] = build_model(base, tokenizer, max_positions, shape, intermediate).to(device)
+        calibration = copy.copy(seed_args)
+        calibration.steps = args.calibration_steps
+        probes = {
+            name: make_trainer(copy.deepcopy(model), train_ids, calibration, device)
+            for name, model in models.items()
+        }
+        timing = train_round_robin(models, probes, dict.fromkeys(models, args.calibration_steps), 10**9)
+        step_time = {name: statistics.median(times[2:]) for name, times in timing["seconds"].items()}
+        steps = {name: max(1, round(args.steps * step_time[LLAMA] / step_time[name])) for name in models}
+        trainers = {}
+        for name, model in models.items():
+            model_args = copy.copy(seed_args)
+            model_args.steps = steps[name]
+            model_args.warmup_steps = round(args.warmup_steps * steps[name] / args.steps)
+            trainers[name] = make_trainer(model, train_ids, model_args, device)
+        run = train_round_robin(models, trainers, steps, max(1, args.steps // 4))
+        results = {}
+        for name, model in models.items():
+            loss = estimate_loss(
+                model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device
+            )
+            results[name] = {
+                "steps": steps[name],
+                "parameters": model.num_parameters(),
+                "train_seconds": sum(run["seconds"][name]),
+                "val_loss": loss,
+            }
+            print(
+                f"seed {seed} {name}: {steps[name]} steps in {results[name]['train_seconds']:.0f} s, "
+                f"val loss {loss:.4f}",
+                flush=True,
+            )
+        per_seed.append({"seed": seed, "results": results})
+    return {
+        "per_seed": per_seed,
+        "parameter_matched_intermediate_size": matched,
+        **summarize_equal_time(per_seed),
+    }
+
+
+def summarize_equal_time(per_seed: list[dict]) -> dict:
+    """Mean ± std over seeds per model, the table and the verdict: does n=4 delta beat the better Llama by
+    more than the largest seed spread?"""
+    summary = {}
+    for name in per_seed[0]["results"]:
+        losses = [entry["results"][name]["val_loss"] for entry in per_seed]
+        summary[name] = {
+            "val_loss_mean": statistics.mean(losses),
+            "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+            "steps_mean": statistics.mean(entry["results"][name]["steps"] for entry in per_seed),
+            "train_seconds_mean": statistics.mean(
+                entry["results"][name]["train_seconds"] for entry in per_seed
+            ),
+            "parameters": per_seed[0]["results"][name]["parameters"],
+        }
+    lines = [
+        "| model | params | steps in Llama's time | train s | val loss (mean ± std) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, entry in summary.items():
+        lines.append(
+            f"| {name} | {entry['parameters']:,} | {entry['steps_mean']:.0f} | "
+            f"{entry['train_seconds_mean']:.0f} | "
+            f"{entry['val_loss_mean']:.4f} ± {entry['val_loss_std']:.4f} |"
+        )
+    best_llama = min(summary[LLAMA]["val_loss_mean"], summary["llama param-matched"]["val_loss_mean"])
+    ddl_entry = summary["ddl-mhc n=4 delta rtbp"]
+    spread = max(entry["val_loss_std"] for entry in summary.values())
+    verdict = (
+        "beats" if best_llama - ddl_entry["val_loss_mean"] > spread else "does not beat"
+    ) + " the better Llama at equal time by more than the largest seed spread"
+    return {
+        "summary": summary,
+        "verdict": f"ddl-mhc n=4 delta rtbp {verdict} ({spread:.4f})",
+        "markdown": "\n".join(lines),
+    }
+
+
+def run_profile(args, device) -> dict:
+    """Mechanism profile of one n=4 delta training step at widths 128 and 512 (reference and fused paths),
+    with Llama of the same shape for scale."""
+    profiles, tables = {}, {}
+    for width in args.profile_widths:
+        shape = shape_for(width, SMALL_CPU_SHAPE["num_hidden_layers"])
+        fields = dict(shape, vocab_size=65)
+        batch = torch.randint(
+            0, 65, (args.batch_size, args.block_size), generator=torch.Generator().manual_seed(0)
+        )
+        batch = batch.to(device)
+        entries = {}
+        torch.manual_seed(args.seed)
+        entries["llama"] = profile_training_step(LlamaForCausalLM(LlamaConfig(**fields)).to(device), batch)
+        for implementation in ("reference", "fused"):
+            torch.manual_seed(args.seed)
+            config = geoformers.DDLmHCConfig(
+                **fields, hc_streams=4, residual="delta", hc_implementation=implementation
+            )
+            entries[f"n=4 delta rtbp, {implementation}"] = profile_training_step(
+                geoformers.DDLmHCForCausalLM(config).to(device), batch
+            )
+        profiles[width] = entries
+        tables[width] = markdown_profile(entries)
+        print(
+            f"\nwidth {width}, batch {args.batch_size} x block {args.block_size}\n{tables[width]}", flush=True
+        )
+    return {"profiles": profiles, "markdown": tables}
+
+
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_training_arguments(parser, steps=2000)
     parser.add_argument("--gen_tokens", type=int, default=200)
     parser.add_argument("--gen_reps", type=int, default=3)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--output", default=str(REPO_ROOT / "benchmarks" / "causal_lm.json"))
+    parser.add_argument("--profile", action="store_true", help="mechanism profile of one n=4 step")
+    parser.add_argument("--profile_widths", type=int, nargs="*", default=[128, 512])
+    parser.add_argument("--sweep", action="store_true", help="widths x (Llama, n=1, n=4, peer mHC)")
+    parser.add_argument("--widths", type=int, nargs="*", default=[128, 256, 512])
+    parser.add_argument("--layers", type=int, default=SMALL_CPU_SHAPE["num_hidden_layers"])
+    parser.add_argument("--no_peer", action="store_true", help="leave the hyper-connections peer row out")
+    parser.add_argument("--equal_time", action="store_true", help="equal wall-clock budget, several seeds")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--calibration_steps", type=int, default=30)
+    parser.add_argument(
+        "--merge", nargs="*", default=None, help="--equal_time: combine the JSON of seed runs"
+    )
+    parser.add_argument("--output", default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    tokenizer, train_ids, val_ids = load_corpus(args.data)
-    generator = torch.Generator().manual_seed(0)
-    probe = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
+    mode = "profile" if args.profile else "sweep" if args.sweep else "equal_time" if args.equal_time else None
+    suffix = f"_{mode}" if mode else ""
+    suffix += "_compiled" if args.compile and mode != "equal_time" else ""
+    suffix += f"_{device.type}" if device.type != "cpu" else ""
+    output = Path(args.output or REPO_ROOT / "benchmarks" / f"causal_lm{suffix}.json")
 
-    # Round robin: one step of every model in turn, so a noisy, shared machine slows them alike.
-    models, trainers, seconds, memory = {}, {}, {}, {}
-    for name in args.variants:
-        torch.manual_seed(args.seed)
-        max_positions = max(args.block_size, args.gen_tokens + 1)  # RoPE: no weights depend on it
-        models[name] = build_model(VARIANTS[name], tokenizer, max_positions).to(device)
-        memory[name] = training_memory_bytes(models[name], probe, device)
-        trainers[name] = make_trainer(models[name], train_ids, args, device)
-        seconds[name] = []
-    for step in range(args.steps):
-        for name in args.variants:
-            seconds[name].append(trainers[name]()[1])
-        if (step + 1) % max(1, args.steps // 10) == 0:
-            print(f"step {step + 1}/{args.steps}", flush=True)
-
-    generation = {name: [] for name in args.variants}
-    for model in models.values():
-        model.eval()
-    for _ in range(args.gen_reps):
-        for name, model in models.items():
-            generation[name].append(generation_seconds(model, tokenizer, args.gen_tokens, device))
-
-    rows = []
-    tokens_per_step = args.batch_size * args.block_size
-    for name, model in models.items():
-        val_loss = estimate_loss(
-            model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device
-        )
-        row = {
-            "model": name,
-            "config": VARIANTS[name],
-            "parameters": model.num_parameters(),
-            "train_tokens_per_second": tokens_per_step / statistics.median(seconds[name]),
-            "generation_tokens_per_second": args.gen_tokens / statistics.median(generation[name]),
-            "peak_memory_bytes": memory[name],
-            "val_loss": val_loss,
-            "train_seconds": sum(seconds[name]),
-            "first_step_seconds": seconds[name][0],  # with --compile: the compilation
-        }
-        rows.append(row)
-        print(f"{name}: val loss {val_loss:.4f}, {row['train_tokens_per_second']:,.0f} tok/s", flush=True)
-
-    llama = next((row for row in rows if VARIANTS[row["model"]] is None), rows[0])
-    for row in rows:
-        row["train_throughput_ratio"] = row["train_tokens_per_second"] / llama["train_tokens_per_second"]
-    table = markdown_table(rows)
-    print()
-    print(f"{args.steps} steps, batch {args.batch_size} x block {args.block_size}, device {device}")
-    print(table)
-
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    settings = {key: value for key, value in vars(args).items() if key not in ("output", "variants")}
     report = {
         "command": "python scripts/bench_causal_lm.py " + " ".join(sys.argv[1:]),
-        "settings": settings,
-        "shape": SMALL_CPU_SHAPE,
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": {key: value for key, value in vars(args).items() if key != "output"},
         "machine": {
             "platform": platform.platform(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         },
-        "target_throughput_ratio": TARGET_THROUGHPUT_RATIO,
-        "results": rows,
-        "markdown": table,
+        "targets": TARGETS,
     }
-    output.write_text(json.dumps(report, indent=2) + "\n")
+    if args.profile:
+        report.update(run_profile(args, device))
+    else:
+        tokenizer, train_ids, val_ids = load_corpus(args.data)
+        if args.equal_time and args.merge:
+            runs = [json.loads(Path(path).read_text()) for path in args.merge]
+            per_seed = [entry for run in runs for entry in run["per_seed"]]
+            report.update(per_seed=per_seed, merged=args.merge, **summarize_equal_time(per_seed))
+            report["parameter_matched_intermediate_size"] = runs[0]["parameter_matched_intermediate_size"]
+            print(f"\n{report['markdown']}\n{report['verdict']}")
+        elif args.equal_time:
+            report.update(run_equal_time(tokenizer, train_ids, val_ids, args, device))
+            print(f"\n{report['markdown']}\n{report['verdict']}")
+        else:
+            rows = []
+            if args.sweep:
+                names = [name for name in SWEEP_VARIANTS if not (args.no_peer and name == PEER)]
+                for width in args.widths:
+                    rows += measure(
+                        names, tokenizer, train_ids, val_ids, args, device, shape_for(width, args.layers)
+                    )
+            else:
+                rows = measure(
+                    args.variants, tokenizer, train_ids, val_ids, args, device, dict(SMALL_CPU_SHAPE)
+                )
+            report["results"] = rows
+            report["markdown"] = markdown_table(rows)
+            print(
+                f"\n{args.steps} steps, batch {args.batch_size} x block {args.block_size}, device {device}, "
+                f"{'compiled (train) + static cache compiled (decode)' if args.compile else 'eager'}"
+            )
+            print(report["markdown"])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(f"wrote {output}")
 
 

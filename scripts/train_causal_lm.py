@@ -100,18 +100,21 @@ def make_optimizer(model, lr, weight_decay, beta2, warmup_steps, steps, min_lr_r
 def make_trainer(model, train_ids, args, device):
     """A `step()` closure: one optimisation step on the next batch, returning (loss, wall seconds). The
     batches come from a generator seeded with `args.seed`, so every model sees the same batches. With
-    `args.compile` the forward runs through `torch.compile` (the first step pays the compilation)."""
+    `args.compile` the forward runs through `torch.compile` (the first step pays the compilation); with
+    `args.bf16` under bfloat16 autocast."""
     optimizer, schedule = make_optimizer(
         model, args.lr, args.weight_decay, args.beta2, args.warmup_steps, args.steps, args.min_lr_ratio
     )
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
     forward = torch.compile(model) if args.compile else model
+    bf16 = getattr(args, "bf16", False)
 
     def step() -> tuple[float, float]:
         batch = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
         start = time.perf_counter()
-        loss = forward(input_ids=batch, labels=batch).loss
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = forward(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
@@ -143,6 +146,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, steps: int) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--compile", action="store_true", help="train through torch.compile (inductor)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU runs)")
 
 
 # ----------------------------------------------------------------------------------------------
