@@ -41,14 +41,18 @@ def time_forward_backward(logits: torch.Tensor, upstream: torch.Tensor, n: int, 
     start = time.perf_counter()
     matrices = birkhoff(logits, n, method)
     (matrices * upstream).sum().backward()
+    if logits.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def bench_size(n: int, batch: int, reps: int, logit_std: float, generator: torch.Generator) -> list[dict]:
+def bench_size(
+    n: int, batch: int, reps: int, logit_std: float, generator: torch.Generator, device: str = "cpu"
+) -> list[dict]:
     methods = methods_for(n)
-    upstream = torch.randn(batch, n, n, generator=generator)
+    upstream = torch.randn(batch, n, n, generator=generator).to(device)
     inputs = {
-        m: (torch.randn(batch, num_logits(m, n), generator=generator) * logit_std).requires_grad_()
+        m: (torch.randn(batch, num_logits(m, n), generator=generator) * logit_std).to(device).requires_grad_()
         for m in methods
     }
     violation = {m: float(ds_violation(birkhoff(inputs[m].detach(), n, m)).max()) for m in methods}
@@ -110,6 +114,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--logit-std", type=float, default=1.0, help="logits ~ N(0, std^2)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors take the Triton charts)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / "birkhoff.json")
     args = parser.parse_args()
@@ -119,9 +124,9 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(args.seed)
-    results = [
-        row for n in args.sizes for row in bench_size(n, args.batch, args.reps, args.logit_std, generator)
-    ]
+    results = []
+    for n in args.sizes:
+        results += bench_size(n, args.batch, args.reps, args.logit_std, generator, args.device)
     print(markdown_table(results))
     print()
     print(target_summary(results))

@@ -53,8 +53,16 @@ VARIANTS = {
     "ddl-mhc n=4 add sinkhorn": {"hc_streams": 4, "residual": "add", "hc_chart": "sinkhorn"},
     "ddl-mhc n=4 add rtbp": {"hc_streams": 4, "residual": "add", "hc_chart": "rtbp"},
     "ddl-mhc n=4 delta rtbp": {"hc_streams": 4, "residual": "delta", "hc_chart": "rtbp"},
+    "ddl-mhc n=4 delta rtbp reference": {
+        "hc_streams": 4,
+        "residual": "delta",
+        "hc_chart": "rtbp",
+        "hc_implementation": "reference",
+    },
 }
 SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp", PEER)
+# On CUDA the fused path runs the Triton kernels; the reference row is the same model in plain PyTorch.
+GPU_SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=4 delta rtbp", "ddl-mhc n=4 delta rtbp reference", PEER)
 EQUAL_TIME_VARIANTS = (LLAMA, "llama param-matched", "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp")
 # Targets for the n = 4 delta model (default chart): training throughput relative to Llama of the same shape.
 TARGETS = {
@@ -433,7 +441,8 @@ def main() -> None:
         else:
             rows = []
             if args.sweep:
-                names = [name for name in SWEEP_VARIANTS if not (args.no_peer and name == PEER)]
+                variants = GPU_SWEEP_VARIANTS if device.type == "cuda" else SWEEP_VARIANTS
+                names = [name for name in variants if not (args.no_peer and name == PEER)]
                 for width in args.widths:
                     rows += measure(
                         names, tokenizer, train_ids, val_ids, args, device, shape_for(width, args.layers)
