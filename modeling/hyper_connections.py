@@ -133,10 +133,28 @@ class HyperConnection(nn.Module):
                 hidden = StreamRead.apply(weights.expand(*streams.shape[:-2], -1), streams)
             else:
                 hidden = read_streams(weights, streams)
+        if self.maps_proj is None:
+            return hidden, StreamMaps(self._static_h_res(res_logit), write_logit)
+        return hidden, StreamMaps(self._h_res(res_logit), write_logit)
+
+    def _h_res(self, res_logit: torch.Tensor) -> torch.Tensor:
+        """H_res = (1 - a) I + a chart(t_res), a = sigmoid(res_mix_logit)."""
         chart = birkhoff(res_logit, self.num_streams, self.chart)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
         identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
-        return hidden, StreamMaps((1.0 - mix) * identity + mix * chart, write_logit)
+        return (1.0 - mix) * identity + mix * chart
+
+    def _static_h_res(self, res_logit: torch.Tensor) -> torch.Tensor:
+        """The static H_res (`hc_dynamic=False`) does not depend on the token: without autograd (decoding,
+        evaluation) it is computed once and reused until its parameters change (their in-place version
+        counters and storages are the key), instead of once per forward."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self._h_res(res_logit)
+        parameters = (self.res_bias, self.res_mix_logit)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
+        if getattr(self, "_static_cache", (None, None))[0] != key:
+            self._static_cache = (key, self._h_res(res_logit))
+        return self._static_cache[1]
 
     def forward(
         self, streams: torch.Tensor, sublayer_output: torch.Tensor, maps: StreamMaps
