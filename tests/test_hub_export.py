@@ -1,5 +1,7 @@
-"""Hub export: flat code files that load with `trust_remote_code=True` where `import geoformers` fails."""
+"""Hub export: flat code files that load with `trust_remote_code=True` where `import geoformers` fails,
+written by `export_for_hub` and by the stock `save_pretrained` / `push_to_hub`; cards made from the model."""
 
+import ast
 import base64
 import json
 import os
@@ -12,10 +14,12 @@ import httpx2
 import pytest
 import torch
 from huggingface_hub.utils import _http as hf_http
+from transformers import AutoModelForSequenceClassification
 
-import geoformers  # noqa: F401  (registers the Auto classes)
+import geoformers  # registers the Auto classes
 from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification, DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.hub_export import MODEL_CARDS, export_for_hub, flatten_module, push_to_hub
+from geoformers.modeling.hub_code import flatten_module
+from geoformers.modeling.hub_export import export_for_hub, push_to_hub
 from geoformers.tokenization import build_char_tokenizer
 
 # Runs in a fresh interpreter with every `geoformers` import refused, so only the exported files can work.
@@ -40,16 +44,24 @@ BLOCKED_LOADER = textwrap.dedent(
         result = {"logits": model(input_ids=ids).logits.tolist(), "class": type(model).__module__}
     if hasattr(model, "generate"):
         result["generated"] = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
+    if len(sys.argv) > 4:  # save the remote-code copy again (transformers' custom_object_save) and reload
+        model.save_pretrained(sys.argv[4])
+        again = getattr(transformers, auto_class).from_pretrained(sys.argv[4], trust_remote_code=True).eval()
+        with torch.no_grad():
+            result["resaved_logits"] = again(input_ids=ids).logits.tolist()
     print(json.dumps(result))
     """
 )
 
 
-def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tensor, tmp_path: Path) -> dict:
+def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tensor, tmp_path: Path,
+                            resave_to: Path | None = None) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    arguments = [str(folder), auto_class, json.dumps(input_ids.tolist())]
+    arguments += [str(resave_to)] if resave_to else []
     completed = subprocess.run(
-        [sys.executable, "-c", BLOCKED_LOADER, str(folder), auto_class, json.dumps(input_ids.tolist())],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        [sys.executable, "-c", BLOCKED_LOADER, *arguments],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -75,7 +87,12 @@ def test_flat_files_hold_no_package_import():
         "geoformers.modeling.ddcl_incrt", {"geoformers.configuration.ddcl_incrt": ".configuration_ddcl_incrt"}
     )
     compile(source, "modeling_ddcl_incrt.py", "exec")
-    assert "geoformers" not in "".join(line for line in source.splitlines() if "import" in line)
+    imports = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import | ast.ImportFrom)]
+    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in imports for alias in node.names]
+    assert not [name for name in imported if name and name.startswith("geoformers")]
+    relative = {node.module for node in imports if isinstance(node, ast.ImportFrom) and node.level}
+    assert relative == {"configuration_ddcl_incrt"}
     assert "from .configuration_ddcl_incrt import DDCLIncrtConfig" in source
     assert "class GrowableAttention" in source and "class PrototypeBank" in source
 
@@ -90,7 +107,7 @@ def test_grown_ddcl_incrt_loads_anywhere_with_identical_logits(tmp_path):
         "AutoModel": "modeling_ddcl_incrt.DDCLIncrtModel",
         "AutoModelForSequenceClassification": "modeling_ddcl_incrt.DDCLIncrtForSequenceClassification",
     }
-    assert getattr(model.config, "auto_map", None) is None  # the live model's config is left as it was
+    assert model.config.auto_map == config["auto_map"]  # as transformers' custom_object_save sets it
     input_ids = torch.randint(5, 50, (2, 9))
     with torch.no_grad():
         expected = model(input_ids=input_ids).logits
@@ -154,11 +171,12 @@ def test_push_to_hub_uploads_code_weights_tokenizer_and_card(fake_hub):
     push_to_hub(grown_incrt_model(), "user/ddcl-incrt-tiny", tokenizer, token="hf_fake")
     assert fake_hub.created == ["ddcl-incrt-tiny"]
     expected = {"config.json", "model.safetensors", "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py",
-                "tokenizer.json", "tokenizer_config.json"}
+                "tokenizer.json", "tokenizer_config.json", "README.md"}
     assert expected <= set(fake_hub.files)
     assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoConfig"].startswith("configuration_")
-    if (MODEL_CARDS / "ddcl_incrt.md").is_file():
-        assert fake_hub.files["README.md"] == (MODEL_CARDS / "ddcl_incrt.md").read_bytes()
+    card = fake_hub.files["README.md"].decode()
+    assert "| `num_heads` (attention heads per layer) | [2, 3] |" in card
+    assert "No evaluation results were recorded" in card
 
 
 def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
@@ -183,3 +201,155 @@ def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
     loaded = load_without_geoformers(folder, "AutoModelForCausalLM", input_ids, tmp_path)
     torch.testing.assert_close(torch.tensor(loaded["logits"]), expected_logits, atol=1e-5, rtol=0)
     assert loaded["generated"] == expected_tokens.tolist()
+
+
+def tiny_ddl_mhc() -> DDLmHCForCausalLM:
+    torch.manual_seed(0)
+    config = DDLmHCConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, hc_streams=4, hc_chart="tbp", residual="delta",
+    )
+    model = DDLmHCForCausalLM(config).eval()
+    for parameter in model.parameters():
+        parameter.data.add_(0.05 * torch.randn_like(parameter))
+    return model
+
+
+def test_export_for_hub_is_importable_from_the_package():
+    assert geoformers.export_for_hub is export_for_hub
+
+
+def test_stock_save_pretrained_writes_remote_code_that_loads_and_resaves_anywhere(tmp_path):
+    model = grown_incrt_model()
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    saved = {p.name for p in folder.iterdir()}
+    assert {"configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py", "config.json"} <= saved
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map["AutoModelForSequenceClassification"] == (
+        "modeling_ddcl_incrt.DDCLIncrtForSequenceClassification"
+    )
+    # with geoformers imported the local classes win, with no remote-code question asked
+    local = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert type(local) is DDCLIncrtForSequenceClassification and local.config.num_heads == [2, 3]
+    input_ids = torch.randint(5, 50, (2, 9))
+    with torch.no_grad():
+        expected = model(input_ids=input_ids).logits
+    loaded = load_without_geoformers(folder, "AutoModelForSequenceClassification", input_ids, tmp_path,
+                                     resave_to=tmp_path / "resaved")
+    torch.testing.assert_close(torch.tensor(loaded["logits"]), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(loaded["resaved_logits"]), expected, atol=1e-6, rtol=0)
+    assert json.loads((tmp_path / "resaved" / "config.json").read_text())["auto_map"]["AutoConfig"] == (
+        "configuration_ddcl_incrt.DDCLIncrtConfig"
+    )
+
+
+def write_uploaded(files: dict[str, bytes], folder: Path) -> Path:
+    folder.mkdir()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    return folder
+
+
+def test_stock_push_to_hub_uploads_a_repo_that_loads_anywhere(fake_hub, tmp_path):
+    model = tiny_ddl_mhc()
+    model.push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    expected = {"config.json", "model.safetensors", "configuration_ddl_mhc.py", "modeling_ddl_mhc.py"}
+    assert expected <= set(fake_hub.files)
+    folder = write_uploaded(fake_hub.files, tmp_path / "repo")
+    input_ids = torch.randint(3, 40, (2, 7))
+    with torch.no_grad():
+        expected_logits = model(input_ids=input_ids).logits
+        expected_tokens = model.generate(input_ids, max_new_tokens=6, do_sample=False)
+    loaded = load_without_geoformers(folder, "AutoModelForCausalLM", input_ids, tmp_path)
+    torch.testing.assert_close(torch.tensor(loaded["logits"]), expected_logits, atol=1e-5, rtol=0)
+    assert loaded["generated"] == expected_tokens.tolist()
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_code_too(fake_hub, tmp_path):
+    model = tiny_ddl_mhc()
+    model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="user/ddl-mhc-tiny", token="hf_fake")
+    assert fake_hub.created == ["ddl-mhc-tiny"]
+    local = {p.name for p in (tmp_path / "local").iterdir()}
+    assert {"configuration_ddl_mhc.py", "modeling_ddl_mhc.py", "config.json", "model.safetensors"} <= local
+    assert set(fake_hub.files) == local
+    assert fake_hub.files["modeling_ddl_mhc.py"] == (tmp_path / "local" / "modeling_ddl_mhc.py").read_bytes()
+
+
+# ----------------------------------------------------------------------------------------- model cards
+
+
+def test_model_card_describes_the_exported_model_and_no_benchmark(tmp_path):
+    model = tiny_ddl_mhc()
+    card = (export_for_hub(model, None, tmp_path / "export") / "README.md").read_text()
+    rows = dict(line.strip("|").rsplit("|", 1) for line in card.splitlines() if line.startswith("| `"))
+    rows = {key.split("`")[1]: value.strip() for key, value in rows.items()}
+    assert rows["num_hidden_layers"] == "2" and rows["hidden_size"] == "32"
+    assert rows["num_attention_heads"] == "4" and rows["hc_streams"] == "4" and rows["hc_chart"] == "tbp"
+    assert f"| parameters | {sum(p.numel() for p in model.parameters()):,} |" in card
+    assert "No evaluation results were recorded" in card
+    assert "1.6656" not in card and "width 128" not in card  # the benchmark card's run, not this model
+    assert "pipeline_tag: text-generation" in card and "library_name: transformers" in card
+
+
+def test_model_card_lists_only_the_metrics_passed_in(tmp_path):
+    model = grown_incrt_model()
+    metrics = {"eval_accuracy": 0.8125, "eval_loss": 0.5}
+    folder = export_for_hub(model, None, tmp_path / "export", metrics=metrics)
+    card = (folder / "README.md").read_text()
+    assert "| eval_accuracy | 0.8125 |" in card and "| eval_loss | 0.5 |" in card
+    assert "No evaluation results" not in card
+    assert "| `num_heads` (attention heads per layer) | [2, 3] |" in card
+
+
+@pytest.mark.parametrize(("metrics", "error", "message"), [
+    ([0.9], TypeError, "metrics must be a mapping"),
+    ({"eval_loss": float("nan")}, ValueError, r"metrics\['eval_loss'\] must be a finite number"),
+    ({"eval_accuracy": True}, ValueError, r"metrics\['eval_accuracy'\]"),
+    ({"": 1.0}, TypeError, "non-empty str"),
+])
+def test_model_card_refuses_bad_metrics_before_writing(tmp_path, metrics, error, message):
+    with pytest.raises(error, match=message):
+        export_for_hub(grown_incrt_model(), None, tmp_path / "export", metrics=metrics)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------- tokenizers
+
+TOKENIZER_LOADER = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "geoformers" or name.startswith("geoformers."):
+                raise ImportError("geoformers is blocked in this test")
+    sys.meta_path.insert(0, Refuse())
+    from transformers import AutoTokenizer
+    folder, text = sys.argv[1], sys.argv[2]
+    result = {}
+    for trust in (False, True):
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+        ids = tokenizer(text).input_ids
+        result[str(trust)] = {"class": type(tokenizer).__name__, "ids": ids, "decoded": tokenizer.decode(ids)}
+    print(json.dumps(result))
+    """
+)
+
+
+def test_exported_tokenizer_loads_with_auto_tokenizer_anywhere_without_a_prompt(tmp_path):
+    """A standard class in tokenizer_config.json; `trust_remote_code` given either way asks nothing (without
+    it transformers 5.24 reads config.json first and asks about the model's code)."""
+    tokenizer = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz .,")
+    folder = export_for_hub(tiny_ddl_mhc(), tokenizer, tmp_path / "export")
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "TokenizersBackend"
+    text = "hello, world."
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    completed = subprocess.run(
+        [sys.executable, "-c", TOKENIZER_LOADER, str(folder), text],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "Do you wish to run the custom code" not in completed.stdout + completed.stderr
+    expected = {"class": "TokenizersBackend", "ids": tokenizer(text).input_ids, "decoded": text}
+    assert json.loads(completed.stdout.strip().splitlines()[-1]) == {"False": expected, "True": expected}
