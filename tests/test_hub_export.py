@@ -2,7 +2,6 @@
 written by `export_for_hub` and by the stock `save_pretrained` / `push_to_hub`; cards made from the model."""
 
 import ast
-import base64
 import json
 import os
 import subprocess
@@ -10,10 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import httpx2
 import pytest
 import torch
-from huggingface_hub.utils import _http as hf_http
+from fake_hub import faked_hub
 from transformers import AutoModelForSequenceClassification
 
 import geoformers  # registers the Auto classes
@@ -133,37 +131,10 @@ def test_export_rejects_foreign_models(tmp_path):
         export_for_hub(torch.nn.Linear(2, 2), None, tmp_path / "export")
 
 
-class FakeHub:
-    """The Hub's HTTP API as `huggingface_hub` calls it (create repo, preupload, commit), in memory."""
-
-    def __init__(self):
-        self.created, self.files = [], {}
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        url = str(request.url)
-        if url.endswith("/api/repos/create"):
-            self.created.append(json.loads(request.content)["name"])
-            return httpx2.Response(200, json={"url": "https://huggingface.co/user/ddcl-incrt-tiny"})
-        if "/preupload/" in url:
-            files = json.loads(request.content)["files"]
-            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
-            return httpx2.Response(200, json={"files": modes})
-        if "/commit/" in url:
-            for line in request.content.decode().splitlines():
-                entry = json.loads(line)
-                if entry["key"] == "file":
-                    self.files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
-            commit = {"commitUrl": f"https://huggingface.co/user/ddcl-incrt-tiny/commit/{'1' * 40}"}
-            return httpx2.Response(200, json={**commit, "commitOid": "1" * 40})
-        return httpx2.Response(200, json={})
-
-
 @pytest.fixture
 def fake_hub():
-    hub = FakeHub()
-    hf_http.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(hub)))
-    yield hub
-    hf_http.set_client_factory(hf_http.default_client_factory)
+    with faked_hub() as hub:
+        yield hub
 
 
 def test_push_to_hub_uploads_code_weights_tokenizer_and_card(fake_hub):
