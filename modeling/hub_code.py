@@ -173,7 +173,13 @@ _SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
 
 class HubCodeMixin:
     """`save_pretrained` that ships the model's code: the flat files of `write_remote_code` beside the
-    weights and their `auto_map` in the config (kept on the live config, as `custom_object_save` does)."""
+    weights and their `auto_map` in the config (kept on the live config, as `custom_object_save` does).
+    `register_for_auto_class` on a geoformers class or config changes nothing: transformers' copy of the
+    nested package files would not import, so `custom_object_save` is not used for them."""
+
+    @classmethod
+    def is_remote_code(cls) -> bool:
+        return super().is_remote_code() and not _is_internal(cls.__module__)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs):
         if not _is_internal(type(self).__module__):  # a flat copy loaded as remote code
@@ -184,11 +190,16 @@ class HubCodeMixin:
         arguments.pop("self")
         hub_kwargs, push = arguments.pop("kwargs"), arguments.pop("push_to_hub")
         writes = self.should_save_on_this_rank(arguments["is_main_process"])
+        config = self.config
         if writes:
             os.makedirs(save_directory, exist_ok=True)
             timestamps = self._get_files_timestamps(save_directory)
-            self.config.auto_map = write_remote_code(self, save_directory)
-        super().save_pretrained(**arguments)
+            config.auto_map = write_remote_code(self, save_directory)
+        config._auto_class = None  # shadows a registered config class for this save (see the class doc)
+        try:
+            super().save_pretrained(**arguments)
+        finally:
+            del config._auto_class
         if push and writes:
             # as transformers' `save_pretrained(push_to_hub=True)`, after the code files are written
             token = arguments["token"]

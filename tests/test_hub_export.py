@@ -21,6 +21,8 @@ from geoformers.modeling.hub_export import export_for_hub, push_to_hub
 from geoformers.tokenization import build_char_tokenizer
 
 # Runs in a fresh interpreter with every `geoformers` import refused, so only the exported files can work.
+# argv[1]: a JSON list of jobs {"folder", "auto_class", "inputs"[, "resave_to"]} or {"folder", "text"} (the
+# tokenizer); prints the list of their results.
 BLOCKED_LOADER = textwrap.dedent(
     """
     import importlib.abc, json, sys
@@ -35,34 +37,49 @@ BLOCKED_LOADER = textwrap.dedent(
     except ImportError:
         pass
     import torch, transformers
-    folder, auto_class, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True).eval()
-    ids = torch.tensor(inputs)
-    with torch.no_grad():
-        result = {"logits": model(input_ids=ids).logits.tolist(), "class": type(model).__module__}
-    if hasattr(model, "generate"):
-        result["generated"] = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
-    if len(sys.argv) > 4:  # save the remote-code copy again (transformers' custom_object_save) and reload
-        model.save_pretrained(sys.argv[4])
-        again = getattr(transformers, auto_class).from_pretrained(sys.argv[4], trust_remote_code=True).eval()
+    results = []
+    for job in json.loads(sys.argv[1]):
+        if "text" in job:  # the tokenizer, asked both ways (without the argument transformers asks)
+            result = {}
+            for trust in (False, True):
+                tokenizer = transformers.AutoTokenizer.from_pretrained(job["folder"], trust_remote_code=trust)
+                ids = tokenizer(job["text"]).input_ids
+                result[str(trust)] = {"class": type(tokenizer).__name__, "ids": ids,
+                                      "decoded": tokenizer.decode(ids)}
+            results.append(result)
+            continue
+        auto_class = getattr(transformers, job["auto_class"])
+        model = auto_class.from_pretrained(job["folder"], trust_remote_code=True).eval()
+        ids = torch.tensor(job["inputs"])
         with torch.no_grad():
-            result["resaved_logits"] = again(input_ids=ids).logits.tolist()
-    print(json.dumps(result))
+            result = {"logits": model(input_ids=ids).logits.tolist(), "class": type(model).__module__}
+        if hasattr(model, "generate"):
+            result["generated"] = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
+        if "resave_to" in job:  # save the remote-code copy again (transformers' custom_object_save), reload
+            model.save_pretrained(job["resave_to"])
+            again = auto_class.from_pretrained(job["resave_to"], trust_remote_code=True).eval()
+            with torch.no_grad():
+                result["resaved_logits"] = again(input_ids=ids).logits.tolist()
+        results.append(result)
+    print(json.dumps(results))
     """
 )
 
 
-def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tensor, tmp_path: Path,
-                            resave_to: Path | None = None) -> dict:
+def run_without_geoformers(jobs: list[dict], tmp_path: Path) -> tuple[list[dict], str]:
+    """The loader's results and everything it printed (stdout + stderr)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    arguments = [str(folder), auto_class, json.dumps(input_ids.tolist())]
-    arguments += [str(resave_to)] if resave_to else []
     completed = subprocess.run(
-        [sys.executable, "-c", BLOCKED_LOADER, *arguments],
+        [sys.executable, "-c", BLOCKED_LOADER, json.dumps(jobs, default=str)],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return json.loads(completed.stdout.strip().splitlines()[-1]), completed.stdout + completed.stderr
+
+
+def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tensor, tmp_path: Path) -> dict:
+    job = {"folder": str(folder), "auto_class": auto_class, "inputs": input_ids.tolist()}
+    return run_without_geoformers([job], tmp_path)[0][0]
 
 
 def grown_incrt_model() -> DDCLIncrtForSequenceClassification:
@@ -190,29 +207,43 @@ def test_export_for_hub_is_importable_from_the_package():
     assert geoformers.export_for_hub is export_for_hub
 
 
-def test_stock_save_pretrained_writes_remote_code_that_loads_and_resaves_anywhere(tmp_path):
+def test_stock_save_pretrained_writes_flat_code_and_auto_map(tmp_path):
     model = grown_incrt_model()
     folder = tmp_path / "saved"
     model.save_pretrained(folder)
     saved = {p.name for p in folder.iterdir()}
-    assert {"configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py", "config.json"} <= saved
+    assert saved == {"config.json", "model.safetensors", "configuration_ddcl_incrt.py",
+                     "modeling_ddcl_incrt.py"}
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForSequenceClassification"] == (
-        "modeling_ddcl_incrt.DDCLIncrtForSequenceClassification"
-    )
+    assert auto_map == {
+        "AutoConfig": "configuration_ddcl_incrt.DDCLIncrtConfig",
+        "AutoModel": "modeling_ddcl_incrt.DDCLIncrtModel",
+        "AutoModelForSequenceClassification": "modeling_ddcl_incrt.DDCLIncrtForSequenceClassification",
+    }
+    assert model.config.auto_map == auto_map  # kept on the live config, as transformers does
     # with geoformers imported the local classes win, with no remote-code question asked
     local = AutoModelForSequenceClassification.from_pretrained(folder)
     assert type(local) is DDCLIncrtForSequenceClassification and local.config.num_heads == [2, 3]
-    input_ids = torch.randint(5, 50, (2, 9))
-    with torch.no_grad():
-        expected = model(input_ids=input_ids).logits
-    loaded = load_without_geoformers(folder, "AutoModelForSequenceClassification", input_ids, tmp_path,
-                                     resave_to=tmp_path / "resaved")
-    torch.testing.assert_close(torch.tensor(loaded["logits"]), expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(torch.tensor(loaded["resaved_logits"]), expected, atol=1e-6, rtol=0)
-    assert json.loads((tmp_path / "resaved" / "config.json").read_text())["auto_map"]["AutoConfig"] == (
-        "configuration_ddcl_incrt.DDCLIncrtConfig"
-    )
+
+
+def test_register_for_auto_class_does_not_ship_the_nested_package_files(tmp_path, monkeypatch):
+    """transformers' route (register, then custom_object_save on save) would copy ddl_mhc.py, whose
+    relative imports cannot load; the flat files and their auto_map are written instead."""
+    monkeypatch.setattr(DDLmHCForCausalLM, "_auto_class", None)
+    monkeypatch.setattr(DDLmHCConfig, "_auto_class", None)
+    DDLmHCForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    DDLmHCConfig.register_for_auto_class()
+    model = tiny_ddl_mhc()
+    model.save_pretrained(tmp_path / "saved")
+    files = {p.name for p in (tmp_path / "saved").iterdir()}
+    assert files == {"config.json", "generation_config.json", "model.safetensors", "configuration_ddl_mhc.py",
+                     "modeling_ddl_mhc.py"}
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_ddl_mhc.DDLmHCConfig",
+        "AutoModel": "modeling_ddl_mhc.DDLmHCModel",
+        "AutoModelForCausalLM": "modeling_ddl_mhc.DDLmHCForCausalLM",
+    }
+    assert model.config._auto_class == "AutoConfig"  # the registration itself is left as it was
 
 
 def write_uploaded(files: dict[str, bytes], folder: Path) -> Path:
@@ -222,19 +253,50 @@ def write_uploaded(files: dict[str, bytes], folder: Path) -> Path:
     return folder
 
 
-def test_stock_push_to_hub_uploads_a_repo_that_loads_anywhere(fake_hub, tmp_path):
-    model = tiny_ddl_mhc()
-    model.push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
-    expected = {"config.json", "model.safetensors", "configuration_ddl_mhc.py", "modeling_ddl_mhc.py"}
+def test_stock_push_to_hub_uploads_model_code_and_a_standard_tokenizer(fake_hub):
+    tiny_ddl_mhc().push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    build_char_tokenizer("abcdefghij").push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    expected = {"config.json", "model.safetensors", "configuration_ddl_mhc.py", "modeling_ddl_mhc.py",
+                "tokenizer.json", "tokenizer_config.json"}
     assert expected <= set(fake_hub.files)
-    folder = write_uploaded(fake_hub.files, tmp_path / "repo")
-    input_ids = torch.randint(3, 40, (2, 7))
+    assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoModelForCausalLM"] == (
+        "modeling_ddl_mhc.DDLmHCForCausalLM"
+    )
+    assert json.loads(fake_hub.files["tokenizer_config.json"])["tokenizer_class"] == "TokenizersBackend"
+
+
+def test_stock_saves_and_pushes_load_and_resave_anywhere(fake_hub, tmp_path):
+    """One geoformers-free interpreter loads a stock `save_pretrained` folder (and saves it again), a stock
+    `push_to_hub` repo (logits and greedy tokens) and that repo's tokenizer (asked with trust_remote_code
+    False and True: no prompt, no code run for it)."""
+    encoder, lm = grown_incrt_model(), tiny_ddl_mhc()
+    tokenizer = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz .,")
+    encoder.save_pretrained(tmp_path / "saved")
+    lm.push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    tokenizer.push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    repo = write_uploaded(fake_hub.files, tmp_path / "repo")
+    encoder_ids, lm_ids, text = torch.randint(5, 50, (2, 9)), torch.randint(3, 40, (2, 7)), "hello, world."
     with torch.no_grad():
-        expected_logits = model(input_ids=input_ids).logits
-        expected_tokens = model.generate(input_ids, max_new_tokens=6, do_sample=False)
-    loaded = load_without_geoformers(folder, "AutoModelForCausalLM", input_ids, tmp_path)
-    torch.testing.assert_close(torch.tensor(loaded["logits"]), expected_logits, atol=1e-5, rtol=0)
-    assert loaded["generated"] == expected_tokens.tolist()
+        encoder_logits, lm_logits = encoder(input_ids=encoder_ids).logits, lm(input_ids=lm_ids).logits
+        lm_tokens = lm.generate(lm_ids, max_new_tokens=6, do_sample=False)
+    jobs = [
+        {"folder": tmp_path / "saved", "auto_class": "AutoModelForSequenceClassification",
+         "inputs": encoder_ids.tolist(), "resave_to": tmp_path / "resaved"},
+        {"folder": repo, "auto_class": "AutoModelForCausalLM", "inputs": lm_ids.tolist()},
+        {"folder": repo, "text": text},
+    ]
+    (saved, pushed, tokenized), printed = run_without_geoformers(jobs, tmp_path)
+    assert saved["class"].startswith("transformers_modules")
+    torch.testing.assert_close(torch.tensor(saved["logits"]), encoder_logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(saved["resaved_logits"]), encoder_logits, atol=1e-6, rtol=0)
+    assert json.loads((tmp_path / "resaved" / "config.json").read_text())["auto_map"]["AutoConfig"] == (
+        "configuration_ddcl_incrt.DDCLIncrtConfig"
+    )
+    torch.testing.assert_close(torch.tensor(pushed["logits"]), lm_logits, atol=1e-5, rtol=0)
+    assert pushed["generated"] == lm_tokens.tolist()
+    expected = {"class": "TokenizersBackend", "ids": tokenizer(text).input_ids, "decoded": text}
+    assert tokenized == {"False": expected, "True": expected}
+    assert "Do you wish to run the custom code" not in printed
 
 
 def test_save_pretrained_with_push_to_hub_uploads_the_code_too(fake_hub, tmp_path):
@@ -283,44 +345,3 @@ def test_model_card_refuses_bad_metrics_before_writing(tmp_path, metrics, error,
     with pytest.raises(error, match=message):
         export_for_hub(grown_incrt_model(), None, tmp_path / "export", metrics=metrics)
     assert list(tmp_path.iterdir()) == []
-
-
-# ----------------------------------------------------------------------------------------- tokenizers
-
-TOKENIZER_LOADER = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
-    class Refuse(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "geoformers" or name.startswith("geoformers."):
-                raise ImportError("geoformers is blocked in this test")
-    sys.meta_path.insert(0, Refuse())
-    from transformers import AutoTokenizer
-    folder, text = sys.argv[1], sys.argv[2]
-    result = {}
-    for trust in (False, True):
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
-        ids = tokenizer(text).input_ids
-        result[str(trust)] = {"class": type(tokenizer).__name__, "ids": ids, "decoded": tokenizer.decode(ids)}
-    print(json.dumps(result))
-    """
-)
-
-
-def test_exported_tokenizer_loads_with_auto_tokenizer_anywhere_without_a_prompt(tmp_path):
-    """A standard class in tokenizer_config.json; `trust_remote_code` given either way asks nothing (without
-    it transformers 5.24 reads config.json first and asks about the model's code)."""
-    tokenizer = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz .,")
-    folder = export_for_hub(tiny_ddl_mhc(), tokenizer, tmp_path / "export")
-    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
-    assert tokenizer_config["tokenizer_class"] == "TokenizersBackend"
-    text = "hello, world."
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    completed = subprocess.run(
-        [sys.executable, "-c", TOKENIZER_LOADER, str(folder), text],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "Do you wish to run the custom code" not in completed.stdout + completed.stderr
-    expected = {"class": "TokenizersBackend", "ids": tokenizer(text).input_ids, "decoded": text}
-    assert json.loads(completed.stdout.strip().splitlines()[-1]) == {"False": expected, "True": expected}
