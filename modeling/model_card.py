@@ -94,7 +94,7 @@ def model_card(model, metrics: Mapping[str, float] | None = None) -> ModelCard:
     ]
     if measured:
         lines += ["| metric | value |", "|---|---|"]
-        lines += [f"| {name} | {value:.6g} |" for name, value in measured.items()]
+        lines += [f"| {metric} | {value:.6g} |" for metric, value in measured.items()]
     else:
         lines.append("No evaluation results were recorded for this model.")
     auto_class = next((auto for suffix, auto in TASK_AUTO_CLASSES.items() if name.endswith(suffix)),
