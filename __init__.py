@@ -7,6 +7,7 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
+from geoformers.modeling.hub_export import export_for_hub
 from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
 __version__ = "0.1.0"
@@ -29,4 +30,5 @@ __all__ = [
     "DDLmHCForCausalLM",
     "DDLmHCModel",
     "convert_llama_to_ddl_mhc",
+    "export_for_hub",
 ]

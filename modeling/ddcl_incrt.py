@@ -24,6 +24,7 @@ from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
 from ..configuration.ddcl_incrt import DDCLIncrtConfig
+from .hub_code import HubCodeMixin
 from .incrt import AttentionHead, AttentionOutput, GateDecision, GrowableAttention, IncrtGate
 from .prototypes import PrototypeBank, assignment_perplexity, min_pairwise_distance, rho_for_temperature
 
@@ -123,7 +124,7 @@ def _masked_token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.
     return (values * weights).sum() / (weights.sum() * values.shape[1]).clamp_min(1.0)
 
 
-class DDCLIncrtPreTrainedModel(PreTrainedModel):
+class DDCLIncrtPreTrainedModel(HubCodeMixin, PreTrainedModel):
     """Weight initialisation and the growth API shared by the encoder and the classifier (DESIGN §3)."""
 
     config: DDCLIncrtConfig

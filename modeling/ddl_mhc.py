@@ -34,6 +34,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .delta import beta_bias_for
+from .hub_code import HubCodeMixin
 from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout
 
 
@@ -120,7 +121,7 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
         return streams
 
 
-class DDLmHCPreTrainedModel(PreTrainedModel):
+class DDLmHCPreTrainedModel(HubCodeMixin, PreTrainedModel):
     config: DDLmHCConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True

@@ -1,7 +1,7 @@
 """Small DDCL-INCRT growth runs for tests/test_growth_*.py, importable and runnable in fresh processes.
 
     python tests/growth_worker.py resume --checkpoint DIR --output-dir DIR --result FILE
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/growth_worker.py ddp \
+    torchrun --standalone --nproc_per_node 2 tests/growth_worker.py ddp \
         --output-dir DIR --result FILE
 
 `resume` trains a fresh initial-size model from a checkpoint with `resume_growth_training`; `ddp` trains with
@@ -124,9 +124,10 @@ def _ddp(options) -> None:
         refusal = str(error)
     path = Path(options.result)
     path.with_name(f"{path.stem}.rank{rank}{path.suffix}").write_text(json.dumps({
-        "world_size": torch.distributed.get_world_size(), "num_heads": model.config.num_heads,
-        "checksum": parameter_checksum(model), "events": callback.history["events"],
-        "checks": callback.history["checks"], "refusal_without_find_unused": refusal,
+        "world_size": torch.distributed.get_world_size(), "pid": os.getpid(),
+        "num_heads": model.config.num_heads, "checksum": parameter_checksum(model),
+        "events": callback.history["events"], "checks": callback.history["checks"],
+        "refusal_without_find_unused": refusal,
     }))
 
 

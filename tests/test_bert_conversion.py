@@ -133,7 +133,8 @@ def test_save_load_round_trip_rebuilds_the_same_structure(tiny_bert_path, tmp_pa
                                  use_encoder_outputs=use_encoder_outputs)
     model.prune_head(0, 0)
     model.save_pretrained(tmp_path / "wrapped")
-    assert {p.name for p in (tmp_path / "wrapped").iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in (tmp_path / "wrapped").iterdir()} == {
+        "config.json", "model.safetensors", "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py"}
     stored = load_file(tmp_path / "wrapped" / "model.safetensors")
     assert any(key.startswith("model.bert_encoder.") for key in stored) == use_encoder_outputs
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "wrapped")

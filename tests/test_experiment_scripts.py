@@ -83,7 +83,8 @@ def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path
     summary = grow_demo.main(argv)
     printed = capsys.readouterr().out
     assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors", "growth_history.json",
-                                                     "growth_history.png", "summary.json"}
+                                                     "growth_history.png", "summary.json",
+                                                     "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py"}
     assert (tmp_path / "growth_history.png").read_bytes()[:8] == PNG_MAGIC
     assert json.loads((tmp_path / "summary.json").read_text())["num_heads"] == summary["num_heads"]
     # Events are printed as they happen, on global steps: the gate's verdicts once growth starts (step 8).

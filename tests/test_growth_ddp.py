@@ -1,4 +1,5 @@
-"""Growth under DistributedDataParallel: two CPU processes (torchrun, gloo) grow and prune heads during a
+"""Growth under DistributedDataParallel: two CPU processes started by the README's command
+(`torchrun --nproc_per_node 2`, `TrainingArguments(use_cpu=True)`, gloo) grow and prune heads during a
 Trainer run and must end with the same head counts, the same decisions and bit-identical parameters."""
 
 import json
@@ -11,6 +12,7 @@ from growth_worker import parameter_checksum
 from transformers import AutoModelForSequenceClassification
 
 WORKER = Path(__file__).resolve().parent / "growth_worker.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")  # torch's console script, beside the interpreter
 MAX_STEPS = 30
 
 
@@ -19,14 +21,15 @@ def test_two_processes_take_the_same_decisions_and_end_with_identical_parameters
     draw different random weights for each new head; gate statistics are averaged, new heads broadcast, and
     their gradients averaged by hooks (without these hooks the checksums differ)."""
     output_dir, result = tmp_path / "out", tmp_path / "result.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(WORKER), "ddp", "--output-dir", str(output_dir), "--result", str(result),
+    assert TORCHRUN.is_file(), f"torch's torchrun script is missing beside {sys.executable}"
+    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(WORKER), "ddp",
+               "--output-dir", str(output_dir), "--result", str(result),
                "--max-steps", str(MAX_STEPS)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert completed.returncode == 0, completed.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"result.rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert [r["world_size"] for r in ranks] == [2, 2] and len({r["pid"] for r in ranks}) == 2
     assert ranks[0]["num_heads"] == ranks[1]["num_heads"]
     assert ranks[0]["events"] == ranks[1]["events"] and ranks[0]["checks"] == ranks[1]["checks"]
     assert ranks[0]["checksum"] == ranks[1]["checksum"]

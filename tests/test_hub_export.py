@@ -1,6 +1,7 @@
-"""Hub export: flat code files that load with `trust_remote_code=True` where `import geoformers` fails."""
+"""Hub export: flat code files that load with `trust_remote_code=True` where `import geoformers` fails,
+written by `export_for_hub` and by the stock `save_pretrained` / `push_to_hub`; cards made from the model."""
 
-import base64
+import ast
 import json
 import os
 import subprocess
@@ -8,17 +9,20 @@ import sys
 import textwrap
 from pathlib import Path
 
-import httpx2
 import pytest
 import torch
-from huggingface_hub.utils import _http as hf_http
+from fake_hub import faked_hub
+from transformers import AutoModelForSequenceClassification
 
-import geoformers  # noqa: F401  (registers the Auto classes)
+import geoformers  # registers the Auto classes
 from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification, DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.hub_export import MODEL_CARDS, export_for_hub, flatten_module, push_to_hub
+from geoformers.modeling.hub_code import flatten_module
+from geoformers.modeling.hub_export import export_for_hub, push_to_hub
 from geoformers.tokenization import build_char_tokenizer
 
 # Runs in a fresh interpreter with every `geoformers` import refused, so only the exported files can work.
+# argv[1]: a JSON list of jobs {"folder", "auto_class", "inputs"[, "resave_to"]} or {"folder", "text"} (the
+# tokenizer); prints the list of their results.
 BLOCKED_LOADER = textwrap.dedent(
     """
     import importlib.abc, json, sys
@@ -33,26 +37,49 @@ BLOCKED_LOADER = textwrap.dedent(
     except ImportError:
         pass
     import torch, transformers
-    folder, auto_class, inputs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    model = getattr(transformers, auto_class).from_pretrained(folder, trust_remote_code=True).eval()
-    ids = torch.tensor(inputs)
-    with torch.no_grad():
-        result = {"logits": model(input_ids=ids).logits.tolist(), "class": type(model).__module__}
-    if hasattr(model, "generate"):
-        result["generated"] = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
-    print(json.dumps(result))
+    results = []
+    for job in json.loads(sys.argv[1]):
+        if "text" in job:  # the tokenizer, asked both ways (without the argument transformers asks)
+            result = {}
+            for trust in (False, True):
+                tokenizer = transformers.AutoTokenizer.from_pretrained(job["folder"], trust_remote_code=trust)
+                ids = tokenizer(job["text"]).input_ids
+                result[str(trust)] = {"class": type(tokenizer).__name__, "ids": ids,
+                                      "decoded": tokenizer.decode(ids)}
+            results.append(result)
+            continue
+        auto_class = getattr(transformers, job["auto_class"])
+        model = auto_class.from_pretrained(job["folder"], trust_remote_code=True).eval()
+        ids = torch.tensor(job["inputs"])
+        with torch.no_grad():
+            result = {"logits": model(input_ids=ids).logits.tolist(), "class": type(model).__module__}
+        if hasattr(model, "generate"):
+            result["generated"] = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
+        if "resave_to" in job:  # save the remote-code copy again (transformers' custom_object_save), reload
+            model.save_pretrained(job["resave_to"])
+            again = auto_class.from_pretrained(job["resave_to"], trust_remote_code=True).eval()
+            with torch.no_grad():
+                result["resaved_logits"] = again(input_ids=ids).logits.tolist()
+        results.append(result)
+    print(json.dumps(results))
     """
 )
 
 
-def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tensor, tmp_path: Path) -> dict:
+def run_without_geoformers(jobs: list[dict], tmp_path: Path) -> tuple[list[dict], str]:
+    """The loader's results and everything it printed (stdout + stderr)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     completed = subprocess.run(
-        [sys.executable, "-c", BLOCKED_LOADER, str(folder), auto_class, json.dumps(input_ids.tolist())],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        [sys.executable, "-c", BLOCKED_LOADER, json.dumps(jobs, default=str)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return json.loads(completed.stdout.strip().splitlines()[-1]), completed.stdout + completed.stderr
+
+
+def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tensor, tmp_path: Path) -> dict:
+    job = {"folder": str(folder), "auto_class": auto_class, "inputs": input_ids.tolist()}
+    return run_without_geoformers([job], tmp_path)[0][0]
 
 
 def grown_incrt_model() -> DDCLIncrtForSequenceClassification:
@@ -75,7 +102,12 @@ def test_flat_files_hold_no_package_import():
         "geoformers.modeling.ddcl_incrt", {"geoformers.configuration.ddcl_incrt": ".configuration_ddcl_incrt"}
     )
     compile(source, "modeling_ddcl_incrt.py", "exec")
-    assert "geoformers" not in "".join(line for line in source.splitlines() if "import" in line)
+    imports = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import | ast.ImportFrom)]
+    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
+                for node in imports for alias in node.names]
+    assert not [name for name in imported if name and name.startswith("geoformers")]
+    relative = {node.module for node in imports if isinstance(node, ast.ImportFrom) and node.level}
+    assert relative == {"configuration_ddcl_incrt"}
     assert "from .configuration_ddcl_incrt import DDCLIncrtConfig" in source
     assert "class GrowableAttention" in source and "class PrototypeBank" in source
 
@@ -90,7 +122,7 @@ def test_grown_ddcl_incrt_loads_anywhere_with_identical_logits(tmp_path):
         "AutoModel": "modeling_ddcl_incrt.DDCLIncrtModel",
         "AutoModelForSequenceClassification": "modeling_ddcl_incrt.DDCLIncrtForSequenceClassification",
     }
-    assert getattr(model.config, "auto_map", None) is None  # the live model's config is left as it was
+    assert model.config.auto_map == config["auto_map"]  # as transformers' custom_object_save sets it
     input_ids = torch.randint(5, 50, (2, 9))
     with torch.no_grad():
         expected = model(input_ids=input_ids).logits
@@ -116,37 +148,10 @@ def test_export_rejects_foreign_models(tmp_path):
         export_for_hub(torch.nn.Linear(2, 2), None, tmp_path / "export")
 
 
-class FakeHub:
-    """The Hub's HTTP API as `huggingface_hub` calls it (create repo, preupload, commit), in memory."""
-
-    def __init__(self):
-        self.created, self.files = [], {}
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        url = str(request.url)
-        if url.endswith("/api/repos/create"):
-            self.created.append(json.loads(request.content)["name"])
-            return httpx2.Response(200, json={"url": "https://huggingface.co/user/ddcl-incrt-tiny"})
-        if "/preupload/" in url:
-            files = json.loads(request.content)["files"]
-            modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
-            return httpx2.Response(200, json={"files": modes})
-        if "/commit/" in url:
-            for line in request.content.decode().splitlines():
-                entry = json.loads(line)
-                if entry["key"] == "file":
-                    self.files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
-            commit = {"commitUrl": f"https://huggingface.co/user/ddcl-incrt-tiny/commit/{'1' * 40}"}
-            return httpx2.Response(200, json={**commit, "commitOid": "1" * 40})
-        return httpx2.Response(200, json={})
-
-
 @pytest.fixture
 def fake_hub():
-    hub = FakeHub()
-    hf_http.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(hub)))
-    yield hub
-    hf_http.set_client_factory(hf_http.default_client_factory)
+    with faked_hub() as hub:
+        yield hub
 
 
 def test_push_to_hub_uploads_code_weights_tokenizer_and_card(fake_hub):
@@ -154,11 +159,12 @@ def test_push_to_hub_uploads_code_weights_tokenizer_and_card(fake_hub):
     push_to_hub(grown_incrt_model(), "user/ddcl-incrt-tiny", tokenizer, token="hf_fake")
     assert fake_hub.created == ["ddcl-incrt-tiny"]
     expected = {"config.json", "model.safetensors", "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py",
-                "tokenizer.json", "tokenizer_config.json"}
+                "tokenizer.json", "tokenizer_config.json", "README.md"}
     assert expected <= set(fake_hub.files)
     assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoConfig"].startswith("configuration_")
-    if (MODEL_CARDS / "ddcl_incrt.md").is_file():
-        assert fake_hub.files["README.md"] == (MODEL_CARDS / "ddcl_incrt.md").read_bytes()
+    card = fake_hub.files["README.md"].decode()
+    assert "| `num_heads` (attention heads per layer) | [2, 3] |" in card
+    assert "No evaluation results were recorded" in card
 
 
 def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
@@ -183,3 +189,159 @@ def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
     loaded = load_without_geoformers(folder, "AutoModelForCausalLM", input_ids, tmp_path)
     torch.testing.assert_close(torch.tensor(loaded["logits"]), expected_logits, atol=1e-5, rtol=0)
     assert loaded["generated"] == expected_tokens.tolist()
+
+
+def tiny_ddl_mhc() -> DDLmHCForCausalLM:
+    torch.manual_seed(0)
+    config = DDLmHCConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, hc_streams=4, hc_chart="tbp", residual="delta",
+    )
+    model = DDLmHCForCausalLM(config).eval()
+    for parameter in model.parameters():
+        parameter.data.add_(0.05 * torch.randn_like(parameter))
+    return model
+
+
+def test_export_for_hub_is_importable_from_the_package():
+    assert geoformers.export_for_hub is export_for_hub
+
+
+def test_stock_save_pretrained_writes_flat_code_and_auto_map(tmp_path):
+    model = grown_incrt_model()
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    saved = {p.name for p in folder.iterdir()}
+    assert saved == {"config.json", "model.safetensors", "configuration_ddcl_incrt.py",
+                     "modeling_ddcl_incrt.py"}
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map == {
+        "AutoConfig": "configuration_ddcl_incrt.DDCLIncrtConfig",
+        "AutoModel": "modeling_ddcl_incrt.DDCLIncrtModel",
+        "AutoModelForSequenceClassification": "modeling_ddcl_incrt.DDCLIncrtForSequenceClassification",
+    }
+    assert model.config.auto_map == auto_map  # kept on the live config, as transformers does
+    # with geoformers imported the local classes win, with no remote-code question asked
+    local = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert type(local) is DDCLIncrtForSequenceClassification and local.config.num_heads == [2, 3]
+
+
+def test_register_for_auto_class_does_not_ship_the_nested_package_files(tmp_path, monkeypatch):
+    """transformers' route (register, then custom_object_save on save) would copy ddl_mhc.py, whose
+    relative imports cannot load; the flat files and their auto_map are written instead."""
+    monkeypatch.setattr(DDLmHCForCausalLM, "_auto_class", None)
+    monkeypatch.setattr(DDLmHCConfig, "_auto_class", None)
+    DDLmHCForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    DDLmHCConfig.register_for_auto_class()
+    model = tiny_ddl_mhc()
+    model.save_pretrained(tmp_path / "saved")
+    files = {p.name for p in (tmp_path / "saved").iterdir()}
+    assert files == {"config.json", "generation_config.json", "model.safetensors", "configuration_ddl_mhc.py",
+                     "modeling_ddl_mhc.py"}
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_ddl_mhc.DDLmHCConfig",
+        "AutoModel": "modeling_ddl_mhc.DDLmHCModel",
+        "AutoModelForCausalLM": "modeling_ddl_mhc.DDLmHCForCausalLM",
+    }
+    assert model.config._auto_class == "AutoConfig"  # the registration itself is left as it was
+
+
+def write_uploaded(files: dict[str, bytes], folder: Path) -> Path:
+    folder.mkdir()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    return folder
+
+
+def test_stock_push_to_hub_uploads_model_code_and_a_standard_tokenizer(fake_hub):
+    tiny_ddl_mhc().push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    build_char_tokenizer("abcdefghij").push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    expected = {"config.json", "model.safetensors", "configuration_ddl_mhc.py", "modeling_ddl_mhc.py",
+                "tokenizer.json", "tokenizer_config.json"}
+    assert expected <= set(fake_hub.files)
+    assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoModelForCausalLM"] == (
+        "modeling_ddl_mhc.DDLmHCForCausalLM"
+    )
+    assert json.loads(fake_hub.files["tokenizer_config.json"])["tokenizer_class"] == "TokenizersBackend"
+
+
+def test_stock_saves_and_pushes_load_and_resave_anywhere(fake_hub, tmp_path):
+    """One geoformers-free interpreter loads a stock `save_pretrained` folder (and saves it again), a stock
+    `push_to_hub` repo (logits and greedy tokens) and that repo's tokenizer (asked with trust_remote_code
+    False and True: no prompt, no code run for it)."""
+    encoder, lm = grown_incrt_model(), tiny_ddl_mhc()
+    tokenizer = build_char_tokenizer("abcdefghijklmnopqrstuvwxyz .,")
+    encoder.save_pretrained(tmp_path / "saved")
+    lm.push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    tokenizer.push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
+    repo = write_uploaded(fake_hub.files, tmp_path / "repo")
+    encoder_ids, lm_ids, text = torch.randint(5, 50, (2, 9)), torch.randint(3, 40, (2, 7)), "hello, world."
+    with torch.no_grad():
+        encoder_logits, lm_logits = encoder(input_ids=encoder_ids).logits, lm(input_ids=lm_ids).logits
+        lm_tokens = lm.generate(lm_ids, max_new_tokens=6, do_sample=False)
+    jobs = [
+        {"folder": tmp_path / "saved", "auto_class": "AutoModelForSequenceClassification",
+         "inputs": encoder_ids.tolist(), "resave_to": tmp_path / "resaved"},
+        {"folder": repo, "auto_class": "AutoModelForCausalLM", "inputs": lm_ids.tolist()},
+        {"folder": repo, "text": text},
+    ]
+    (saved, pushed, tokenized), printed = run_without_geoformers(jobs, tmp_path)
+    assert saved["class"].startswith("transformers_modules")
+    torch.testing.assert_close(torch.tensor(saved["logits"]), encoder_logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.tensor(saved["resaved_logits"]), encoder_logits, atol=1e-6, rtol=0)
+    assert json.loads((tmp_path / "resaved" / "config.json").read_text())["auto_map"]["AutoConfig"] == (
+        "configuration_ddcl_incrt.DDCLIncrtConfig"
+    )
+    torch.testing.assert_close(torch.tensor(pushed["logits"]), lm_logits, atol=1e-5, rtol=0)
+    assert pushed["generated"] == lm_tokens.tolist()
+    expected = {"class": "TokenizersBackend", "ids": tokenizer(text).input_ids, "decoded": text}
+    assert tokenized == {"False": expected, "True": expected}
+    assert "Do you wish to run the custom code" not in printed
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_code_too(fake_hub, tmp_path):
+    model = tiny_ddl_mhc()
+    model.save_pretrained(tmp_path / "local", push_to_hub=True, repo_id="user/ddl-mhc-tiny", token="hf_fake")
+    assert fake_hub.created == ["ddl-mhc-tiny"]
+    local = {p.name for p in (tmp_path / "local").iterdir()}
+    assert {"configuration_ddl_mhc.py", "modeling_ddl_mhc.py", "config.json", "model.safetensors"} <= local
+    assert set(fake_hub.files) == local
+    assert fake_hub.files["modeling_ddl_mhc.py"] == (tmp_path / "local" / "modeling_ddl_mhc.py").read_bytes()
+
+
+# ----------------------------------------------------------------------------------------- model cards
+
+
+def test_model_card_describes_the_exported_model_and_no_benchmark(tmp_path):
+    model = tiny_ddl_mhc()
+    card = (export_for_hub(model, None, tmp_path / "export") / "README.md").read_text()
+    rows = dict(line.strip("|").rsplit("|", 1) for line in card.splitlines() if line.startswith("| `"))
+    rows = {key.split("`")[1]: value.strip() for key, value in rows.items()}
+    assert rows["num_hidden_layers"] == "2" and rows["hidden_size"] == "32"
+    assert rows["num_attention_heads"] == "4" and rows["hc_streams"] == "4" and rows["hc_chart"] == "tbp"
+    assert f"| parameters | {sum(p.numel() for p in model.parameters()):,} |" in card
+    assert "No evaluation results were recorded" in card
+    assert "1.6656" not in card and "width 128" not in card  # the benchmark card's run, not this model
+    assert "pipeline_tag: text-generation" in card and "library_name: transformers" in card
+
+
+def test_model_card_lists_only_the_metrics_passed_in(tmp_path):
+    model = grown_incrt_model()
+    metrics = {"eval_accuracy": 0.8125, "eval_loss": 0.5}
+    folder = export_for_hub(model, None, tmp_path / "export", metrics=metrics)
+    card = (folder / "README.md").read_text()
+    assert "| eval_accuracy | 0.8125 |" in card and "| eval_loss | 0.5 |" in card
+    assert "No evaluation results" not in card
+    assert "| `num_heads` (attention heads per layer) | [2, 3] |" in card
+
+
+@pytest.mark.parametrize(("metrics", "error", "message"), [
+    ([0.9], TypeError, "metrics must be a mapping"),
+    ({"eval_loss": float("nan")}, ValueError, r"metrics\['eval_loss'\] must be a finite number"),
+    ({"eval_accuracy": True}, ValueError, r"metrics\['eval_accuracy'\]"),
+    ({"": 1.0}, TypeError, "non-empty str"),
+])
+def test_model_card_refuses_bad_metrics_before_writing(tmp_path, metrics, error, message):
+    with pytest.raises(error, match=message):
+        export_for_hub(grown_incrt_model(), None, tmp_path / "export", metrics=metrics)
+    assert list(tmp_path.iterdir()) == []

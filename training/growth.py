@@ -53,7 +53,9 @@ from transformers.utils import logging
 from ..modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
 from .optim import sync_optimizer_with_model
 
-logger = logging.get_logger(__name__)
+# A child of transformers' library logger, so `transformers.logging.set_verbosity_info()` and
+# `TrainingArguments(log_level="info")` show the growth events (a "geoformers.*" logger ignores both).
+logger = logging.get_logger(f"transformers.{__name__}")
 
 HISTORY_FILE = "growth_history.json"
 PLOT_FILE = "growth_history.png"
@@ -176,8 +178,9 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             history["growth_stopped_at_step"] = step
             logger.info(f"INCRT growth stopped at step {step} with heads {model.config.num_heads}")
         for event in events:
-            logger.info(f"INCRT {event['action']} at step {step}: layer {event['layer']} -> heads "
-                        f"{event['num_heads']}")
+            measure = "energy" if event["action"] == "prune" else "lambda_max"
+            logger.info(f"INCRT {event['action']} at step {step}: layer {event['layer']}, {measure} "
+                        f"{event[measure]:.4g}, theta_w {event['theta_w']:.4g} -> heads {event['num_heads']}")
         if events:
             control.should_log = True
             if state.is_world_process_zero:
