@@ -90,6 +90,21 @@ def test_peer_is_causal():
     assert peer(ids).loss is None
 
 
+def test_padding_mask_hides_padded_tokens():
+    _, peer = llama_and_peer(4)
+    ids = batch()
+    mask = torch.ones_like(ids)
+    mask[:, :3] = 0  # left padding
+    changed = ids.clone()
+    changed[:, :3] = (changed[:, :3] + 5) % SHAPE["vocab_size"]
+    with torch.no_grad():
+        before = peer(ids, attention_mask=mask).logits
+        after = peer(changed, attention_mask=mask).logits
+        unmasked = peer(changed).logits
+    torch.testing.assert_close(after[:, 3:], before[:, 3:], rtol=0, atol=1e-6)
+    assert (unmasked[:, 3:] - before[:, 3:]).abs().max() > 1e-4
+
+
 def test_adamw_steps_reduce_the_loss_and_train_the_hyper_connections():
     _, peer = llama_and_peer(4)
     peer.train()
