@@ -33,8 +33,10 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ..configuration.ddl_mhc import DDLmHCConfig
+from .atomic_save import AtomicSaveMixin
 from .delta import beta_bias_for
 from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout
+from .strict_loading import StrictLoadingMixin
 
 
 class DDLmHCRMSNorm(LlamaRMSNorm):
@@ -120,7 +122,7 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
         return streams
 
 
-class DDLmHCPreTrainedModel(PreTrainedModel):
+class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, PreTrainedModel):
     config: DDLmHCConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .atomic_save import replace_folder, staging_folder
+
 PACKAGE = "geoformers"
 MODEL_CARDS = Path(__file__).resolve().parents[1] / "model_cards"
 
@@ -148,8 +150,8 @@ def _defined_names(node: ast.stmt) -> list[str]:
 def export_for_hub(model, tokenizer, folder: str | os.PathLike) -> Path:
     """Write `model` (+ `tokenizer`, may be None) as a folder that loads with `trust_remote_code=True`.
 
-    The folder is built in a temporary sibling and moved into place only when complete, so an
-    interrupted export never leaves a folder that loads.
+    The folder is built in a temporary sibling and swapped into place only when complete
+    (`atomic_save.replace_folder`): an interrupted export leaves the previous folder as it was.
     """
     config = getattr(model, "config", None)
     if not _is_internal(type(model).__module__) or not _is_internal(type(config).__module__):
@@ -158,7 +160,7 @@ def export_for_hub(model, tokenizer, folder: str | os.PathLike) -> Path:
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     config_file, modeling_file = f"configuration_{model_type}", f"modeling_{model_type}"
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = staging_folder(folder)
     try:
         config_module = type(config).__module__
         (staging / f"{config_file}.py").write_text(flatten_module(config_module), encoding="utf-8")
@@ -182,9 +184,7 @@ def export_for_hub(model, tokenizer, folder: str | os.PathLike) -> Path:
         card = MODEL_CARDS / f"{model_type}.md"
         if card.is_file():
             shutil.copyfile(card, staging / "README.md")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        replace_folder(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
