@@ -57,7 +57,8 @@ def _fsync_tree(folder: Path) -> None:
             os.close(descriptor)
 
 
-def _link_or_copy(source: str, destination: str) -> None:
+def link_or_copy(source: str, destination: str) -> None:
+    """Hard-link `source` to `destination`, or copy it where the filesystem has no hard links."""
     try:
         os.link(source, destination)
     except OSError:  # no hard links on this filesystem
@@ -102,9 +103,9 @@ def carry_over(old: Path, staging: Path) -> None:
         if entry.is_symlink():
             os.symlink(os.readlink(entry), destination)
         elif entry.is_dir():
-            shutil.copytree(entry, destination, symlinks=True, copy_function=_link_or_copy)
+            shutil.copytree(entry, destination, symlinks=True, copy_function=link_or_copy)
         else:
-            _link_or_copy(str(entry), str(destination))
+            link_or_copy(str(entry), str(destination))
 
 
 class AtomicSaveMixin:
@@ -130,4 +131,4 @@ class AtomicSaveMixin:
         return result
 
 
-__all__ = ["AtomicSaveMixin", "carry_over", "replace_folder", "staging_folder"]
+__all__ = ["AtomicSaveMixin", "carry_over", "link_or_copy", "replace_folder", "staging_folder"]

@@ -23,13 +23,8 @@ from growth_worker import (
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
-from geoformers.training.growth import (
-    HISTORY_FILE,
-    MARKER_FILE,
-    checkpoint_problem,
-    latest_complete_checkpoint,
-    resume_growth_training,
-)
+from geoformers.training.checkpoints import MARKER_FILE, checkpoint_problem, latest_complete_checkpoint
+from geoformers.training.growth import HISTORY_FILE, resume_growth_training
 
 WORKER = Path(__file__).resolve().parent / "growth_worker.py"
 HEAD_KEY = re.compile(r"^model\.layers\.(\d+)\.attention\.heads\.(\d+)\.")
@@ -127,7 +122,7 @@ def test_an_interrupted_save_never_loads_wrongly_and_is_skipped(run, task, tmp_p
     if weights_intact:  # config and weights agree: the model itself loads, at its grown size
         assert AutoModelForSequenceClassification.from_pretrained(broken).config.num_heads == [4]
     else:
-        with pytest.raises(Exception, match="num_heads|header|deserializ|incomplete|invalid"):
+        with pytest.raises(Exception, match="do not match|header|deserializ|incomplete|invalid"):
             AutoModelForSequenceClassification.from_pretrained(broken)
 
 
@@ -138,40 +133,36 @@ def test_from_pretrained_refuses_weights_whose_heads_disagree_with_the_config(ru
     weights = load_file(checkpoint / "model.safetensors")
     save_file({k: v for k, v in weights.items() if ".heads.3." not in k}, checkpoint / "model.safetensors",
               metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"missing from the weights \['model.layers.0.attention.heads.3'\]"):
+    with pytest.raises(ValueError, match=r"missing \[model\.layers\.0\.attention\.heads\.3\."):
         AutoModelForSequenceClassification.from_pretrained(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "num_heads": [2]}))
-    with pytest.raises(ValueError, match=r"the config lacks \['model.layers.0.attention.heads.2'\]"):
+    with pytest.raises(ValueError, match=r"unexpected \[model\.layers\.0\.attention\.heads\.2\."):
         AutoModelForSequenceClassification.from_pretrained(checkpoint)
 
 
-def test_plain_resume_with_a_model_of_another_size_is_refused(run, task, tmp_path):
-    """`trainer.train(resume_from_checkpoint=...)` on an initial-size model fails loudly before any step: on
-    loading optimizer.pt (group sizes differ) or, without it, in the callback that names the remedy."""
-    _, source = run
-    trainer = growth_trainer(tiny_model(), training_args(tmp_path / "a"), task["train"])
-    with pytest.raises(ValueError, match="optimizer's group"):
-        trainer.train(resume_from_checkpoint=str(source / "checkpoint-10"))
-    checkpoint = tmp_path / "checkpoint-10"
-    shutil.copytree(source / "checkpoint-10", checkpoint)
-    (checkpoint / "optimizer.pt").unlink()
-    trainer = growth_trainer(tiny_model(), training_args(tmp_path / "b"), task["train"])
-    with pytest.raises(ValueError, match=r"model has heads \[1\] but the checkpoint .* \[3\].*resume_growth"):
-        trainer.train(resume_from_checkpoint=str(checkpoint))
-    assert trainer.state.global_step == 10  # restored, and not one step taken
-    with pytest.raises(ValueError, match="no complete checkpoint"):
-        resume_growth_training(trainer)
+def resumed_losses_match(resumed_losses: dict, trainer) -> None:
+    """Steps 1-10 come from the checkpoint's trainer_state.json; steps 11-40 were trained again and must equal
+    the uninterrupted run's losses."""
+    uninterrupted = step_losses(trainer.state.log_history)
+    logged = {int(step): loss for step, loss in resumed_losses.items()}
+    assert sorted(logged) == list(range(1, 41))
+    assert [logged[step] for step in range(11, 41)] == pytest.approx(
+        [uninterrupted[step] for step in range(11, 41)], rel=1e-4, abs=1e-5
+    )
 
 
-def test_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(run, tmp_path):
-    """checkpoint-10 holds 3 heads while growth is still on; a new Python process resumes it with
-    `resume_growth_training` on an initial-size model and must take the same growth decisions at the same
-    steps, with losses equal to the uninterrupted run's (same data order, RNG and optimizer state)."""
+def test_stock_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(run, tmp_path):
+    """checkpoint-10 holds 3 heads while growth is still on; a new Python process builds the documented
+    set-up at the initial size (1 head, other weights, an optimizer built for 1 head) and calls the stock
+    `trainer.train(resume_from_checkpoint=True)`: it must take the same growth decisions at the same steps,
+    with the uninterrupted run's losses (same data order, RNG and optimizer state)."""
     trainer, source = run
+    output_dir = tmp_path / "resumed"
+    shutil.copytree(source / "checkpoint-10", output_dir / "checkpoint-10")
     result = tmp_path / "result.json"
-    command = [sys.executable, str(WORKER), "resume", "--checkpoint", str(source / "checkpoint-10"),
-               "--output-dir", str(tmp_path / "resumed"), "--result", str(result), "--max-steps", "40"]
+    command = [sys.executable, str(WORKER), "stock-resume", "--output-dir", str(output_dir),
+               "--result", str(result), "--max-steps", "40"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -179,11 +170,38 @@ def test_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(run, tmp
     history = growth_callback(trainer).history
     assert resumed["num_heads"] == trainer.model.config.num_heads == [4]
     assert resumed["events"] == json.loads(json.dumps(history["events"]))  # the history continued
-    uninterrupted = step_losses(trainer.state.log_history)
-    logged = {int(step): loss for step, loss in resumed["losses"].items()}
-    assert sorted(logged) == list(range(1, 41))  # steps 1-10 come from the checkpoint's trainer_state.json
-    after = {step: loss for step, loss in logged.items() if step > 10}
-    assert [after[step] for step in range(11, 41)] == pytest.approx(
-        [uninterrupted[step] for step in range(11, 41)], rel=1e-4, abs=1e-5
-    )
+    resumed_losses_match(resumed["losses"], trainer)
     assert resumed["checksum"] == parameter_checksum(trainer.model)
+
+
+def test_resume_growth_training_continues_like_the_uninterrupted_run(run, task, tmp_path):
+    """The helper picks the newest complete checkpoint (checkpoint-10 of a folder whose checkpoint-20 lost its
+    marker) and continues from it like the uninterrupted run, in this process."""
+    trainer, source = run
+    output_dir = tmp_path / "out"
+    shutil.copytree(source / "checkpoint-10", output_dir / "checkpoint-10")
+    shutil.copytree(source / "checkpoint-20", output_dir / "checkpoint-20")
+    (output_dir / "checkpoint-20" / MARKER_FILE).unlink()
+    resumed = growth_trainer(tiny_model(seed=123), training_args(output_dir, max_steps=40), task["train"])
+    resume_growth_training(resumed)
+    assert resumed.model.config.num_heads == [4]
+    resumed_losses_match(step_losses(resumed.state.log_history), trainer)
+    assert parameter_checksum(resumed.model) == parameter_checksum(trainer.model)
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        resume_growth_training(growth_trainer(tiny_model(), training_args(tmp_path / "empty"), task["train"]))
+
+
+def test_stock_resume_without_optimizer_state_still_takes_the_checkpoints_heads(run, task, tmp_path):
+    """A checkpoint saved without optimizer.pt: the stock resume loads the grown weights into an initial-size
+    model (the model follows the weights' head counts) and continues from step 10 with those heads."""
+    _, source = run
+    checkpoint = tmp_path / "checkpoint-10"
+    shutil.copytree(source / "checkpoint-10", checkpoint)
+    (checkpoint / "optimizer.pt").unlink()
+    trainer = growth_trainer(tiny_model(), training_args(tmp_path / "b", max_steps=11), task["train"])
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.state.global_step == 11
+    assert growth_callback(trainer).history["checks"][-1]["step"] == 10  # restored history, no check at 11
+    expected = load_file(checkpoint / "model.safetensors")
+    assert head_counts_in_weights(checkpoint) == [3] and trainer.model.config.num_heads == [3]
+    assert set(trainer.model.state_dict()) == set(expected)
