@@ -1,6 +1,7 @@
 """Checkpoints of a growing DDCL-INCRT run: exactly the active heads, identical reload, interrupted saves
 that never load wrongly, and resume in a fresh process that continues like the uninterrupted run."""
 
+import filecmp
 import json
 import os
 import re
@@ -21,10 +22,17 @@ from growth_worker import (
     training_args,
 )
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, Trainer, TrainerCallback
+from transformers.utils import logging as transformers_logging
 
-from geoformers.training.checkpoints import MARKER_FILE, checkpoint_problem, latest_complete_checkpoint
-from geoformers.training.growth import HISTORY_FILE, resume_growth_training
+from geoformers.training.checkpoints import (
+    MARKER_FILE,
+    checkpoint_problem,
+    latest_complete_checkpoint,
+    write_marker,
+)
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback, resume_growth_training
+from geoformers.training.optim import make_optimizer
 
 WORKER = Path(__file__).resolve().parent / "growth_worker.py"
 HEAD_KEY = re.compile(r"^model\.layers\.(\d+)\.attention\.heads\.(\d+)\.")
@@ -205,3 +213,148 @@ def test_stock_resume_without_optimizer_state_still_takes_the_checkpoints_heads(
     expected = load_file(checkpoint / "model.safetensors")
     assert head_counts_in_weights(checkpoint) == [3] and trainer.model.config.num_heads == [3]
     assert set(trainer.model.state_dict()) == set(expected)
+
+
+# ------------------------------------------------------------------------------------ integrity of the marker
+
+
+def checkpoint_copy(run, tmp_path, steps=(30, 40)) -> Path:
+    _, source = run
+    output_dir = tmp_path / "out"
+    for step in steps:
+        shutil.copytree(source / f"checkpoint-{step}", output_dir / f"checkpoint-{step}")
+    return output_dir
+
+
+@pytest.fixture
+def transformers_log(caplog):
+    """transformers' logger does not propagate to the root logger by default; let caplog see it."""
+    transformers_logging.enable_propagation()
+    yield caplog
+    transformers_logging.disable_propagation()
+
+
+def test_bytes_changed_in_place_or_same_size_weights_of_another_checkpoint_are_detected(run, tmp_path):
+    output_dir = checkpoint_copy(run, tmp_path)
+    newest, older = output_dir / "checkpoint-40", output_dir / "checkpoint-30"
+    assert (newest / "model.safetensors").stat().st_size == (older / "model.safetensors").stat().st_size
+    shutil.copy(older / "model.safetensors", newest / "model.safetensors")  # same heads, same size
+    assert "model.safetensors has changed" in checkpoint_problem(newest)
+    assert latest_complete_checkpoint(output_dir) == str(older)
+    data = bytearray((older / "optimizer.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte flipped in place
+    (older / "optimizer.pt").write_bytes(bytes(data))
+    assert "optimizer.pt has changed" in checkpoint_problem(older)
+    assert latest_complete_checkpoint(output_dir) is None
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda c: (c / MARKER_FILE).write_text("{}"), "malformed geoformers_checkpoint.json"),
+        (lambda c: (c / MARKER_FILE).write_text("[1, 2]"), "a JSON object was expected"),
+        (lambda c: (c / MARKER_FILE).write_text("{trunc"), "geoformers_checkpoint.json is unreadable"),
+        (lambda c: (c / "config.json").write_bytes(b'{"num_heads": [4], "x": "\xff\xfe"}'),
+         "config.json is unreadable (UnicodeDecodeError"),
+        (lambda c: add_file_record(c, "config.json", {"size": "big"}), "must hold an int"),
+        (lambda c: add_file_record(c, "../config.json", {"size": 1, "sha256": ""}), "points outside"),
+        (lambda c: edit_json(c / MARKER_FILE, global_step=30), "is for step 30"),
+        (lambda c: remark(c, drop="num_heads"), "config.json has no `num_heads`"),
+    ],
+    ids=["empty marker", "marker a list", "truncated marker", "non-UTF-8 config", "bad file record",
+         "path outside", "marker of another step", "config without num_heads"],
+)
+def test_a_malformed_marker_or_config_is_skipped_with_a_logged_reason(run, tmp_path, transformers_log, damage,
+                                                                     reason):
+    output_dir = checkpoint_copy(run, tmp_path)
+    damage(output_dir / "checkpoint-40")
+    assert reason in checkpoint_problem(output_dir / "checkpoint-40")
+    with transformers_log.at_level("WARNING"):
+        assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-30")
+    assert any("skipping incomplete checkpoint" in r.message and reason in r.message
+               for r in transformers_log.records)
+
+
+def edit_json(path: Path, **fields) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def add_file_record(checkpoint: Path, name: str, record) -> None:
+    marker = json.loads((checkpoint / MARKER_FILE).read_text())
+    edit_json(checkpoint / MARKER_FILE, files={**marker["files"], name: record})
+
+
+def remark(checkpoint: Path, drop: str) -> None:
+    """config.json without `drop`, and a marker written for that config (so only the config is wrong)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config[drop]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    write_marker(checkpoint, 40, json.loads((checkpoint / MARKER_FILE).read_text())["num_heads"])
+
+
+class CrashAt(TrainerCallback):
+    """Stands for a kill: raises in `on_save` at `step`, before the growth callback's on_save runs."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt(f"killed at step {self.step}")
+
+
+def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yields_a_mix(run, task, tmp_path,
+                                                                                          monkeypatch):
+    """Run B (other learning rate) writes into run A's output_dir and dies after its model but before its
+    optimizer at step 10: checkpoint-10 holds B's weights, A's optimizer, trainer state and marker."""
+    _, source = run
+    output_dir = tmp_path / "shared"
+    shutil.copytree(source, output_dir)
+    original = Trainer._save_optimizer_and_scheduler
+
+    def die_at_step_10(trainer, folder):
+        if trainer.state.global_step == 10:
+            raise KeyboardInterrupt("killed")
+        original(trainer, folder)
+
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", die_at_step_10)
+    second = growth_trainer(tiny_model(), training_args(output_dir, max_steps=40, save_strategy="steps",
+                                                        save_steps=10, learning_rate=2e-3), task["train"])
+    with pytest.raises(KeyboardInterrupt):
+        second.train()
+    mixed = output_dir / "checkpoint-10"
+    assert not filecmp.cmp(mixed / "model.safetensors", source / "checkpoint-10" / "model.safetensors", False)
+    assert filecmp.cmp(mixed / "optimizer.pt", source / "checkpoint-10" / "optimizer.pt", False)
+    assert "has changed since the save completed" in checkpoint_problem(mixed)
+    assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-40")  # A's, untouched
+
+
+def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the_next_is_complete(task,
+                                                                                                 tmp_path):
+    """The Trainer deletes checkpoint-5 when it writes checkpoint-10, before the growth callback marks it;
+    a kill there (here: an exception in an earlier on_save) leaves the kept copy of checkpoint-5, which
+    resumes to the same step-10 weights."""
+    args = training_args(tmp_path / "limited", max_steps=10, save_strategy="steps", save_steps=5,
+                         save_total_limit=1)
+    model = tiny_model()
+    trainer = Trainer(model=model, args=args, train_dataset=task["train"],
+                      optimizers=(make_optimizer(model, args), None),
+                      callbacks=[CrashAt(10), IncrtGrowthCallback(check_every=5)])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    output_dir = Path(args.output_dir)
+    assert not (output_dir / "checkpoint-5").exists()  # rotated away by the Trainer
+    assert "geoformers_checkpoint.json is missing" in checkpoint_problem(output_dir / "checkpoint-10")
+    kept = latest_complete_checkpoint(output_dir)
+    assert kept == str(output_dir / ".kept-checkpoint-5")
+    resumed = growth_trainer(tiny_model(seed=9), training_args(output_dir, max_steps=10), task["train"])
+    resume_growth_training(resumed, kept)
+    uninterrupted = load_file(output_dir / "checkpoint-10" / "model.safetensors")
+    assert all(torch.equal(value, uninterrupted[key]) for key, value in resumed.model.state_dict().items())
+
+
+def test_with_save_total_limit_1_a_finished_run_leaves_only_its_last_checkpoint(task, tmp_path):
+    args = training_args(tmp_path, max_steps=10, save_strategy="steps", save_steps=5, save_total_limit=1)
+    growth_trainer(tiny_model(), args, task["train"], check_every=5).train()
+    assert sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name) == ["checkpoint-10"]
+    assert latest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
