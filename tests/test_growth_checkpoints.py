@@ -4,10 +4,14 @@ that never load wrongly, and resume in a fresh process that continues like the u
 import filecmp
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -358,3 +362,90 @@ def test_with_save_total_limit_1_a_finished_run_leaves_only_its_last_checkpoint(
     growth_trainer(tiny_model(), args, task["train"], check_every=5).train()
     assert sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name) == ["checkpoint-10"]
     assert latest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+# ------------------------------------------------------------------------- real kills (slow, forked trainers)
+
+
+def train_and_get_killed(train, ready, delay: float, timeout: float = 120.0) -> None:
+    """Fork a process running `train()`; once `ready()` holds, SIGKILL it after `delay` seconds."""
+    pid = os.fork()
+    if pid == 0:  # the trainer: never returns to pytest
+        try:
+            train()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def same_tensors(first: dict, second: dict) -> bool:
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def optimizer_tensors(checkpoint: Path) -> dict:
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"]
+    return {f"{index}.{name}": value for index, entry in state.items() for name, value in entry.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the trainer it kills")
+def test_a_second_run_killed_at_random_points_in_a_finished_runs_folder_never_yields_a_mix(run, task,
+                                                                                           tmp_path):
+    """Run B (learning rate 2e-3, a checkpoint every 2 steps) trains into run A's output_dir and is killed
+    at seeded random times; the checkpoint `latest_complete_checkpoint` returns must hold the weights and
+    the optimizer state of one run (B's compared with an uninterrupted reference run of B)."""
+    _, source = run
+
+    def run_b(output_dir):
+        args = training_args(output_dir, max_steps=40, save_strategy="steps", save_steps=2,
+                             learning_rate=2e-3, logging_steps=10)
+        growth_trainer(tiny_model(), args, task["train"]).train()
+
+    reference = tmp_path / "reference"
+    run_b(reference)
+    generator = random.Random(0)
+    for trial in range(6):
+        output_dir = tmp_path / f"shared{trial}"
+        shutil.copytree(source, output_dir)
+        train_and_get_killed(partial(run_b, output_dir), lambda: True, generator.uniform(1.0, 6.0))
+        chosen = Path(latest_complete_checkpoint(output_dir))
+        weights, moments = load_file(chosen / "model.safetensors"), optimizer_tensors(chosen)
+        origins = [folder / chosen.name for folder in (source, reference) if (folder / chosen.name).is_dir()]
+        matches = [origin for origin in origins
+                   if same_tensors(weights, load_file(origin / "model.safetensors"))
+                   and same_tensors(moments, optimizer_tensors(origin))]
+        assert len(matches) == 1, (trial, chosen.name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the trainer it kills")
+def test_with_save_total_limit_1_a_kill_at_random_points_always_leaves_a_complete_checkpoint(task, tmp_path):
+    """A slow disk (0.2 s in an on_save before the growth callback's) widens the window between the
+    Trainer's rotation and the marker; kills at seeded random times must always leave a complete one."""
+
+    class SlowDisk(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            time.sleep(0.2)
+
+    generator = random.Random(1)
+    for trial in range(8):
+        output_dir = tmp_path / f"run{trial}"
+        args = training_args(output_dir, max_steps=60, save_strategy="steps", save_steps=2,
+                             save_total_limit=1, logging_steps=10)
+        model = tiny_model()
+        trainer = Trainer(model=model, args=args, train_dataset=task["train"],
+                          optimizers=(make_optimizer(model, args), None),
+                          callbacks=[SlowDisk(), IncrtGrowthCallback(check_every=5)])
+        marked = partial(lambda folder: any(folder.glob(f"checkpoint-*/{MARKER_FILE}")), output_dir)
+        train_and_get_killed(trainer.train, marked, generator.uniform(0.0, 2.0))
+        chosen = latest_complete_checkpoint(output_dir)
+        assert chosen is not None, (trial, sorted(p.name for p in output_dir.iterdir()))
+        state = json.loads((Path(chosen) / "trainer_state.json").read_text())
+        assert Path(chosen).name.endswith(f"checkpoint-{state['global_step']}")
+        assert AutoModelForSequenceClassification.from_pretrained(chosen).config.num_heads == state[
+            "stateful_callbacks"]["IncrtGrowthCallback"]["attributes"]["history"]["num_heads"]
