@@ -60,6 +60,15 @@ def test_a_complete_causal_lm_checkpoint_reloads_cleanly_tied_or_not(tmp_path, t
     assert torch.equal(reloaded.eval()(IDS).logits, model(IDS).logits)
 
 
+def test_a_complete_grown_encoder_checkpoint_reloads_cleanly(tmp_path):
+    model = encoder()
+    model.grow_head(0)  # three heads, the config says so
+    model.save_pretrained(tmp_path)
+    reloaded, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
+    assert all(len(keys) == 0 for keys in info.values()) and reloaded.config.num_heads == [3]
+    assert torch.equal(reloaded.eval()(IDS).logits, model(IDS).logits)
+
+
 @pytest.mark.parametrize(
     ("damage", "named"),
     [
