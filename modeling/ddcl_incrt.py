@@ -11,7 +11,6 @@ architecture; `grow_head`, `prune_head` and `resize_heads` edit it.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +23,11 @@ from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
 from ..configuration.ddcl_incrt import DDCLIncrtConfig
+from .atomic_save import AtomicSaveMixin
 from .hub_code import HubCodeMixin
 from .incrt import AttentionHead, AttentionOutput, GateDecision, GrowableAttention, IncrtGate
 from .prototypes import PrototypeBank, assignment_perplexity, min_pairwise_distance, rho_for_temperature
-
-_HEAD_KEY = re.compile(r"^(?P<head>(?:.*\.)?layers\.\d+\.attention\.heads\.\d+)\.")  # one head's weights
+from .strict_loading import StrictLoadingMixin
 
 
 @dataclass
@@ -124,7 +123,7 @@ def _masked_token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.
     return (values * weights).sum() / (weights.sum() * values.shape[1]).clamp_min(1.0)
 
 
-class DDCLIncrtPreTrainedModel(HubCodeMixin, PreTrainedModel):
+class DDCLIncrtPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel):
     """Weight initialisation and the growth API shared by the encoder and the classifier (DESIGN §3)."""
 
     config: DDCLIncrtConfig
@@ -144,31 +143,6 @@ class DDCLIncrtPreTrainedModel(HubCodeMixin, PreTrainedModel):
         elif isinstance(module, IncrtGate):
             for name, value in module.initial_state().items():
                 init.copy_(getattr(module, name), value)
-
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, refusing weights whose heads disagree with the config's
-        `num_heads` (e.g. a checkpoint whose save was interrupted after config.json): a head the config
-        declares but the weights lack entirely, or weights of a head the config does not have, raise
-        ValueError instead of being initialised or dropped silently. Single keys missing inside a present
-        head still load as usual (initialised by `_init_weights`)."""
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        model, loading_info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        head_keys: dict[str, set[str]] = {}
-        for key in model.state_dict():
-            match = _HEAD_KEY.match(key)
-            if match is not None:
-                head_keys.setdefault(match["head"], set()).add(key)
-        missing = set(loading_info["missing_keys"])
-        absent = sorted(head for head, keys in head_keys.items() if keys <= missing)
-        foreign = sorted({m["head"] for k in loading_info["unexpected_keys"] if (m := _HEAD_KEY.match(k))})
-        if absent or foreign:
-            raise ValueError(
-                f"checkpoint weights do not match `num_heads` = {model.config.num_heads} in its config: "
-                f"heads missing from the weights {absent}, weights of heads the config lacks {foreign} "
-                "(an interrupted or mixed save?)"
-            )
-        return (model, loading_info) if output_loading_info else model
 
     def _attention(self, layer: int) -> GrowableAttention:
         num_layers = len(self.base_model.layers)

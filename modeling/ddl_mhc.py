@@ -33,9 +33,11 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ..configuration.ddl_mhc import DDLmHCConfig
+from .atomic_save import AtomicSaveMixin
 from .delta import beta_bias_for
 from .hub_code import HubCodeMixin
 from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout
+from .strict_loading import StrictLoadingMixin
 
 
 class DDLmHCRMSNorm(LlamaRMSNorm):
@@ -121,7 +123,7 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
         return streams
 
 
-class DDLmHCPreTrainedModel(HubCodeMixin, PreTrainedModel):
+class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel):
     config: DDLmHCConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from huggingface_hub import HfApi
 
+from .atomic_save import replace_folder, staging_folder
 from .hub_code import _is_internal
 from .model_card import model_card
 
@@ -22,8 +23,8 @@ def export_for_hub(model, tokenizer, folder: str | os.PathLike,
     """Write `model` (+ `tokenizer`, may be None) as a folder that loads with `trust_remote_code=True`,
     with a README.md model card listing `metrics` (name -> value measured on this model; None: no results).
 
-    The folder is built in a temporary sibling and moved into place only when complete, so an
-    interrupted export never leaves a folder that loads.
+    The folder is built in a temporary sibling and swapped into place only when complete
+    (`atomic_save.replace_folder`): an interrupted export leaves the previous folder as it was.
     """
     config = getattr(model, "config", None)
     if not _is_internal(type(model).__module__) or not _is_internal(type(config).__module__):
@@ -31,15 +32,13 @@ def export_for_hub(model, tokenizer, folder: str | os.PathLike,
     card = model_card(model, metrics)
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = staging_folder(folder)
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         card.save(staging / "README.md")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        replace_folder(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -1,11 +1,14 @@
 """Small DDCL-INCRT growth runs for tests/test_growth_*.py, importable and runnable in fresh processes.
 
     python tests/growth_worker.py resume --checkpoint DIR --output-dir DIR --result FILE
+    python tests/growth_worker.py stock-resume --output-dir DIR --result FILE
     torchrun --standalone --nproc_per_node 2 tests/growth_worker.py ddp \
         --output-dir DIR --result FILE
 
-`resume` trains a fresh initial-size model from a checkpoint with `resume_growth_training`; `ddp` trains with
-growth on every rank. Both write a JSON result (per rank for `ddp`: FILE with `.rank<r>` inserted).
+`resume` trains a fresh initial-size model from a checkpoint with `resume_growth_training`, `stock-resume`
+with the stock `trainer.train(resume_from_checkpoint=True)` from the newest checkpoint in the output
+directory; `ddp` trains with growth on every rank. All write a JSON result (per rank for `ddp`: FILE with
+`.rank<r>` inserted).
 """
 
 from __future__ import annotations
@@ -95,7 +98,10 @@ def _resume(options) -> None:
     model = tiny_model(seed=123)  # initial size and other weights: the checkpoint must overwrite them
     args = training_args(options.output_dir, max_steps=options.max_steps)
     trainer = growth_trainer(model, args, spectral_task()["train"])
-    resume_growth_training(trainer, options.checkpoint)
+    if options.mode == "stock-resume":
+        trainer.train(resume_from_checkpoint=True)
+    else:
+        resume_growth_training(trainer, options.checkpoint)
     history = json.loads((Path(options.output_dir) / "growth_history.json").read_text())
     Path(options.result).write_text(json.dumps({
         "num_heads": model.config.num_heads, "losses": step_losses(trainer.state.log_history),
@@ -133,10 +139,10 @@ def _ddp(options) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=["resume", "ddp"])
+    parser.add_argument("mode", choices=["resume", "stock-resume", "ddp"])
     parser.add_argument("--output-dir", dest="output_dir", required=True)
     parser.add_argument("--result", required=True)
     parser.add_argument("--checkpoint")
     parser.add_argument("--max-steps", dest="max_steps", type=int, default=40)
     options = parser.parse_args()
-    _resume(options) if options.mode == "resume" else _ddp(options)
+    _ddp(options) if options.mode == "ddp" else _resume(options)

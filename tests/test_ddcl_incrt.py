@@ -364,7 +364,7 @@ def test_keys_missing_from_a_checkpoint_are_initialised_by_init_weights(tmp_path
     missing = [k for k in weights if ".gate." in k or k.endswith("heads.1.prototype_bank.prototypes")]
     save_file({k: v for k, v in weights.items() if k not in missing}, tmp_path / "model.safetensors",
               metadata={"format": "pt"})
-    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path, strict=False)  # a partial load
     for layer in reloaded.model.layers:
         gate = layer.attention.gate
         for name, value in gate.initial_state().items():

@@ -1,12 +1,17 @@
 """Checkpoints of a growing DDCL-INCRT run: exactly the active heads, identical reload, interrupted saves
 that never load wrongly, and resume in a fresh process that continues like the uninterrupted run."""
 
+import filecmp
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,15 +26,17 @@ from growth_worker import (
     training_args,
 )
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, Trainer, TrainerCallback
+from transformers.utils import logging as transformers_logging
 
-from geoformers.training.growth import (
-    HISTORY_FILE,
+from geoformers.training.checkpoints import (
     MARKER_FILE,
     checkpoint_problem,
     latest_complete_checkpoint,
-    resume_growth_training,
+    write_marker,
 )
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback, resume_growth_training
+from geoformers.training.optim import make_optimizer
 
 WORKER = Path(__file__).resolve().parent / "growth_worker.py"
 HEAD_KEY = re.compile(r"^model\.layers\.(\d+)\.attention\.heads\.(\d+)\.")
@@ -127,7 +134,7 @@ def test_an_interrupted_save_never_loads_wrongly_and_is_skipped(run, task, tmp_p
     if weights_intact:  # config and weights agree: the model itself loads, at its grown size
         assert AutoModelForSequenceClassification.from_pretrained(broken).config.num_heads == [4]
     else:
-        with pytest.raises(Exception, match="num_heads|header|deserializ|incomplete|invalid"):
+        with pytest.raises(Exception, match="do not match|header|deserializ|incomplete|invalid"):
             AutoModelForSequenceClassification.from_pretrained(broken)
 
 
@@ -138,40 +145,36 @@ def test_from_pretrained_refuses_weights_whose_heads_disagree_with_the_config(ru
     weights = load_file(checkpoint / "model.safetensors")
     save_file({k: v for k, v in weights.items() if ".heads.3." not in k}, checkpoint / "model.safetensors",
               metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"missing from the weights \['model.layers.0.attention.heads.3'\]"):
+    with pytest.raises(ValueError, match=r"missing \[model\.layers\.0\.attention\.heads\.3\."):
         AutoModelForSequenceClassification.from_pretrained(checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "num_heads": [2]}))
-    with pytest.raises(ValueError, match=r"the config lacks \['model.layers.0.attention.heads.2'\]"):
+    with pytest.raises(ValueError, match=r"unexpected \[model\.layers\.0\.attention\.heads\.2\."):
         AutoModelForSequenceClassification.from_pretrained(checkpoint)
 
 
-def test_plain_resume_with_a_model_of_another_size_is_refused(run, task, tmp_path):
-    """`trainer.train(resume_from_checkpoint=...)` on an initial-size model fails loudly before any step: on
-    loading optimizer.pt (group sizes differ) or, without it, in the callback that names the remedy."""
-    _, source = run
-    trainer = growth_trainer(tiny_model(), training_args(tmp_path / "a"), task["train"])
-    with pytest.raises(ValueError, match="optimizer's group"):
-        trainer.train(resume_from_checkpoint=str(source / "checkpoint-10"))
-    checkpoint = tmp_path / "checkpoint-10"
-    shutil.copytree(source / "checkpoint-10", checkpoint)
-    (checkpoint / "optimizer.pt").unlink()
-    trainer = growth_trainer(tiny_model(), training_args(tmp_path / "b"), task["train"])
-    with pytest.raises(ValueError, match=r"model has heads \[1\] but the checkpoint .* \[3\].*resume_growth"):
-        trainer.train(resume_from_checkpoint=str(checkpoint))
-    assert trainer.state.global_step == 10  # restored, and not one step taken
-    with pytest.raises(ValueError, match="no complete checkpoint"):
-        resume_growth_training(trainer)
+def resumed_losses_match(resumed_losses: dict, trainer) -> None:
+    """Steps 1-10 come from the checkpoint's trainer_state.json; steps 11-40 were trained again and must equal
+    the uninterrupted run's losses."""
+    uninterrupted = step_losses(trainer.state.log_history)
+    logged = {int(step): loss for step, loss in resumed_losses.items()}
+    assert sorted(logged) == list(range(1, 41))
+    assert [logged[step] for step in range(11, 41)] == pytest.approx(
+        [uninterrupted[step] for step in range(11, 41)], rel=1e-4, abs=1e-5
+    )
 
 
-def test_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(run, tmp_path):
-    """checkpoint-10 holds 3 heads while growth is still on; a new Python process resumes it with
-    `resume_growth_training` on an initial-size model and must take the same growth decisions at the same
-    steps, with losses equal to the uninterrupted run's (same data order, RNG and optimizer state)."""
+def test_stock_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(run, tmp_path):
+    """checkpoint-10 holds 3 heads while growth is still on; a new Python process builds the documented
+    set-up at the initial size (1 head, other weights, an optimizer built for 1 head) and calls the stock
+    `trainer.train(resume_from_checkpoint=True)`: it must take the same growth decisions at the same steps,
+    with the uninterrupted run's losses (same data order, RNG and optimizer state)."""
     trainer, source = run
+    output_dir = tmp_path / "resumed"
+    shutil.copytree(source / "checkpoint-10", output_dir / "checkpoint-10")
     result = tmp_path / "result.json"
-    command = [sys.executable, str(WORKER), "resume", "--checkpoint", str(source / "checkpoint-10"),
-               "--output-dir", str(tmp_path / "resumed"), "--result", str(result), "--max-steps", "40"]
+    command = [sys.executable, str(WORKER), "stock-resume", "--output-dir", str(output_dir),
+               "--result", str(result), "--max-steps", "40"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -179,11 +182,270 @@ def test_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(run, tmp
     history = growth_callback(trainer).history
     assert resumed["num_heads"] == trainer.model.config.num_heads == [4]
     assert resumed["events"] == json.loads(json.dumps(history["events"]))  # the history continued
-    uninterrupted = step_losses(trainer.state.log_history)
-    logged = {int(step): loss for step, loss in resumed["losses"].items()}
-    assert sorted(logged) == list(range(1, 41))  # steps 1-10 come from the checkpoint's trainer_state.json
-    after = {step: loss for step, loss in logged.items() if step > 10}
-    assert [after[step] for step in range(11, 41)] == pytest.approx(
-        [uninterrupted[step] for step in range(11, 41)], rel=1e-4, abs=1e-5
-    )
+    resumed_losses_match(resumed["losses"], trainer)
     assert resumed["checksum"] == parameter_checksum(trainer.model)
+
+
+def test_resume_growth_training_continues_like_the_uninterrupted_run(run, task, tmp_path):
+    """The helper picks the newest complete checkpoint (checkpoint-10 of a folder whose checkpoint-20 lost its
+    marker) and continues from it like the uninterrupted run, in this process."""
+    trainer, source = run
+    output_dir = tmp_path / "out"
+    shutil.copytree(source / "checkpoint-10", output_dir / "checkpoint-10")
+    shutil.copytree(source / "checkpoint-20", output_dir / "checkpoint-20")
+    (output_dir / "checkpoint-20" / MARKER_FILE).unlink()
+    resumed = growth_trainer(tiny_model(seed=123), training_args(output_dir, max_steps=40), task["train"])
+    resume_growth_training(resumed)
+    assert resumed.model.config.num_heads == [4]
+    resumed_losses_match(step_losses(resumed.state.log_history), trainer)
+    assert parameter_checksum(resumed.model) == parameter_checksum(trainer.model)
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        resume_growth_training(growth_trainer(tiny_model(), training_args(tmp_path / "empty"), task["train"]))
+
+
+def test_stock_resume_without_optimizer_state_still_takes_the_checkpoints_heads(run, task, tmp_path):
+    """A checkpoint saved without optimizer.pt: the stock resume loads the grown weights into an initial-size
+    model (the model follows the weights' head counts) and continues from step 10 with those heads."""
+    _, source = run
+    checkpoint = tmp_path / "checkpoint-10"
+    shutil.copytree(source / "checkpoint-10", checkpoint)
+    (checkpoint / "optimizer.pt").unlink()
+    trainer = growth_trainer(tiny_model(), training_args(tmp_path / "b", max_steps=11), task["train"])
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.state.global_step == 11
+    assert growth_callback(trainer).history["checks"][-1]["step"] == 10  # restored history, no check at 11
+    expected = load_file(checkpoint / "model.safetensors")
+    assert head_counts_in_weights(checkpoint) == [3] and trainer.model.config.num_heads == [3]
+    assert set(trainer.model.state_dict()) == set(expected)
+
+
+# ------------------------------------------------------------------------------------ integrity of the marker
+
+
+def checkpoint_copy(run, tmp_path, steps=(30, 40)) -> Path:
+    _, source = run
+    output_dir = tmp_path / "out"
+    for step in steps:
+        shutil.copytree(source / f"checkpoint-{step}", output_dir / f"checkpoint-{step}")
+    return output_dir
+
+
+@pytest.fixture
+def transformers_log(caplog):
+    """transformers' logger does not propagate to the root logger by default; let caplog see it."""
+    transformers_logging.enable_propagation()
+    yield caplog
+    transformers_logging.disable_propagation()
+
+
+def test_bytes_changed_in_place_or_same_size_weights_of_another_checkpoint_are_detected(run, tmp_path):
+    output_dir = checkpoint_copy(run, tmp_path)
+    newest, older = output_dir / "checkpoint-40", output_dir / "checkpoint-30"
+    assert (newest / "model.safetensors").stat().st_size == (older / "model.safetensors").stat().st_size
+    shutil.copy(older / "model.safetensors", newest / "model.safetensors")  # same heads, same size
+    assert "model.safetensors has changed" in checkpoint_problem(newest)
+    assert latest_complete_checkpoint(output_dir) == str(older)
+    data = bytearray((older / "optimizer.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte flipped in place
+    (older / "optimizer.pt").write_bytes(bytes(data))
+    assert "optimizer.pt has changed" in checkpoint_problem(older)
+    assert latest_complete_checkpoint(output_dir) is None
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda c: (c / MARKER_FILE).write_text("{}"), "malformed geoformers_checkpoint.json"),
+        (lambda c: (c / MARKER_FILE).write_text("[1, 2]"), "a JSON object was expected"),
+        (lambda c: (c / MARKER_FILE).write_text("{trunc"), "geoformers_checkpoint.json is unreadable"),
+        (lambda c: (c / "config.json").write_bytes(b'{"num_heads": [4], "x": "\xff\xfe"}'),
+         "config.json is unreadable (UnicodeDecodeError"),
+        (lambda c: add_file_record(c, "config.json", {"size": "big"}), "must hold an int"),
+        (lambda c: add_file_record(c, "../config.json", {"size": 1, "sha256": ""}), "points outside"),
+        (lambda c: edit_json(c / MARKER_FILE, global_step=30), "is for step 30"),
+        (lambda c: remark(c, drop="num_heads"), "config.json has no `num_heads`"),
+    ],
+    ids=["empty marker", "marker a list", "truncated marker", "non-UTF-8 config", "bad file record",
+         "path outside", "marker of another step", "config without num_heads"],
+)
+def test_a_malformed_marker_or_config_is_skipped_with_a_logged_reason(run, tmp_path, transformers_log, damage,
+                                                                     reason):
+    output_dir = checkpoint_copy(run, tmp_path)
+    damage(output_dir / "checkpoint-40")
+    assert reason in checkpoint_problem(output_dir / "checkpoint-40")
+    with transformers_log.at_level("WARNING"):
+        assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-30")
+    assert any("skipping incomplete checkpoint" in r.message and reason in r.message
+               for r in transformers_log.records)
+
+
+def edit_json(path: Path, **fields) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def add_file_record(checkpoint: Path, name: str, record) -> None:
+    marker = json.loads((checkpoint / MARKER_FILE).read_text())
+    edit_json(checkpoint / MARKER_FILE, files={**marker["files"], name: record})
+
+
+def remark(checkpoint: Path, drop: str) -> None:
+    """config.json without `drop`, and a marker written for that config (so only the config is wrong)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config[drop]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    write_marker(checkpoint, 40, json.loads((checkpoint / MARKER_FILE).read_text())["num_heads"])
+
+
+class CrashAt(TrainerCallback):
+    """Stands for a kill: raises in `on_save` at `step`, before the growth callback's on_save runs."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt(f"killed at step {self.step}")
+
+
+def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yields_a_mix(run, task, tmp_path,
+                                                                                          monkeypatch):
+    """Run B (other learning rate) writes into run A's output_dir and dies after its model but before its
+    optimizer at step 10: checkpoint-10 holds B's weights, A's optimizer, trainer state and marker."""
+    _, source = run
+    output_dir = tmp_path / "shared"
+    shutil.copytree(source, output_dir)
+    original = Trainer._save_optimizer_and_scheduler
+
+    def die_at_step_10(trainer, folder):
+        if trainer.state.global_step == 10:
+            raise KeyboardInterrupt("killed")
+        original(trainer, folder)
+
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", die_at_step_10)
+    second = growth_trainer(tiny_model(), training_args(output_dir, max_steps=40, save_strategy="steps",
+                                                        save_steps=10, learning_rate=2e-3), task["train"])
+    with pytest.raises(KeyboardInterrupt):
+        second.train()
+    mixed = output_dir / "checkpoint-10"
+    assert not filecmp.cmp(mixed / "model.safetensors", source / "checkpoint-10" / "model.safetensors", False)
+    assert filecmp.cmp(mixed / "optimizer.pt", source / "checkpoint-10" / "optimizer.pt", False)
+    assert "has changed since the save completed" in checkpoint_problem(mixed)
+    assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-40")  # A's, untouched
+
+
+def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the_next_is_complete(task,
+                                                                                                 tmp_path):
+    """The Trainer deletes checkpoint-5 when it writes checkpoint-10, before the growth callback marks it;
+    a kill there (here: an exception in an earlier on_save) leaves the kept copy of checkpoint-5, which
+    resumes to the same step-10 weights."""
+    args = training_args(tmp_path / "limited", max_steps=10, save_strategy="steps", save_steps=5,
+                         save_total_limit=1)
+    model = tiny_model()
+    trainer = Trainer(model=model, args=args, train_dataset=task["train"],
+                      optimizers=(make_optimizer(model, args), None),
+                      callbacks=[CrashAt(10), IncrtGrowthCallback(check_every=5)])
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    output_dir = Path(args.output_dir)
+    assert not (output_dir / "checkpoint-5").exists()  # rotated away by the Trainer
+    assert "geoformers_checkpoint.json is missing" in checkpoint_problem(output_dir / "checkpoint-10")
+    kept = latest_complete_checkpoint(output_dir)
+    assert kept == str(output_dir / ".kept-checkpoint-5")
+    resumed = growth_trainer(tiny_model(seed=9), training_args(output_dir, max_steps=10), task["train"])
+    resume_growth_training(resumed, kept)
+    uninterrupted = load_file(output_dir / "checkpoint-10" / "model.safetensors")
+    assert all(torch.equal(value, uninterrupted[key]) for key, value in resumed.model.state_dict().items())
+
+
+def test_with_save_total_limit_1_a_finished_run_leaves_only_its_last_checkpoint(task, tmp_path):
+    args = training_args(tmp_path, max_steps=10, save_strategy="steps", save_steps=5, save_total_limit=1)
+    growth_trainer(tiny_model(), args, task["train"], check_every=5).train()
+    assert sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name) == ["checkpoint-10"]
+    assert latest_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+
+
+# ------------------------------------------------------------------------- real kills (slow, forked trainers)
+
+
+def train_and_get_killed(train, ready, delay: float, timeout: float = 120.0) -> None:
+    """Fork a process running `train()`; once `ready()` holds, SIGKILL it after `delay` seconds."""
+    pid = os.fork()
+    if pid == 0:  # the trainer: never returns to pytest
+        try:
+            train()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def same_tensors(first: dict, second: dict) -> bool:
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def optimizer_tensors(checkpoint: Path) -> dict:
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"]
+    return {f"{index}.{name}": value for index, entry in state.items() for name, value in entry.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the trainer it kills")
+def test_a_second_run_killed_at_random_points_in_a_finished_runs_folder_never_yields_a_mix(run, task,
+                                                                                           tmp_path):
+    """Run B (learning rate 2e-3, a checkpoint every 2 steps) trains into run A's output_dir and is killed
+    at seeded random times; the checkpoint `latest_complete_checkpoint` returns must hold the weights and
+    the optimizer state of one run (B's compared with an uninterrupted reference run of B)."""
+    _, source = run
+
+    def run_b(output_dir):
+        args = training_args(output_dir, max_steps=40, save_strategy="steps", save_steps=2,
+                             learning_rate=2e-3, logging_steps=10)
+        growth_trainer(tiny_model(), args, task["train"]).train()
+
+    reference = tmp_path / "reference"
+    run_b(reference)
+    generator = random.Random(0)
+    for trial in range(6):
+        output_dir = tmp_path / f"shared{trial}"
+        shutil.copytree(source, output_dir)
+        train_and_get_killed(partial(run_b, output_dir), lambda: True, generator.uniform(1.0, 6.0))
+        chosen = Path(latest_complete_checkpoint(output_dir))
+        weights, moments = load_file(chosen / "model.safetensors"), optimizer_tensors(chosen)
+        origins = [folder / chosen.name for folder in (source, reference) if (folder / chosen.name).is_dir()]
+        matches = [origin for origin in origins
+                   if same_tensors(weights, load_file(origin / "model.safetensors"))
+                   and same_tensors(moments, optimizer_tensors(origin))]
+        assert len(matches) == 1, (trial, chosen.name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the trainer it kills")
+def test_with_save_total_limit_1_a_kill_at_random_points_always_leaves_a_complete_checkpoint(task, tmp_path):
+    """A slow disk (0.2 s in an on_save before the growth callback's) widens the window between the
+    Trainer's rotation and the marker; kills at seeded random times must always leave a complete one."""
+
+    class SlowDisk(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            time.sleep(0.2)
+
+    generator = random.Random(1)
+    for trial in range(8):
+        output_dir = tmp_path / f"run{trial}"
+        args = training_args(output_dir, max_steps=60, save_strategy="steps", save_steps=2,
+                             save_total_limit=1, logging_steps=10)
+        model = tiny_model()
+        trainer = Trainer(model=model, args=args, train_dataset=task["train"],
+                          optimizers=(make_optimizer(model, args), None),
+                          callbacks=[SlowDisk(), IncrtGrowthCallback(check_every=5)])
+        marked = partial(lambda folder: any(folder.glob(f"checkpoint-*/{MARKER_FILE}")), output_dir)
+        train_and_get_killed(trainer.train, marked, generator.uniform(0.0, 2.0))
+        chosen = latest_complete_checkpoint(output_dir)
+        assert chosen is not None, (trial, sorted(p.name for p in output_dir.iterdir()))
+        state = json.loads((Path(chosen) / "trainer_state.json").read_text())
+        assert Path(chosen).name.endswith(f"checkpoint-{state['global_step']}")
+        assert AutoModelForSequenceClassification.from_pretrained(chosen).config.num_heads == state[
+            "stateful_callbacks"]["IncrtGrowthCallback"]["attributes"]["history"]["num_heads"]

@@ -1,12 +1,7 @@
 """geoformers.training: Trainer callbacks (INCRT head growth), optimizer groups, data builders, metrics."""
 
-from geoformers.training.growth import (
-    IncrtGrowthCallback,
-    checkpoint_problem,
-    latest_complete_checkpoint,
-    plot_growth_history,
-    resume_growth_training,
-)
+from geoformers.training.checkpoints import checkpoint_problem, latest_complete_checkpoint
+from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history, resume_growth_training
 from geoformers.training.optim import growth_parameter_groups, make_optimizer, sync_optimizer_with_model
 
 __all__ = [

@@ -31,14 +31,17 @@ models), and the callback refuses to start otherwise while pruning is enabled (`
 Records: `growth_history.json` (checks, events, head counts) in the output directory and in every checkpoint,
 per-layer head counts, lambda_max and theta_w merged into the Trainer's log records (`state.log_history`,
 the printed logs; `report_to` integrations run before user callbacks and miss them), `growth_history.png`
-at the end. A checkpoint is complete once `on_save` wrote `geoformers_checkpoint.json` (head counts and the
-size of every file); `latest_complete_checkpoint` and `resume_growth_training` use only complete ones.
+at the end. A checkpoint is complete once `on_save` wrote `geoformers_checkpoint.json` (head counts, size and
+sha256 of every file; `training/checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training`
+use only complete ones. The stock `trainer.train(resume_from_checkpoint=...)` resumes a grown run from a model
+at its initial size: the callback makes the model take the head counts of the weights the Trainer loads
+(`follow_saved_head_counts`).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -51,6 +54,15 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 from transformers.utils import logging
 
 from ..modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from .checkpoints import (
+    checkpoint_problem,
+    drop_kept_copies,
+    keep_complete_copy,
+    latest_complete_checkpoint,
+    read_marker,
+    write_json_atomically,
+    write_marker,
+)
 from .optim import sync_optimizer_with_model
 
 # A child of transformers' library logger, so `transformers.logging.set_verbosity_info()` and
@@ -59,16 +71,51 @@ logger = logging.get_logger(f"transformers.{__name__}")
 
 HISTORY_FILE = "growth_history.json"
 PLOT_FILE = "growth_history.png"
-MARKER_FILE = "geoformers_checkpoint.json"
 GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
+_FOLLOWING: weakref.WeakSet = weakref.WeakSet()  # models and optimizers that follow loaded head counts
 
 
-def _write_json_atomically(path: Path, content: dict) -> None:
-    """Write to a temporary file, then rename: a reader sees the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+def _heads_in_state_dict(model: DDCLIncrtPreTrainedModel, state_dict, prefix: str) -> list[int]:
+    """Per-layer head counts of the weights in `state_dict` (the model's count where it holds none)."""
+    names = {id(module): name for name, module in model.named_modules()}
+    counts = []
+    for layer in model.base_model.layers:
+        heads = layer.attention.heads
+        path = f"{prefix}{names[id(heads)]}."
+        indices = {int(key[len(path):].split(".", 1)[0]) for key in state_dict if key.startswith(path)}
+        counts.append(max(indices) + 1 if indices else len(heads))
+    return counts
+
+
+def _resize_to_state_dict(model, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: resize the heads to those of the weights about to be loaded."""
+    counts = _heads_in_state_dict(model, state_dict, prefix)
+    if counts != list(model.config.num_heads):
+        logger.info(f"INCRT: resizing heads {list(model.config.num_heads)} -> {counts} to load saved weights")
+        model.resize_heads(counts)
+
+
+def follow_saved_head_counts(model: DDCLIncrtPreTrainedModel,
+                             optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Let the stock `Trainer.train(resume_from_checkpoint=...)` resume a run that grew heads: the Trainer
+    loads the checkpoint's weights with `model.load_state_dict` (before any callback event), then the
+    optimizer state with `optimizer.load_state_dict`. The model is made to resize its heads to the weights it
+    loads, and `optimizer` (one passed to the Trainer, built at the initial size) to re-synchronise its groups
+    with the model (`sync_optimizer_with_model`) before it gives or loads a state dict. Idempotent."""
+    if model not in _FOLLOWING:
+        model.register_load_state_dict_pre_hook(_resize_to_state_dict)
+        _FOLLOWING.add(model)
+    if optimizer is not None and optimizer not in _FOLLOWING:
+        following = weakref.ref(model)
+
+        def sync(optimizer, state_dict=None) -> None:
+            if following() is not None:
+                sync_optimizer_with_model(optimizer, following())
+
+        # before `state_dict` too: accelerate's optimizer wrapper reloads the optimizer's own state dict
+        optimizer.register_state_dict_pre_hook(sync)
+        optimizer.register_load_state_dict_pre_hook(sync)
+        _FOLLOWING.add(optimizer)
 
 
 class IncrtGrowthCallback(TrainerCallback, ExportableState):
@@ -114,6 +161,12 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         }
 
     # ----------------------------------------------------------------------------------------- events
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
+        """Prepare the Trainer's model and optimizer for a stock resume (`follow_saved_head_counts`)."""
+        model = kwargs.get("model")
+        if isinstance(model, DDCLIncrtPreTrainedModel):
+            follow_saved_head_counts(model, kwargs.get("optimizer"))
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         model = kwargs["model"]
@@ -184,7 +237,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if events:
             control.should_log = True
             if state.is_world_process_zero:
-                _write_json_atomically(Path(args.output_dir) / HISTORY_FILE, history)
+                write_json_atomically(Path(args.output_dir) / HISTORY_FILE, history)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None,
                **kwargs):
@@ -202,20 +255,18 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             state.log_history[-1].update(metrics)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        """The Trainer has written checkpoint-N completely: add the history, then the completion marker."""
+        """The Trainer has written checkpoint-N completely: add the history, then the completion marker; with
+        `save_total_limit=1` keep a copy of it until the next one is complete (`training/checkpoints.py`)."""
         if not state.is_world_process_zero:
             return
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if not checkpoint.is_dir():
             return
-        _write_json_atomically(checkpoint / HISTORY_FILE, self.history)
-        _write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
-        files = {str(path.relative_to(checkpoint)): path.stat().st_size
-                 for path in sorted(checkpoint.rglob("*")) if path.is_file() and path.name != MARKER_FILE}
-        _write_json_atomically(checkpoint / MARKER_FILE, {
-            "global_step": state.global_step, "num_heads": list(kwargs["model"].config.num_heads),
-            "files": files,
-        })
+        write_json_atomically(checkpoint / HISTORY_FILE, self.history)
+        write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
+        write_marker(checkpoint, state.global_step, kwargs["model"].config.num_heads)
+        if args.save_total_limit == 1:
+            keep_complete_copy(checkpoint)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         for handle in self._gradient_hooks.values():
@@ -224,7 +275,9 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if not state.is_world_process_zero:
             return
         output_dir = Path(args.output_dir)
-        _write_json_atomically(output_dir / HISTORY_FILE, self.history)
+        write_json_atomically(output_dir / HISTORY_FILE, self.history)
+        if output_dir.is_dir():
+            drop_kept_copies(output_dir)  # every checkpoint the Trainer kept is marked complete by now
         if self.save_plot:
             plot_growth_history(self.history, output_dir / PLOT_FILE)
 
@@ -377,57 +430,19 @@ def plot_growth_history(history: dict, path: str | os.PathLike) -> None:
     figure.savefig(path, dpi=100)
 
 
-# --------------------------------------------------------------------------------------------- checkpoints
-
-
-def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
-    """Why `checkpoint` is not a complete growth checkpoint (None when it is): the completion marker that
-    `IncrtGrowthCallback.on_save` writes must exist, every file it lists must have its recorded size, and
-    config.json must hold the marker's head counts."""
-    checkpoint = Path(checkpoint)
-    try:
-        marker = json.loads((checkpoint / MARKER_FILE).read_text(encoding="utf-8"))
-        config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        return f"{Path(error.filename).name} is missing (the save was interrupted?)"
-    except json.JSONDecodeError as error:
-        return f"unreadable JSON ({error})"
-    for name, size in marker["files"].items():
-        path = checkpoint / name
-        if not path.is_file() or path.stat().st_size != size:
-            return f"{name} is missing or has changed since the save completed"
-    if config.get("num_heads") != marker["num_heads"]:
-        return f"config.json has num_heads {config.get('num_heads')}, the marker {marker['num_heads']}"
-    return None
-
-
-def latest_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The newest `checkpoint-<step>` in `output_dir` that `checkpoint_problem` accepts, or None."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        raise ValueError(f"`output_dir` {str(output_dir)!r} is not a directory")
-    candidates = []
-    for path in output_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-        suffix = path.name[len(PREFIX_CHECKPOINT_DIR) + 1:]
-        if path.is_dir() and suffix.isdigit():
-            candidates.append((int(suffix), path))
-    for _, path in sorted(candidates, reverse=True):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return str(path)
-        logger.warning(f"skipping incomplete checkpoint {path}: {problem}")
-    return None
+# --------------------------------------------------------------------------------------------- resume
 
 
 def resume_growth_training(trainer: Trainer, checkpoint: str | os.PathLike | None = None,
                            **train_kwargs) -> TrainOutput:
-    """`trainer.train(resume_from_checkpoint=checkpoint)` for a run that grew heads, in one call.
+    """`trainer.train(resume_from_checkpoint=checkpoint)` on a checked complete checkpoint, in one call.
 
-    The Trainer loads checkpoint weights into the model it holds, so the model is first resized to the
-    checkpoint's head counts (`resize_heads`; every weight and gate buffer is then overwritten by the
-    checkpoint) and an optimizer passed to the Trainer is re-synchronised; the Trainer then restores the
-    optimizer, scheduler, RNG and data position, and `IncrtGrowthCallback` its history. `checkpoint` defaults
-    to `latest_complete_checkpoint(trainer.args.output_dir)`; an incomplete checkpoint raises ValueError.
+    `checkpoint` defaults to `latest_complete_checkpoint(trainer.args.output_dir)` (the stock
+    `resume_from_checkpoint=True` takes the newest folder, complete or not); an incomplete checkpoint raises
+    ValueError. The model is resized to the checkpoint's head counts (`resize_heads`; every weight and gate
+    buffer is then overwritten by the checkpoint) and an optimizer passed to the Trainer is re-synchronised,
+    also without the callback; the Trainer then restores the optimizer, scheduler, RNG and data position, and
+    `IncrtGrowthCallback` its history.
     """
     if not isinstance(trainer, Trainer):
         raise TypeError(f"`trainer` must be a transformers.Trainer, got {type(trainer).__name__}")
@@ -443,14 +458,10 @@ def resume_growth_training(trainer: Trainer, checkpoint: str | os.PathLike | Non
     problem = checkpoint_problem(checkpoint)
     if problem is not None:
         raise ValueError(f"`checkpoint` {str(checkpoint)!r} is incomplete: {problem}")
-    marker = json.loads((Path(checkpoint) / MARKER_FILE).read_text(encoding="utf-8"))
-    model.resize_heads(marker["num_heads"])
+    model.resize_heads(read_marker(checkpoint)["num_heads"])
     if trainer.optimizer is not None:
         sync_optimizer_with_model(trainer.optimizer, model)
     return trainer.train(resume_from_checkpoint=str(checkpoint), **train_kwargs)
 
 
-__all__ = [
-    "IncrtGrowthCallback", "checkpoint_problem", "latest_complete_checkpoint", "plot_growth_history",
-    "resume_growth_training",
-]
+__all__ = ["IncrtGrowthCallback", "follow_saved_head_counts", "plot_growth_history", "resume_growth_training"]

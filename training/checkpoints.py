@@ -1,0 +1,171 @@
+"""Complete Trainer checkpoints of a growing run: a completion marker with content hashes, checked before use.
+
+`IncrtGrowthCallback.on_save` runs after the Trainer wrote `checkpoint-<step>` (model, optimizer, scheduler,
+RNG, trainer_state.json) and writes `geoformers_checkpoint.json`: the step, the head counts and the size and
+sha256 of every file. A checkpoint is complete when the marker parses, names config.json, every file it lists
+has its recorded size and hash, and config.json holds its head counts: an interrupted save, a file changed in
+place, files of another checkpoint or a second run writing into the same folder all fail the check.
+`checkpoint_problem` returns the reason instead of raising, whatever the files contain.
+
+With `save_total_limit=1` the Trainer deletes the previous checkpoint before `on_save` marks the new one, so
+after marking a checkpoint the callback keeps a hard-linked copy `.kept-checkpoint-<step>` of it (hidden from
+the Trainer's rotation and `get_last_checkpoint`) until the next one is complete; `latest_complete_checkpoint`
+considers these copies too.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
+
+from ..modeling.atomic_save import link_or_copy, replace_folder, staging_folder
+
+logger = logging.get_logger(__name__)
+
+MARKER_FILE = "geoformers_checkpoint.json"
+KEPT_PREFIX = ".kept-"
+_CANDIDATE = re.compile(rf"(?P<kept>{re.escape(KEPT_PREFIX)})?{PREFIX_CHECKPOINT_DIR}-(?P<step>\d+)")
+_HASH_CHUNK = 1 << 20
+
+
+def write_json_atomically(path: Path, content: dict) -> None:
+    """Write to a temporary file, then rename: a reader sees the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(content, indent=2) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_marker(checkpoint: Path, global_step: int, num_heads: list[int]) -> None:
+    """Mark `checkpoint` complete: its step, head counts and every file's size and sha256."""
+    files = {}
+    for path in sorted(checkpoint.rglob("*")):
+        if path.is_file() and path.name != MARKER_FILE:
+            files[path.relative_to(checkpoint).as_posix()] = {"size": path.stat().st_size,
+                                                              "sha256": _sha256(path)}
+    write_json_atomically(checkpoint / MARKER_FILE,
+                          {"global_step": global_step, "num_heads": list(num_heads), "files": files})
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_bytes().decode("utf-8"))
+
+
+def _is_count_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _marker_problem(marker) -> str | None:
+    """What is malformed in a parsed marker (None when its structure is valid)."""
+    if not isinstance(marker, dict):
+        return f"a JSON object was expected, got {type(marker).__name__}"
+    step = marker.get("global_step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        return f"`global_step` must be an int, got {step!r}"
+    if not _is_count_list(marker.get("num_heads")):
+        return f"`num_heads` must be a list of ints, got {marker.get('num_heads')!r}"
+    files = marker.get("files")
+    if not isinstance(files, dict) or "config.json" not in files:
+        return "`files` must map file names (config.json among them) to their size and sha256"
+    for name, record in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"file name {name!r} points outside the checkpoint"
+        if not (isinstance(record, dict) and isinstance(record.get("size"), int)
+                and isinstance(record.get("sha256"), str)):
+            return f"the record of {name!r} must hold an int `size` and a str `sha256`, got {record!r}"
+    return None
+
+
+def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
+    """Why `checkpoint` is not a complete growth checkpoint (None when it is; module docstring). Never raises
+    for what the folder contains."""
+    checkpoint = Path(checkpoint)
+    contents = {}
+    for name in (MARKER_FILE, "config.json"):
+        try:
+            contents[name] = _read_json(checkpoint / name)
+        except FileNotFoundError:
+            return f"{name} is missing (the save was interrupted?)"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            return f"{name} is unreadable ({type(error).__name__}: {error})"
+    marker, config = contents[MARKER_FILE], contents["config.json"]
+    problem = _marker_problem(marker)
+    if problem is not None:
+        return f"malformed {MARKER_FILE}: {problem}"
+    named = _CANDIDATE.fullmatch(checkpoint.name)
+    if named is not None and int(named["step"]) != marker["global_step"]:
+        return f"{MARKER_FILE} is for step {marker['global_step']}, the folder for step {named['step']}"
+    files = marker["files"]
+    for name, record in files.items():
+        path = checkpoint / name
+        if not path.is_file() or path.stat().st_size != record["size"]:
+            return f"{name} is missing or has changed since the save completed"
+    for name, record in files.items():
+        if _sha256(checkpoint / name) != record["sha256"]:
+            return f"{name} has changed since the save completed (sha256 differs)"
+    if not isinstance(config, dict) or "num_heads" not in config:
+        return "config.json has no `num_heads`"
+    if config["num_heads"] != marker["num_heads"]:
+        return f"config.json has num_heads {config['num_heads']}, the marker {marker['num_heads']}"
+    return None
+
+
+def read_marker(checkpoint: str | os.PathLike) -> dict:
+    """The completion marker of a checkpoint that `checkpoint_problem` accepted."""
+    return _read_json(Path(checkpoint) / MARKER_FILE)
+
+
+def latest_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest `checkpoint-<step>` (or kept copy) in `output_dir` that `checkpoint_problem` accepts, or
+    None; every checkpoint skipped on the way is logged with its reason."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise ValueError(f"`output_dir` {str(output_dir)!r} is not a directory")
+    candidates = []
+    for path in output_dir.iterdir():
+        named = _CANDIDATE.fullmatch(path.name)
+        if named is not None and path.is_dir():
+            candidates.append((int(named["step"]), named["kept"] is None, path))
+    for _, _, path in sorted(candidates, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return str(path)
+        logger.warning(f"skipping incomplete checkpoint {path}: {problem}")
+    return None
+
+
+def keep_complete_copy(checkpoint: Path) -> None:
+    """Replace the kept copies in `checkpoint`'s folder by a hard-linked copy of the complete `checkpoint`."""
+    kept = checkpoint.with_name(KEPT_PREFIX + checkpoint.name)
+    staging = staging_folder(kept)
+    shutil.copytree(checkpoint, staging, dirs_exist_ok=True, copy_function=link_or_copy)
+    replace_folder(staging, kept)
+    drop_kept_copies(checkpoint.parent, keep=kept)
+
+
+def drop_kept_copies(output_dir: Path, keep: Path | None = None) -> None:
+    for path in output_dir.glob(f"{KEPT_PREFIX}{PREFIX_CHECKPOINT_DIR}-*"):
+        if path != keep and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = [
+    "KEPT_PREFIX", "MARKER_FILE", "checkpoint_problem", "drop_kept_copies", "keep_complete_copy",
+    "latest_complete_checkpoint", "read_marker", "write_json_atomically", "write_marker",
+]
