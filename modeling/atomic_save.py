@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _WEIGHTS_FILE = re.compile(r"(?P<stem>.+?)(?:-\d{5}-of-\d{5})?\.safetensors(?:\.index\.json)?")
-_SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
+_ATOMIC_SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
 
 
 def _exchange_paths(first: Path, second: Path) -> bool:
@@ -113,7 +113,7 @@ class AtomicSaveMixin:
     other ranks, push to the Hub or write a distributed checkpoint take transformers' own path unchanged."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        arguments = _SAVE_SIGNATURE.bind(self, save_directory, *args, **kwargs).arguments
+        arguments = _ATOMIC_SAVE_SIGNATURE.bind(self, save_directory, *args, **kwargs).arguments
         target = Path(os.path.realpath(save_directory))
         writes_here = self.should_save_on_this_rank(arguments.get("is_main_process", True))
         stock = arguments.get("push_to_hub") or arguments.get("distributed_checkpoint")
