@@ -153,10 +153,12 @@ def _sigmoid(logit):
 
 
 @triton.jit
-def _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K: tl.constexpr, P: tl.constexpr):
+def _slots(
+    logits_ptr, points_ptr, index_ptr, lanes, live, K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr
+):
     """The slots [1, x_1, ..., x_K] (BLOCK, P) float64 of the tape, for the matrices in `lanes`."""
     slot = tl.arange(0, P)[None, :]
-    values = tl.where(slot == 0, 1.0, 0.0).to(tl.float64) + tl.zeros((lanes.shape[0], P), tl.float64)
+    values = tl.where(slot == 0, 1.0, 0.0).to(tl.float64) + tl.zeros((BLOCK, P), tl.float64)
     for k in range(K):
         forms = points_ptr + k * 3 * P + tl.arange(0, P)
         total = tl.sum(values * tl.load(forms)[None, :], axis=1)
@@ -174,9 +176,9 @@ def _chart_forward_kernel(
     logits_ptr, points_ptr, index_ptr, table_ptr, out_ptr, batch,
     K: tl.constexpr, NN: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lanes = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = lanes < batch
-    values = _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K, P)
+    values = _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K, P, BLOCK)
     for e in range(NN):
         entry = tl.sum(values * tl.load(table_ptr + e * P + tl.arange(0, P))[None, :], axis=1)
         # Every entry is >= 0 in exact arithmetic; the clamp only removes float64 rounding below 0.
@@ -188,10 +190,10 @@ def _chart_backward_kernel(
     logits_ptr, points_ptr, index_ptr, table_ptr, grad_out_ptr, grad_ptr, batch,
     K: tl.constexpr, NN: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    lanes = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lanes = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = lanes < batch
     slot = tl.arange(0, P)
-    values = _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K, P)
+    values = _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K, P, BLOCK)
     adjoint = tl.zeros((BLOCK, P), tl.float64)  # dL/d slot, through the affine entries
     for e in range(NN):
         g = tl.load(grad_out_ptr + lanes * NN + e, mask=live, other=0.0).to(tl.float64)
@@ -227,7 +229,7 @@ def _launch(logits: torch.Tensor, n: int, method: str) -> tuple[tuple, dict]:
     points, index, table = _chart_tape(method, n, logits.device)
     batch = logits.shape[0]
     padded = points.shape[-1]
-    block = min(triton.next_power_of_2(max(batch, 1)), max(16, 4096 // padded))
+    block = min(triton.next_power_of_2(max(batch, 1)), max(4, 1024 // padded))
     meta = {"K": points.shape[0], "NN": n * n, "P": padded, "BLOCK": block}
     return (points, index, table), {"grid": (triton.cdiv(batch, block),), "meta": meta}
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-_TILE = 8192  # elements of the largest register tile a program holds (n x n x block_d for the writes)
+_TILE = 16384  # elements of the largest register tile a program holds (n x n x block_d for the writes)
 
 
 @triton.jit
@@ -232,11 +232,15 @@ def _delta_backward_kernel(
 
 
 def _meta(n: int, d: int, block_d: int | None, square: bool) -> dict:
-    """Compile-time sizes: N, NP (n rounded up to a power of two) and BD (the hidden block)."""
+    """Launch options: N, NP (n rounded up to a power of two), BD (the hidden block) and num_warps (8 from
+    n > 4, where the n x n x BD products would otherwise spill registers)."""
     padded = triton.next_power_of_2(n)
+    if block_d is not None and (isinstance(block_d, bool) or not isinstance(block_d, int) or block_d < 1):
+        raise ValueError(f"block_d must be a positive int or None, got {block_d!r}")
     if block_d is None:
         block_d = max(16, _TILE // (padded * padded if square else padded))
-    return {"N": n, "NP": padded, "BD": min(triton.next_power_of_2(block_d), triton.next_power_of_2(d))}
+    block_d = min(triton.next_power_of_2(block_d), triton.next_power_of_2(d))
+    return {"N": n, "NP": padded, "BD": block_d, "num_warps": 4 if padded <= 4 else 8}
 
 
 class _Read(torch.autograd.Function):

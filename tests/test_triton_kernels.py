@@ -7,6 +7,9 @@ float64 evaluation of the reference: float32 to 1e-6, bfloat16 to bfloat16 round
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -235,6 +238,24 @@ def test_stream_kernels_bad_input():
 def test_stream_kernel_matches_reference_large(kind, n, d, block_d, dtype):
     torch.manual_seed(n + d)
     _stream_case(kind, n, d, dtype, static=n == 5, block_d=block_d)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU build
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_a_gpu(tmp_path):
+    """Every kernel, at the launch options the wrappers use (n = 2, 4; float32 and bfloat16 streams),
+    compiles for sm_90 through ptxas: the interpreter runs kernels without lowering them."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    worker = Path(__file__).with_name("triton_compile_worker.py")
+    result = subprocess.run(
+        [sys.executable, str(worker), "2", "4"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    compiled = result.stdout.splitlines()
+    assert len(compiled) == 2 * (4 + 2 * 2 * 6), result.stdout
 
 
 # ----------------------------------------------------------------------------------------------
