@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .birkhoff import num_logits
+from .birkhoff import _check_logits, num_logits
 
 CHARTS = ("tbp", "rtbp")
 
@@ -263,16 +263,12 @@ def triton_birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp") -> torch
     (..., (n-1)^2) -> (..., n, n), float32 (float64 for float64 logits), autocast ignored."""
     if method not in CHARTS:
         raise ValueError(f"triton_birkhoff supports method in {CHARTS}, got {method!r}")
-    expected = num_logits(method, n)
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError(f"logits must be a floating torch.Tensor, got {type(logits).__name__}")
-    if logits.ndim == 0 or logits.shape[-1] != expected:
-        raise ValueError(
-            f"{method} with n={n} expects logits of shape (..., {expected}), got {tuple(logits.shape)}"
-        )
+    _check_logits(logits, n, method)  # birkhoff()'s checks: n, dtype, shape, finite values
     batch_shape = logits.shape[:-1]
     out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     if n == 1:
         return torch.ones(*batch_shape, 1, 1, dtype=out_dtype, device=logits.device)
-    flat = logits.reshape(-1, expected).to(out_dtype).contiguous()
+    flat = logits.reshape(-1, logits.shape[-1]).to(out_dtype).contiguous()
+    if flat.shape[0] == 0:
+        return flat.new_empty(*batch_shape, n, n)
     return _TritonChart.apply(flat, n, method).view(*batch_shape, n, n)

@@ -47,9 +47,11 @@ def force_triton() -> Iterator[None]:
         _forced.reset(token)
 
 
-def use_triton(*tensors: torch.Tensor) -> bool:
-    """True when the Triton kernels should run on `tensors`: triton is installed and all of them are
-    CUDA tensors, or (inside `force_triton()`) CPU tensors under the interpreter. False for no tensors."""
+def use_triton(*tensors: torch.Tensor | None) -> bool:
+    """True when the Triton kernels should run on `tensors` (None entries ignored): triton is installed and
+    all of them are CUDA tensors, or (inside `force_triton()`) CPU tensors under the interpreter. False
+    for no tensors."""
+    tensors = tuple(tensor for tensor in tensors if tensor is not None)
     if not tensors or not triton_available():
         return False
     devices = {tensor.device.type for tensor in tensors}

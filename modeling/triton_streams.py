@@ -239,7 +239,7 @@ def _meta(n: int, d: int, block_d: int | None, square: bool) -> dict:
         raise ValueError(f"block_d must be a positive int or None, got {block_d!r}")
     if block_d is None:
         block_d = max(16, _TILE // (padded * padded if square else padded))
-    block_d = min(triton.next_power_of_2(block_d), triton.next_power_of_2(d))
+    block_d = min(triton.next_power_of_2(block_d), triton.next_power_of_2(max(d, 1)))
     return {"N": n, "NP": padded, "BD": block_d, "num_warps": 4 if padded <= 4 else 8}
 
 
@@ -352,7 +352,7 @@ def _per_token(name: str, tensor: torch.Tensor, batch: torch.Size, inner: tuple[
         raise ValueError(
             f"{name} of shape {tuple(tensor.shape)} does not broadcast to {(*batch, *inner)}"
         ) from error
-    flat = tensor.reshape(-1, *inner)
+    flat = tensor.reshape(batch.numel(), *inner)
     if flat.stride()[1:] != torch.empty(inner).stride():
         flat = flat.contiguous()
     return flat
@@ -366,7 +366,7 @@ def triton_read_streams(
     n, d = _check_streams(streams)
     batch = streams.shape[:-2]
     flat_w = _per_token("weights", weights, batch, (n,))
-    out = _Read.apply(flat_w, streams.reshape(-1, n, d).contiguous(), block_d)
+    out = _Read.apply(flat_w, streams.reshape(batch.numel(), n, d).contiguous(), block_d)
     return out.view(*batch, d)
 
 
@@ -385,7 +385,7 @@ def triton_mix_and_write(
         h_res = torch.eye(n, device=streams.device)
     out = _Write.apply(
         _per_token("h_res", h_res, batch, (n, n)),
-        streams.reshape(-1, n, d).contiguous(),
+        streams.reshape(batch.numel(), n, d).contiguous(),
         _per_token("amplitudes", amplitudes, batch, (n,)),
         _per_token("direction", direction, batch, (d,)),
         block_d,
@@ -410,7 +410,7 @@ def triton_delta_write(
         h_res = torch.eye(n, device=streams.device)
     out = _DeltaWrite.apply(
         _per_token("h_res", h_res, batch, (n, n)),
-        streams.reshape(-1, n, d).contiguous(),
+        streams.reshape(batch.numel(), n, d).contiguous(),
         _per_token("direction", direction, batch, (d,)),
         _per_token("beta", beta, batch, (1,)),
         _per_token("value", value, batch, (n,)),

@@ -102,14 +102,28 @@ def test_chart_bfloat16_logits_give_the_float32_reference():
         torch.testing.assert_close(chart(logits, 4, method), birkhoff(logits, 4, method), rtol=0, atol=1e-6)
 
 
+def test_chart_ignores_autocast():
+    """Under bfloat16 autocast the chart stays float32 and equal to the reference (charts run unautocast)."""
+    logits = torch.randn(6, 9, device=DEVICE)
+    with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
+        fast, ref = chart(logits, 4, "rtbp"), birkhoff(logits, 4, "rtbp")
+    assert fast.dtype == torch.float32
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
+
+
 def test_chart_n1_and_bad_input():
     assert torch.equal(chart(torch.zeros(2, 0, device=DEVICE), 1, "rtbp"), torch.ones(2, 1, 1, device=DEVICE))
     with pytest.raises(ValueError, match="method"):
         chart(torch.zeros(2, 9), 4, "sinkhorn")
     with pytest.raises(ValueError, match=r"expects logits of shape \(\.\.\., 9\)"):
         chart(torch.zeros(2, 8), 4, "tbp")
-    with pytest.raises(TypeError, match="logits"):
+    with pytest.raises(ValueError, match="floating dtype"):
         chart(torch.zeros(2, 9, dtype=torch.long), 4, "tbp")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        chart(torch.tensor([[0.0, float("nan"), 0.0, 0.0]]), 3, "rtbp")
+    with pytest.raises(TypeError, match="n must be an int"):
+        chart(torch.zeros(2, 9), 4.0, "tbp")
+    assert chart(torch.zeros(0, 3, 9, device=DEVICE), 4, "tbp").shape == (0, 3, 4, 4)
 
 
 @pytest.mark.slow
@@ -219,6 +233,21 @@ def test_delta_write_hand_computed():
     assert out.tolist() == [[[2.0, 4.0]]]
 
 
+def test_stream_kernels_empty_inputs():
+    """No tokens, or d = 0: empty outputs and zero gradients, as the reference gives."""
+    weights = torch.rand(4, device=DEVICE, requires_grad=True)
+    out = triton_read_streams(weights, torch.randn(0, 3, 4, 8, device=DEVICE))
+    assert out.shape == (0, 3, 8)
+    assert torch.equal(torch.autograd.grad(out.sum(), weights)[0], torch.zeros(4, device=DEVICE))
+    h_res = torch.rand(2, 4, 4, device=DEVICE, requires_grad=True)
+    empty = torch.randn(2, 4, 0, device=DEVICE)
+    out = triton_delta_write(
+        h_res, empty, empty[:, 0], torch.ones(2, 1, device=DEVICE), torch.randn(2, 4, device=DEVICE)
+    )
+    assert out.shape == (2, 4, 0)
+    assert torch.equal(torch.autograd.grad(out.sum(), h_res)[0], torch.zeros(2, 4, 4, device=DEVICE))
+
+
 def test_stream_kernels_bad_input():
     x = torch.randn(2, 4, 8, device=DEVICE)
     with pytest.raises(ValueError, match="h_res"):
@@ -229,6 +258,8 @@ def test_stream_kernels_bad_input():
         triton_delta_write(None, x, "k", torch.ones(1), torch.ones(2, 4))
     with pytest.raises(TypeError, match="float64"):
         triton_read_streams(torch.ones(4), x.double())
+    with pytest.raises(ValueError, match="block_d"):
+        triton_read_streams(torch.ones(4), x, block_d=0)
 
 
 @pytest.mark.slow
@@ -265,10 +296,11 @@ def test_kernels_compile_for_a_gpu(tmp_path):
 def test_use_triton_dispatch(monkeypatch):
     cpu = torch.zeros(2)
     assert not use_triton()
-    assert not use_triton(cpu)
+    assert not use_triton(cpu) and not use_triton(None)
     if os.environ.get("TRITON_INTERPRET") == "1":
         with force_triton():
-            assert use_triton(cpu, cpu)
+            assert use_triton(cpu, None, cpu)
+            assert not use_triton(None)
         assert not use_triton(cpu)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"), force_triton():
