@@ -23,6 +23,7 @@ from functools import cache
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from .birkhoff import _check_logits, num_logits
 
@@ -247,6 +248,7 @@ class _TritonChart(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_output: torch.Tensor):
         (logits,) = ctx.saved_tensors
         tables, launch = _launch(logits, ctx.n, ctx.method)

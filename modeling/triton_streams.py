@@ -18,6 +18,7 @@ tokens, e.g. a static H or beta); their gradients are then summed by autograd's 
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 _TILE = 16384  # elements of the largest register tile a program holds (n x n x block_d for the writes)
 
@@ -255,6 +256,7 @@ class _Read(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         weights, streams = ctx.saved_tensors
         tokens, _, d = streams.shape
@@ -279,6 +281,7 @@ class _Write(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         h_res, streams, amplitudes, direction = ctx.saved_tensors
         tokens, n, d = streams.shape
@@ -309,6 +312,7 @@ class _DeltaWrite(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         h_res, streams, direction, beta, value = ctx.saved_tensors
         tokens, n, d = streams.shape
