@@ -27,6 +27,8 @@ from functools import cache
 import torch
 from torch.autograd.function import once_differentiable
 
+from .triton_dispatch import kernels
+
 METHODS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
 MHC_LITE_MAX_N = 6
 SINKHORN_DEFAULT_ITERS = 20
@@ -385,6 +387,9 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
     iters = options.get("iters", SINKHORN_DEFAULT_ITERS)
     if method == "sinkhorn" and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
         raise ValueError(f"sinkhorn option iters must be an int >= 1, got {iters!r}")
+    triton = kernels("triton_birkhoff", logits) if method in ("tbp", "rtbp") else None
+    if triton is not None:  # CUDA tensors in eager mode: the Triton chart, same checks and result
+        return triton.triton_birkhoff(logits, n, method)
     _check_logits(logits, n, method)
 
     batch_shape = logits.shape[:-1]

@@ -29,6 +29,7 @@ from ..configuration.ddl_mhc import DDLmHCConfig
 from .birkhoff import birkhoff, num_logits
 from .delta import DeltaWrite, delta_amplitudes, upcast
 from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
+from .triton_dispatch import kernels
 
 
 class StreamMaps(NamedTuple):
@@ -129,7 +130,10 @@ class HyperConnection(nn.Module):
         else:
             pre_logit, res_logit, write_logit = self._map_logits(streams)
             weights = torch.softmax(pre_logit, -1)
-            if self.fused:
+            triton = kernels("triton_streams", weights, streams) if self.fused else None
+            if triton is not None:
+                hidden = triton.triton_read_streams(weights, streams)
+            elif self.fused:
                 hidden = StreamRead.apply(weights.expand(*streams.shape[:-2], -1), streams)
             else:
                 hidden = read_streams(weights, streams)
@@ -162,11 +166,15 @@ class HyperConnection(nn.Module):
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
         h_res = maps.h_res
         batch = streams.shape[:-2]
+        # CUDA tensors (eager) take the Triton kernels of the same nodes (`triton_streams.py`).
+        triton = kernels("triton_streams", streams) if self.fused else None
         if self.fused and h_res is not None:  # a static H_res enters the fused nodes expanded per token
             h_res = h_res.expand(*batch, -1, -1)
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)
-            if self.fused:
+            if triton is not None and streams.dtype != torch.float64:
+                updated = triton.triton_delta_write(h_res, streams, direction, beta, value)
+            elif self.fused:
                 updated, _ = DeltaMixWrite.apply(h_res, streams, direction, beta, value)
             else:
                 amplitudes = delta_amplitudes(h_res, streams, direction, beta, value)
@@ -175,7 +183,9 @@ class HyperConnection(nn.Module):
         if self.write_bias is None:
             return streams + sublayer_output.unsqueeze(-2), StreamMixing(None, None, None)
         amplitudes = 2.0 * torch.sigmoid(maps.write_logit)
-        if self.fused:
+        if triton is not None and streams.dtype != torch.float64:
+            updated = triton.triton_mix_and_write(h_res, streams, amplitudes, sublayer_output)
+        elif self.fused:
             updated = AddMixWrite.apply(h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
         else:
             updated = mix_and_write(h_res, streams, amplitudes, sublayer_output)

