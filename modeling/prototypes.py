@@ -36,10 +36,14 @@ def temperature_from_rho(rho: torch.Tensor, tau_min: float) -> torch.Tensor:
 
 
 def rho_for_temperature(tau: float, tau_min: float) -> float:
-    """Inverse of `temperature_from_rho`: the rho giving temperature tau (requires tau > tau_min)."""
+    """Inverse of `temperature_from_rho`: the rho giving temperature tau (requires tau > tau_min).
+
+    softplus^-1(y) = log(expm1(y)) = y + log(-expm1(-y)); the second form does not overflow for large y.
+    """
     if not tau > tau_min:
         raise ValueError(f"`tau` ({tau}) must exceed `tau_min` ({tau_min})")
-    return math.log(math.expm1(tau - tau_min))
+    excess = tau - tau_min
+    return excess + math.log(-math.expm1(-excess))
 
 
 def squared_distances(points: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
