@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from transformers import BertConfig, PreTrainedConfig
 
 POOLING_MODES = ("cls", "mean")
@@ -16,6 +17,8 @@ TAU_FLOOR, TAU_CEILING = 1e-6, 1e30
 # initializer_range is a weight standard deviation; above 1 the attention and prototype distances of a fresh
 # model overflow float32 long before training could recover.
 INITIALIZER_RANGE_CEILING = 1.0
+# lambda in loss = task loss + lambda * mean L_q; far above this the sum overflows or swamps the task loss.
+PROTOTYPE_LOSS_WEIGHT_CEILING = 1e6
 
 
 def _require_int(name: str, value, minimum: int) -> None:
@@ -64,7 +67,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
         num_prototypes (`int`): prototypes per head (DDCL bank, one per head).
         tau_init, tau_min (`float`): initial and minimum temperature, tau = tau_min + softplus(rho), both in
             [1e-6, 1e30].
-        prototype_loss_weight (`float`): lambda in loss = CE + lambda * mean L_q.
+        prototype_loss_weight (`float`): lambda in loss = task loss + lambda * mean L_q, in [0, 1e6].
         pooling (`"cls" | "mean"`): first token or masked mean over tokens.
         classifier_dropout (`float`): dropout before the classifier.
         gate_theta_w (`float | None`): fixed growth threshold theta_w; None = calibrate it.
@@ -131,14 +134,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
     bert_config: dict | None = None
 
     def __post_init__(self, **kwargs):
+        for name in ("vocab_size", "hidden_size", "head_dim", "num_hidden_layers"):
+            _require_int(name, getattr(self, name), 1)
         heads = kwargs.pop("num_attention_heads", None)
         if heads is not None:
             if self.num_heads is not None and self.num_heads != heads:
                 raise ValueError(f"`num_attention_heads` ({heads!r}) contradicts `num_heads` "
                                  f"({self.num_heads!r}): pass one of them")
             self.num_heads = heads
-        for name in ("vocab_size", "hidden_size", "head_dim", "num_hidden_layers"):
-            _require_int(name, getattr(self, name), 1)
         if self.max_heads is None:
             if self.head_dim > self.hidden_size:
                 raise ValueError(
@@ -149,15 +152,17 @@ class DDCLIncrtConfig(PreTrainedConfig):
         _require_int("max_heads", self.max_heads, 1)
         self.num_heads = self._validated_num_heads(self.num_heads)
         self._validate_labels(kwargs)
+        self._validate_transformers_fields()
         super().__post_init__(**kwargs)
         self._validate_fields()
         self._validate_problem_type()
 
     def __setattr__(self, key, value):
         """An int assigned to `num_heads` is expanded to every layer, as in the constructor."""
+        layers = self.__dict__.get("num_hidden_layers")
         if (key == "num_heads" and isinstance(value, int) and not isinstance(value, bool)
-                and "num_hidden_layers" in self.__dict__):
-            value = [value] * self.num_hidden_layers
+                and isinstance(layers, int) and not isinstance(layers, bool)):
+            value = [value] * layers
         super().__setattr__(key, value)
 
     @property
@@ -172,6 +177,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
     def validate(self) -> None:
         """transformers' checks, then every DDCL-INCRT field (fields assigned after construction included)."""
         super().validate()
+        self._validate_transformers_fields()
         self._validate_fields()
         self._validate_labels({})
         self._validate_problem_type()
@@ -192,7 +198,8 @@ class DDCLIncrtConfig(PreTrainedConfig):
         self._validated_num_heads(self.num_heads)
         _require_float("tau_min", self.tau_min, low=TAU_FLOOR, high=TAU_CEILING)
         _require_float("tau_init", self.tau_init, low=self.tau_min, high=TAU_CEILING, low_open=True)
-        _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0)
+        _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0,
+                       high=PROTOTYPE_LOSS_WEIGHT_CEILING)
         _require_float("layer_norm_eps", self.layer_norm_eps, low=0.0, low_open=True)
         _require_float("initializer_range", self.initializer_range, low=0.0, high=INITIALIZER_RANGE_CEILING,
                        low_open=True)
@@ -220,13 +227,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
             self._validate_bert_config(self.bert_config)
 
     def _validate_token_ids(self) -> None:
-        """Every `*_token_id` (transformers' too) is None or an int (or a list of ints) in [0, vocab_size)."""
+        """Every `*_token_id` (transformers' too) is None or an int in [0, vocab_size); `eos_token_id` may
+        also be a list of them, as generation allows."""
         fields = (*vars(self), *type(self).__dataclass_fields__)
-        names = sorted({name for name in fields if name.endswith("_token_id")})
-        for name in names:
+        for name in sorted({name for name in fields if name.endswith("_token_id")}):
             value = getattr(self, name, None)
-            for entry in value if isinstance(value, list) else [value]:
-                if entry is None and not isinstance(value, list):
+            entries = value if isinstance(value, list) and name == "eos_token_id" else [value]
+            for entry in entries:
+                if entry is None and entries is not value:
                     continue
                 _require_int(name, entry, 0)
                 if entry >= self.vocab_size:
@@ -234,7 +242,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
 
     def _validate_labels(self, kwargs: dict) -> None:
         """`id2label` maps label ids (ints, or decimal strings as in JSON) to names, `label2id` back."""
-        if kwargs.get("num_labels") is not None:
+        if "num_labels" in kwargs:
             _require_int("num_labels", kwargs["num_labels"], 1)
         id2label = kwargs.get("id2label", self.id2label)
         if id2label is not None:
@@ -254,6 +262,24 @@ class DDCLIncrtConfig(PreTrainedConfig):
                 for key, value in label2id.items()
             ):
                 raise TypeError(f"`label2id` must be a dict {{name: int label id}}, got {label2id!r}")
+
+    def _validate_transformers_fields(self) -> None:
+        """The fields `PreTrainedConfig` declares (it does not check them) must have their declared types."""
+        for name in ("output_hidden_states", "return_dict", "is_encoder_decoder"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name != "is_encoder_decoder"):
+                raise TypeError(f"`{name}` must be a bool, got {value!r}")
+        _require_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0)
+        architectures = self.architectures
+        if architectures is not None and (
+            not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures)
+        ):
+            raise TypeError(f"`architectures` must be a list of class names or None, got {architectures!r}")
+        dtype = self.dtype
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, dtype)
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ValueError(f"`dtype` must be None, a torch.dtype or its name, got {self.dtype!r}")
 
     def _validate_problem_type(self) -> None:
         _require_int("num_labels", self.num_labels, 1)

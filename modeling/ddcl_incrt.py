@@ -321,7 +321,8 @@ class DDCLIncrtPreTrainedModel(PreTrainedModel):
     ) -> list[GateDecision]:
         """One INCRT gate check per layer, on a batch or on precomputed `second_moments` (one d x d matrix
         per layer, e.g. averaged over processes). Updates the gate buffers and applies nothing: act on the
-        decisions with `grow_head(layer, decision.direction)` and `prune_head`."""
+        decisions with `grow_head(layer, decision.direction)` and `prune_head`. An empty batch or non-finite
+        matrices raise ValueError and leave every layer's gate as it was."""
         if second_moments is None:
             second_moments = self.gate_second_moments(
                 input_ids, attention_mask, token_type_ids, inputs_embeds
@@ -336,9 +337,15 @@ class DDCLIncrtPreTrainedModel(PreTrainedModel):
             )
         if not all(bool(torch.isfinite(m).all()) for m in second_moments):
             raise ValueError("`second_moments` must be finite (non-finite ones would corrupt the gate state)")
-        return [
-            layer.attention.gate_check(moment) for layer, moment in zip(layers, second_moments, strict=True)
-        ]
+        gates = [layer.attention.gate for layer in layers]
+        saved = [{name: buffer.clone() for name, buffer in gate.named_buffers()} for gate in gates]
+        try:
+            return [layer.attention.gate_check(moment)
+                    for layer, moment in zip(layers, second_moments, strict=True)]
+        except ValueError:  # a later layer's check failed: no layer keeps a half-done check
+            for gate, state in zip(gates, saved, strict=True):
+                gate.load_state_dict(state)
+            raise
 
 
 def _bert_encoder(bert_config: dict) -> BertEncoder:
@@ -400,8 +407,8 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         if shape[0] == 0:
             raise ValueError(f"`{name}` has batch size 0: pass at least one sequence")
         if shape[1] < 1 or shape[1] > config.max_position_embeddings:
-            raise ValueError(f"sequence length {shape[1]} must lie in [1, max_position_embeddings="
-                             f"{config.max_position_embeddings}]")
+            raise ValueError(f"`{name}` has sequence length {shape[1]}, which must lie in [1, "
+                             f"max_position_embeddings={config.max_position_embeddings}]")
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         if token_type_ids is not None:
             token_type_ids = _integer_ids("token_type_ids", token_type_ids)

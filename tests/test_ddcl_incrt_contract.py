@@ -276,15 +276,26 @@ def test_torch_export_gives_the_eager_logits():
     torch.testing.assert_close(exported.logits, model(input_ids, attention_mask=attention_mask).logits)
 
 
-def test_full_graph_compile_gives_the_eager_logits_and_loss():
-    model = small_model()
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_full_graph_compile_gives_the_eager_logits_loss_and_gradients(backend):
+    """fullgraph=True fails on any graph break (a value check, a host read); "eager" checks the capture
+    alone, "inductor" the generated code too."""
+    torch._dynamo.reset()
+    model = small_model(classifier_dropout=0.0).train()  # train mode (backward), no randomness
     input_ids, attention_mask = padded_batch()
     labels = torch.tensor([0, 1, 2, 0])
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    ours = compiled(input_ids, attention_mask=attention_mask, labels=labels)
-    eager = model(input_ids, attention_mask=attention_mask, labels=labels)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    ours = compiled(input_ids, attention_mask=attention_mask, labels=labels, output_prototype_statistics=True)
+    ours.loss.backward()
+    compiled_gradients = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    eager = model(input_ids, attention_mask=attention_mask, labels=labels, output_prototype_statistics=True)
+    eager.loss.backward()
     torch.testing.assert_close(ours.logits, eager.logits)
     torch.testing.assert_close(ours.loss, eager.loss)
+    torch.testing.assert_close(ours.l_q, eager.l_q)
+    for compiled_gradient, parameter in zip(compiled_gradients, model.parameters(), strict=True):
+        torch.testing.assert_close(compiled_gradient, parameter.grad, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to detect host syncs")
