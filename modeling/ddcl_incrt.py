@@ -27,7 +27,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
-from ..configuration.ddcl_incrt import POOLING_MODES, DDCLIncrtConfig
+from ..configuration.ddcl_incrt import DDCLIncrtConfig
 from .incrt import AttentionHead, AttentionOutput, GateDecision, GrowableAttention, IncrtGate
 from .prototypes import PrototypeBank, assignment_perplexity, min_pairwise_distance, rho_for_temperature
 
@@ -466,8 +466,8 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             if getattr(config, name) != value:
                 raise ValueError(f"`config.{name}` = {getattr(config, name)!r} but the model was built with "
                                  f"{value}: build a new model from the edited config")
-        if config.pooling not in POOLING_MODES:
-            raise ValueError(f"`config.pooling` must be one of {POOLING_MODES}, got {config.pooling!r}")
+        if config.pooling not in ("cls", "mean"):
+            raise ValueError(f"`config.pooling` must be 'cls' or 'mean', got {config.pooling!r}")
         for index, layer in enumerate(self.layers):
             if len(layer.attention.heads) != config.num_heads[index]:
                 raise ValueError(
