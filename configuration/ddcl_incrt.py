@@ -17,6 +17,9 @@ TAU_FLOOR, TAU_CEILING = 1e-6, 1e30
 # initializer_range is a weight standard deviation; above 1 the attention and prototype distances of a fresh
 # model overflow float32 long before training could recover.
 INITIALIZER_RANGE_CEILING = 1.0
+# layer_norm_eps below float32's smallest positive number rounds to 0, and the LayerNorm of a constant input
+# (e.g. a model initialised at a tiny initializer_range) is then 0 / 0.
+LAYER_NORM_EPS_FLOOR = 1e-30
 # lambda in loss = task loss + lambda * mean L_q; far above this the sum overflows or swamps the task loss.
 PROTOTYPE_LOSS_WEIGHT_CEILING = 1e6
 
@@ -53,8 +56,8 @@ class DDCLIncrtConfig(PreTrainedConfig):
 
     Args:
         vocab_size, hidden_size, num_hidden_layers, max_position_embeddings, type_vocab_size (0 = no
-            token-type embedding), layer_norm_eps, hidden_dropout_prob, pad_token_id, initializer_range (at
-            most 1): as in BERT (the embeddings are BERT-compatible).
+            token-type embedding), layer_norm_eps (at least 1e-30), hidden_dropout_prob, pad_token_id,
+            initializer_range (at most 1): as in BERT (the embeddings are BERT-compatible).
         num_labels, problem_type: as in BERT's sequence classifier: num_labels = 1 is regression (MSE),
             integer labels give cross-entropy, "multi_label_classification" (or float labels) BCE.
         num_heads (`int | list[int]`): heads per layer; an int is expanded to every layer (also when
@@ -191,16 +194,12 @@ class DDCLIncrtConfig(PreTrainedConfig):
         }
         for name, minimum in minimums.items():
             _require_int(name, getattr(self, name), minimum)
-        if self.head_dim > self.hidden_size:
-            raise ValueError(
-                f"`head_dim` ({self.head_dim}) must not exceed `hidden_size` ({self.hidden_size})"
-            )
         self._validated_num_heads(self.num_heads)
         _require_float("tau_min", self.tau_min, low=TAU_FLOOR, high=TAU_CEILING)
         _require_float("tau_init", self.tau_init, low=self.tau_min, high=TAU_CEILING, low_open=True)
         _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0,
                        high=PROTOTYPE_LOSS_WEIGHT_CEILING)
-        _require_float("layer_norm_eps", self.layer_norm_eps, low=0.0, low_open=True)
+        _require_float("layer_norm_eps", self.layer_norm_eps, low=LAYER_NORM_EPS_FLOOR)
         _require_float("initializer_range", self.initializer_range, low=0.0, high=INITIALIZER_RANGE_CEILING,
                        low_open=True)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):

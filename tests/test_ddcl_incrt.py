@@ -112,6 +112,7 @@ def reference_forward(model, input_ids, attention_mask):
         ({"tau_min": 1e-300}, "tau_min", ValueError),
         ({"tau_init": 1e31}, "tau_init", ValueError),
         ({"initializer_range": 1e300}, "initializer_range", ValueError),
+        ({"layer_norm_eps": 1e-300}, "layer_norm_eps", ValueError),
         ({"id2label": ["a", "b"]}, "id2label", TypeError),
         ({"id2label": {0: 1, 1: 2}}, "id2label", TypeError),
         ({"id2label": {0: "a", 2: "b"}}, "id2label", ValueError),

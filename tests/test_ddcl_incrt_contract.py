@@ -230,11 +230,11 @@ def test_tau_init_800_builds_and_the_temperatures_are_800():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("pooling", "max", "pooling"), ("num_heads", [5, 1], r"num_heads\[0\]"), ("hidden_size", 15, "head_dim"),
-     ("tau_min", 0.0, "tau_min"), ("num_hidden_layers", 3, "num_heads")],
+    [("pooling", "max", "pooling"), ("num_heads", [5, 1], r"num_heads\[0\]"),
+     ("hidden_size", 0, "hidden_size"), ("tau_min", 0.0, "tau_min"), ("num_hidden_layers", 3, "num_heads")],
 )
 def test_fields_assigned_after_construction_are_checked_at_build_and_save(tmp_path, field, value, message):
-    config = small_config(max_heads=4, head_dim=16)
+    config = small_config(max_heads=4)
     setattr(config, field, value)
     with pytest.raises((ValueError, TypeError), match=message):
         DDCLIncrtForSequenceClassification(config)

@@ -313,7 +313,7 @@ def test_fuzzed_configs_build_a_finite_model_or_name_the_field(tmp_path_factory,
     try:
         config = DDCLIncrtConfig(**settings_)
     except (ValueError, TypeError) as error:
-        named = {re.sub(r"\[\d+\]$", "", name) for name in re.findall(r"`([a-z_0-9\[\]]+)`", str(error))}
+        named = set(re.findall(r"`([a-z_0-9]+)", str(error)))  # `name`, `name[i]`, `name=value`
         allowed = set(overrides).union(*(COUPLED.get(name, set()) for name in overrides))
         assert named & allowed, (overrides, str(error))
         return
