@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import math
 
+import torch
 from transformers import BertConfig, PreTrainedConfig
 
 POOLING_MODES = ("cls", "mean")
 GATE_THRESHOLDS = ("calibrated", "relative")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+# tau enters the prototype block as -||o - p_k||^2 / tau with gradient ||o - p_k||^2 / tau^2 (float32): a
+# floor of 1e-6 keeps both finite for squared distances up to 1e26; the ceiling keeps rho = softplus^-1(tau)
+# finite.
+TAU_FLOOR, TAU_CEILING = 1e-6, 1e30
+# initializer_range is a weight standard deviation; above 1 the attention and prototype distances of a fresh
+# model overflow float32 long before training could recover.
+INITIALIZER_RANGE_CEILING = 1.0
+# layer_norm_eps below float32's smallest positive number rounds to 0, and the LayerNorm of a constant input
+# (e.g. a model initialised at a tiny initializer_range) is then 0 / 0.
+LAYER_NORM_EPS_FLOOR = 1e-30
+# lambda in loss = task loss + lambda * mean L_q; far above this the sum overflows or swamps the task loss.
+PROTOTYPE_LOSS_WEIGHT_CEILING = 1e6
 
 
 def _require_int(name: str, value, minimum: int) -> None:
@@ -36,17 +50,27 @@ class DDCLIncrtConfig(PreTrainedConfig):
     `num_heads` (one count per layer) is the single source of truth for the architecture: `grow_head`,
     `prune_head` and `resize_heads` edit it, `from_pretrained` builds exactly that many heads per layer.
 
+    Validation runs at construction, when a model is built from the config and at `save_pretrained`
+    (`validate`); fields assigned in between are checked then, not on assignment (coupled fields such as
+    `num_hidden_layers` and `num_heads` would otherwise have to change in one step).
+
     Args:
         vocab_size, hidden_size, num_hidden_layers, max_position_embeddings, type_vocab_size (0 = no
-            token-type embedding), layer_norm_eps, hidden_dropout_prob, pad_token_id, initializer_range:
-            as in BERT (the embeddings are BERT-compatible).
-        num_heads (`int | list[int]`): heads per layer; an int is expanded to every layer. Default 1 each.
+            token-type embedding), layer_norm_eps (at least 1e-30), hidden_dropout_prob, pad_token_id,
+            initializer_range (at most 1): as in BERT (the embeddings are BERT-compatible).
+        num_labels, problem_type: as in BERT's sequence classifier: num_labels = 1 is regression (MSE),
+            integer labels give cross-entropy, "multi_label_classification" (or float labels) BCE.
+        num_heads (`int | list[int]`): heads per layer; an int is expanded to every layer (also when
+            assigned later). Default 1 each. `num_attention_heads` (transformers' name) reads the largest
+            per-layer count, which is every layer's count when they agree; assigning (or passing) it sets
+            every layer to it.
         head_dim (`int`): width of every head (queries, keys, values and prototypes).
         max_heads (`int`): per-layer cap on heads; default `hidden_size // head_dim`.
         attention_probs_dropout_prob (`float`): dropout on attention probabilities.
         num_prototypes (`int`): prototypes per head (DDCL bank, one per head).
-        tau_init, tau_min (`float`): initial and minimum temperature, tau = tau_min + softplus(rho).
-        prototype_loss_weight (`float`): lambda in loss = CE + lambda * mean L_q.
+        tau_init, tau_min (`float`): initial and minimum temperature, tau = tau_min + softplus(rho), both in
+            [1e-6, 1e30].
+        prototype_loss_weight (`float`): lambda in loss = task loss + lambda * mean L_q, in [0, 1e6].
         pooling (`"cls" | "mean"`): first token or masked mean over tokens.
         classifier_dropout (`float`): dropout before the classifier.
         gate_theta_w (`float | None`): fixed growth threshold theta_w; None = calibrate it.
@@ -113,13 +137,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
     bert_config: dict | None = None
 
     def __post_init__(self, **kwargs):
-        minimums = {
-            "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "head_dim": 1, "num_prototypes": 2,
-            "max_position_embeddings": 1, "type_vocab_size": 0, "gate_calibration_checks": 1,
-            "gate_prune_patience": 1, "gate_tracker_steps": 1, "gate_num_tokens": 2, "gate_check_every": 1,
-        }
-        for name, minimum in minimums.items():
-            _require_int(name, getattr(self, name), minimum)
+        for name in ("vocab_size", "hidden_size", "head_dim", "num_hidden_layers"):
+            _require_int(name, getattr(self, name), 1)
+        heads = kwargs.pop("num_attention_heads", None)
+        if heads is not None:
+            if self.num_heads is not None and self.num_heads != heads:
+                raise ValueError(f"`num_attention_heads` ({heads!r}) contradicts `num_heads` "
+                                 f"({self.num_heads!r}): pass one of them")
+            self.num_heads = heads
         if self.max_heads is None:
             if self.head_dim > self.hidden_size:
                 raise ValueError(
@@ -129,21 +154,59 @@ class DDCLIncrtConfig(PreTrainedConfig):
             self.max_heads = self.hidden_size // self.head_dim
         _require_int("max_heads", self.max_heads, 1)
         self.num_heads = self._validated_num_heads(self.num_heads)
-        _require_float("tau_min", self.tau_min, low=0.0, low_open=True)
-        _require_float("tau_init", self.tau_init, low=self.tau_min, low_open=True)
-        _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0)
-        _require_float("layer_norm_eps", self.layer_norm_eps, low=0.0, low_open=True)
-        _require_float("initializer_range", self.initializer_range, low=0.0, low_open=True)
+        self._validate_labels(kwargs)
+        self._validate_transformers_fields()
+        super().__post_init__(**kwargs)
+        self._validate_fields()
+        self._validate_problem_type()
+
+    def __setattr__(self, key, value):
+        """An int assigned to `num_heads` is expanded to every layer, as in the constructor."""
+        layers = self.__dict__.get("num_hidden_layers")
+        if (key == "num_heads" and isinstance(value, int) and not isinstance(value, bool)
+                and isinstance(layers, int) and not isinstance(layers, bool)):
+            value = [value] * layers
+        super().__setattr__(key, value)
+
+    @property
+    def num_attention_heads(self) -> int:
+        """transformers' name for the head count: the largest per-layer count in `num_heads`."""
+        return max(self.num_heads)
+
+    @num_attention_heads.setter
+    def num_attention_heads(self, value: int) -> None:
+        self.num_heads = value
+
+    def validate(self) -> None:
+        """transformers' checks, then every DDCL-INCRT field (fields assigned after construction included)."""
+        super().validate()
+        self._validate_transformers_fields()
+        self._validate_fields()
+        self._validate_labels({})
+        self._validate_problem_type()
+
+    def _validate_fields(self) -> None:
+        minimums = {
+            "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "head_dim": 1, "num_prototypes": 2,
+            "max_position_embeddings": 1, "type_vocab_size": 0, "gate_calibration_checks": 1,
+            "gate_prune_patience": 1, "gate_tracker_steps": 1, "gate_num_tokens": 2, "gate_check_every": 1,
+            "max_heads": 1,
+        }
+        for name, minimum in minimums.items():
+            _require_int(name, getattr(self, name), minimum)
+        self._validated_num_heads(self.num_heads)
+        _require_float("tau_min", self.tau_min, low=TAU_FLOOR, high=TAU_CEILING)
+        _require_float("tau_init", self.tau_init, low=self.tau_min, high=TAU_CEILING, low_open=True)
+        _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0,
+                       high=PROTOTYPE_LOSS_WEIGHT_CEILING)
+        _require_float("layer_norm_eps", self.layer_norm_eps, low=LAYER_NORM_EPS_FLOOR)
+        _require_float("initializer_range", self.initializer_range, low=0.0, high=INITIALIZER_RANGE_CEILING,
+                       low_open=True)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             _require_float(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"`pooling` must be one of {POOLING_MODES}, got {self.pooling!r}")
-        if self.pad_token_id is not None:
-            _require_int("pad_token_id", self.pad_token_id, 0)
-            if self.pad_token_id >= self.vocab_size:
-                raise ValueError(
-                    f"`pad_token_id` ({self.pad_token_id}) must be < `vocab_size` ({self.vocab_size})"
-                )
+        self._validate_token_ids()
         if self.gate_threshold not in GATE_THRESHOLDS:
             raise ValueError(
                 f"`gate_threshold` must be one of {GATE_THRESHOLDS}, got {self.gate_threshold!r}"
@@ -161,13 +224,70 @@ class DDCLIncrtConfig(PreTrainedConfig):
             raise TypeError(f"`gate_use_exact_eigh` must be a bool, got {self.gate_use_exact_eigh!r}")
         if self.bert_config is not None:
             self._validate_bert_config(self.bert_config)
-        super().__post_init__(**kwargs)
-        if self.num_labels < 2:
-            raise ValueError(f"`num_labels` must be >= 2 (cross-entropy classifier), got {self.num_labels}")
-        if self.problem_type not in (None, "single_label_classification"):
+
+    def _validate_token_ids(self) -> None:
+        """Every `*_token_id` (transformers' too) is None or an int in [0, vocab_size); `eos_token_id` may
+        also be a list of them, as generation allows."""
+        fields = (*vars(self), *type(self).__dataclass_fields__)
+        for name in sorted({name for name in fields if name.endswith("_token_id")}):
+            value = getattr(self, name, None)
+            entries = value if isinstance(value, list) and name == "eos_token_id" else [value]
+            for entry in entries:
+                if entry is None and entries is not value:
+                    continue
+                _require_int(name, entry, 0)
+                if entry >= self.vocab_size:
+                    raise ValueError(f"`{name}` ({entry}) must be < `vocab_size` ({self.vocab_size})")
+
+    def _validate_labels(self, kwargs: dict) -> None:
+        """`id2label` maps label ids (ints, or decimal strings as in JSON) to names, `label2id` back."""
+        if "num_labels" in kwargs:
+            _require_int("num_labels", kwargs["num_labels"], 1)
+        id2label = kwargs.get("id2label", self.id2label)
+        if id2label is not None:
+            if not isinstance(id2label, dict) or not id2label:
+                raise TypeError(f"`id2label` must be a non-empty dict {{label id: name}}, got {id2label!r}")
+            for key, value in id2label.items():
+                valid_key = (isinstance(key, int) and not isinstance(key, bool)) or (
+                    isinstance(key, str) and key.isdigit())
+                if not valid_key or not isinstance(value, str):
+                    raise TypeError(f"`id2label` must map int label ids to str names, got {key!r}: {value!r}")
+            if sorted(int(key) for key in id2label) != list(range(len(id2label))):
+                raise ValueError(f"`id2label` keys must be 0 .. {len(id2label) - 1}, got {sorted(id2label)}")
+        label2id = kwargs.get("label2id", self.label2id)
+        if label2id is not None:
+            if not isinstance(label2id, dict) or not all(
+                isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+                for key, value in label2id.items()
+            ):
+                raise TypeError(f"`label2id` must be a dict {{name: int label id}}, got {label2id!r}")
+
+    def _validate_transformers_fields(self) -> None:
+        """The fields `PreTrainedConfig` declares (it does not check them) must have their declared types."""
+        for name in ("output_hidden_states", "return_dict", "is_encoder_decoder"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name != "is_encoder_decoder"):
+                raise TypeError(f"`{name}` must be a bool, got {value!r}")
+        _require_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0)
+        architectures = self.architectures
+        if architectures is not None and (
+            not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures)
+        ):
+            raise TypeError(f"`architectures` must be a list of class names or None, got {architectures!r}")
+        dtype = self.dtype
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, dtype)
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ValueError(f"`dtype` must be None, a torch.dtype or its name, got {self.dtype!r}")
+
+    def _validate_problem_type(self) -> None:
+        _require_int("num_labels", self.num_labels, 1)
+        if self.problem_type not in (None, *PROBLEM_TYPES):
             raise ValueError(
-                f"`problem_type` must be None or 'single_label_classification', got {self.problem_type!r}"
+                f"`problem_type` must be None or one of {PROBLEM_TYPES}, got {self.problem_type!r}"
             )
+        if self.problem_type == "single_label_classification" and self.num_labels < 2:
+            raise ValueError("`problem_type='single_label_classification'` needs `num_labels` >= 2")
 
     def _validate_bert_config(self, bert_config) -> None:
         """`bert_config` must be a BERT config dict whose hidden_size matches (its encoder feeds layer 0)."""

@@ -3,9 +3,13 @@ no feed-forward block) -> pooling -> classifier. With `config.bert_config` a (fr
 between the embeddings and the layers (`wrap_bert_embeddings`).
 
 Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
-which the INCRT gate reads, is layer-normalised. Loss = cross-entropy + lambda * mean L_q, the mean taken
-over layers, heads and real (non-padding) tokens. `config.num_heads` is the single source of truth for the
-architecture; `grow_head`, `prune_head` and `resize_heads` edit it.
+which the INCRT gate reads, is layer-normalised. Loss = task loss (as BERT's: MSE, cross-entropy or BCE) +
+lambda * mean L_q, the mean taken over layers, heads and real (non-padding) tokens. `config.num_heads` is the
+single source of truth for the architecture; `grow_head`, `prune_head` and `resize_heads` edit it.
+
+The standard outputs hold one row per example (batched pipelines split them); the DDCL batch statistics
+(L_q parts, temperatures, prototype geometry) are returned only with `output_prototype_statistics=True`.
+Checks that read tensor values run on CPU tensors only (`_checks_values`).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from .strict_loading import StrictLoadingMixin
 
 @dataclass
 class DDCLIncrtModelOutput(ModelOutput):
-    """Encoder output with the DDCL auxiliary quantities (DESIGN §3).
+    """Encoder output. last_hidden_state, pooler_output, hidden_states and attentions have the batch first.
 
-    l_q, l_ols, prototype_variance: means of L_q = L_OLS + V over layers, heads and real tokens.
+    Only with `output_prototype_statistics=True`, the statistics of the whole batch (not per example):
+    l_q, l_ols, prototype_variance: means of L_q = L_OLS + V over layers, heads and real tokens;
     temperatures, min_prototype_distance, prototype_perplexity: one (heads,) tensor per layer (detached):
     tau per head, min_{i != j} ||p_i - p_j|| per head, effective number of used prototypes per head.
     """
@@ -53,7 +58,8 @@ class DDCLIncrtModelOutput(ModelOutput):
 
 @dataclass
 class DDCLIncrtSequenceClassifierOutput(ModelOutput):
-    """Classifier output: loss = CE + prototype_loss_weight * l_q, plus the encoder's auxiliary quantities."""
+    """Classifier output: loss = task loss + prototype_loss_weight * l_q; the encoder's batch statistics only
+    with `output_prototype_statistics=True` (as in `DDCLIncrtModelOutput`)."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -123,6 +129,29 @@ def _masked_token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.
     return (values * weights).sum() / (weights.sum() * values.shape[1]).clamp_min(1.0)
 
 
+def _checks_values(tensor: torch.Tensor) -> bool:
+    """Whether to run the checks that read tensor values (id ranges, 0/1 masks, finiteness): eagerly on CPU
+    tensors. They are skipped while torch.compile / torch.export trace (a value check breaks the graph; a
+    compiled model trusts its inputs, as transformers' own checks do) and on accelerators, where each would
+    force a host sync per call."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _require_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__} (tokenizers return "
+                        "tensors with return_tensors='pt')")
+    return value
+
+
+def _integer_ids(name: str, ids) -> torch.Tensor:
+    """Token or token-type ids as int64: integer tensors of any width are converted, bool/float refused."""
+    ids = _require_tensor(name, ids)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"`{name}` must be an integer tensor, got {ids.dtype}")
+    return ids.long()
+
+
 class DDCLIncrtPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel):
     """Weight initialisation and the growth API shared by the encoder and the classifier (DESIGN §3)."""
 
@@ -130,6 +159,10 @@ class DDCLIncrtPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin
     config_class = DDCLIncrtConfig
     base_model_prefix = "model"
     _no_split_modules = ["DDCLIncrtLayer"]
+
+    def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
+        config.validate()  # fields assigned after the config was constructed are checked before any module
+        super().__init__(config, *inputs, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT-style init for Linear/Embedding/LayerNorm; prototypes ~ N(0, s^2) with
@@ -241,6 +274,8 @@ class DDCLIncrtPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin
         else:
             token_mask = attention_mask.to(first.device) != 0
         positions = token_mask.flatten().nonzero().squeeze(1)
+        if positions.shape[0] == 0:
+            raise ValueError("a gate check needs at least one real token: the batch is empty or fully padded")
         count = min(self.config.gate_num_tokens, positions.shape[0])
         spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
         chosen = positions[spaced]
@@ -261,20 +296,31 @@ class DDCLIncrtPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin
     ) -> list[GateDecision]:
         """One INCRT gate check per layer, on a batch or on precomputed `second_moments` (one d x d matrix
         per layer, e.g. averaged over processes). Updates the gate buffers and applies nothing: act on the
-        decisions with `grow_head(layer, decision.direction)` and `prune_head`."""
+        decisions with `grow_head(layer, decision.direction)` and `prune_head`. An empty batch or non-finite
+        matrices raise ValueError and leave every layer's gate as it was."""
         if second_moments is None:
             second_moments = self.gate_second_moments(
                 input_ids, attention_mask, token_type_ids, inputs_embeds
             )
         layers = self.base_model.layers
         hidden = self.config.hidden_size
-        if len(second_moments) != len(layers) or any(m.shape != (hidden, hidden) for m in second_moments):
+        if len(second_moments) != len(layers) or any(
+            not isinstance(m, torch.Tensor) or m.shape != (hidden, hidden) for m in second_moments
+        ):
             raise ValueError(
                 f"`second_moments` must hold {len(layers)} matrices of shape ({hidden}, {hidden})"
             )
-        return [
-            layer.attention.gate_check(moment) for layer, moment in zip(layers, second_moments, strict=True)
-        ]
+        if not all(bool(torch.isfinite(m).all()) for m in second_moments):
+            raise ValueError("`second_moments` must be finite (non-finite ones would corrupt the gate state)")
+        gates = [layer.attention.gate for layer in layers]
+        saved = [{name: buffer.clone() for name, buffer in gate.named_buffers()} for gate in gates]
+        try:
+            return [layer.attention.gate_check(moment)
+                    for layer, moment in zip(layers, second_moments, strict=True)]
+        except ValueError:  # a later layer's check failed: no layer keeps a half-done check
+            for gate, state in zip(gates, saved, strict=True):
+                gate.load_state_dict(state)
+            raise
 
 
 def _bert_encoder(bert_config: dict) -> BertEncoder:
@@ -303,61 +349,107 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embeddings.word_embeddings = value
 
-    def _validated_token_mask(self, input_ids, attention_mask, token_type_ids, inputs_embeds) -> torch.Tensor:
-        """Check the inputs; return the (B, T) boolean mask of real tokens."""
+    def _validated_inputs(self, input_ids, attention_mask, token_type_ids, inputs_embeds):
+        """Check the inputs, naming the argument at fault; returns (input_ids and token_type_ids as int64,
+        the (B, T) boolean mask of real tokens). Value checks run where `_checks_values` allows."""
         config = self.config
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of `input_ids` and `inputs_embeds`")
         if input_ids is not None:
+            name, input_ids = "input_ids", _integer_ids("input_ids", input_ids)
             shape = tuple(input_ids.shape)
             if input_ids.dim() != 2:
                 raise ValueError(f"`input_ids` must have shape (batch, sequence), got {shape}")
-            if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
-                raise TypeError(f"`input_ids` must be an integer tensor, got {input_ids.dtype}")
-            if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= config.vocab_size):
-                raise ValueError(
-                    f"`input_ids` must lie in [0, vocab_size={config.vocab_size}), got values in "
-                    f"[{int(input_ids.min())}, {int(input_ids.max())}]"
-                )
+            if input_ids.numel() and _checks_values(input_ids):
+                low, high = int(input_ids.min()), int(input_ids.max())
+                if low < 0 or high >= config.vocab_size:
+                    raise ValueError(f"`input_ids` must lie in [0, vocab_size={config.vocab_size}), got "
+                                     f"values in [{low}, {high}]")
         else:
+            name, inputs_embeds = "inputs_embeds", _require_tensor("inputs_embeds", inputs_embeds)
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
                 raise ValueError(
                     f"`inputs_embeds` must have shape (batch, sequence, {config.hidden_size}), got "
                     f"{tuple(inputs_embeds.shape)}"
                 )
+            if inputs_embeds.dtype != self.dtype:
+                raise TypeError(
+                    f"`inputs_embeds` must have the model's dtype {self.dtype}, got {inputs_embeds.dtype}"
+                )
+            if _checks_values(inputs_embeds) and not bool(torch.isfinite(inputs_embeds).all()):
+                raise ValueError("`inputs_embeds` must be finite (it contains NaN or inf)")
             shape = tuple(inputs_embeds.shape[:2])
+        if shape[0] == 0:
+            raise ValueError(f"`{name}` has batch size 0: pass at least one sequence")
         if shape[1] < 1 or shape[1] > config.max_position_embeddings:
-            raise ValueError(f"sequence length {shape[1]} must lie in [1, max_position_embeddings="
-                             f"{config.max_position_embeddings}]")
+            raise ValueError(f"`{name}` has sequence length {shape[1]}, which must lie in [1, "
+                             f"max_position_embeddings={config.max_position_embeddings}]")
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         if token_type_ids is not None:
+            token_type_ids = _integer_ids("token_type_ids", token_type_ids)
             if tuple(token_type_ids.shape) != shape:
                 raise ValueError(
                     f"`token_type_ids` must have shape {shape}, got {tuple(token_type_ids.shape)}"
                 )
             if config.type_vocab_size == 0:
                 raise ValueError("`token_type_ids` given but the config has `type_vocab_size` = 0")
-            if token_type_ids.min() < 0 or token_type_ids.max() >= config.type_vocab_size:
+            if _checks_values(token_type_ids) and (
+                token_type_ids.min() < 0 or token_type_ids.max() >= config.type_vocab_size
+            ):
                 raise ValueError(
                     f"`token_type_ids` must lie in [0, type_vocab_size={config.type_vocab_size})"
                 )
         if attention_mask is None:
-            return torch.ones(shape, dtype=torch.bool, device=device)
+            return input_ids, token_type_ids, torch.ones(shape, dtype=torch.bool, device=device)
+        attention_mask = _require_tensor("attention_mask", attention_mask)
         if tuple(attention_mask.shape) != shape:
             raise ValueError(f"`attention_mask` must have shape {shape} like the inputs, got "
                              f"{tuple(attention_mask.shape)}")
-        if not ((attention_mask == 0) | (attention_mask == 1)).all():
-            raise ValueError("`attention_mask` must contain only 0 (padding) and 1 (token)")
-        token_mask = attention_mask.to(device) != 0
-        empty = (~token_mask.any(dim=1)).nonzero()
-        if empty.numel():
-            raise ValueError(f"`attention_mask` row {int(empty[0])} has no tokens")
-        if config.pooling == "cls" and not token_mask[:, 0].all():
-            raise ValueError(
-                "`attention_mask` marks position 0 as padding, but pooling='cls' reads position 0 "
-                "(pad on the right, or use pooling='mean')"
+        if attention_mask.dtype.is_complex:
+            raise TypeError(
+                f"`attention_mask` must be a bool, integer or float tensor, got {attention_mask.dtype}"
             )
-        return token_mask
+        token_mask = attention_mask.to(device) != 0
+        if _checks_values(attention_mask):
+            if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                raise ValueError("`attention_mask` must contain only 0 (padding) and 1 (token)")
+            empty = (~token_mask.any(dim=1)).nonzero()
+            if empty.numel():
+                raise ValueError(f"`attention_mask` row {int(empty[0])} has no tokens")
+            if config.pooling == "cls" and not bool(token_mask[:, 0].all()):
+                raise ValueError(
+                    "`attention_mask` marks position 0 as padding, but pooling='cls' reads position 0 "
+                    "(pad on the right, or use pooling='mean')"
+                )
+        return input_ids, token_type_ids, token_mask
+
+    def _check_config_matches_modules(self) -> None:
+        """Architecture fields assigned after the model was built must still describe its modules."""
+        config = self.config
+        embeddings = self.embeddings
+        attention = self.layers[0].attention
+        built = {
+            "hidden_size": embeddings.word_embeddings.embedding_dim,
+            "vocab_size": embeddings.word_embeddings.num_embeddings,
+            "max_position_embeddings": embeddings.position_embeddings.num_embeddings,
+            "num_hidden_layers": len(self.layers),
+            "head_dim": attention.heads[0].q_proj.out_features,
+            "num_prototypes": attention.heads[0].prototype_bank.prototypes.shape[0],
+            "max_heads": attention.gate.basis.shape[0],
+        }
+        for name, value in built.items():
+            if getattr(config, name) != value:
+                raise ValueError(f"`config.{name}` = {getattr(config, name)!r} but the model was built with "
+                                 f"{value}: build a new model from the edited config")
+        if config.pooling not in ("cls", "mean"):
+            raise ValueError(f"`config.pooling` must be 'cls' or 'mean', got {config.pooling!r}")
+        for index, layer in enumerate(self.layers):
+            if len(layer.attention.heads) != config.num_heads[index]:
+                raise ValueError(
+                    f"`config.num_heads[{index}]` = {config.num_heads[index]} but layer {index} has "
+                    f"{len(layer.attention.heads)} heads: change heads with grow_head, prune_head or "
+                    "resize_heads"
+                )
 
     @can_return_tuple
     def forward(
@@ -368,22 +460,29 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_prototype_statistics: bool | None = None,
     ) -> DDCLIncrtModelOutput:
+        r"""
+        output_prototype_statistics (`bool`, *optional*):
+            Add the DDCL statistics of the whole batch (`l_q`, `l_ols`, `prototype_variance`, `temperatures`,
+            `min_prototype_distance`, `prototype_perplexity`) to the output. Off by default, so that every
+            returned tensor has one row per example.
+        """
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         if output_hidden_states is None:
             output_hidden_states = config.output_hidden_states
-        for index, layer in enumerate(self.layers):
-            if len(layer.attention.heads) != config.num_heads[index]:
-                raise ValueError(
-                    f"`config.num_heads[{index}]` = {config.num_heads[index]} but layer {index} has "
-                    f"{len(layer.attention.heads)} heads: change heads with grow_head, prune_head or "
-                    "resize_heads"
-                )
-        token_mask = self._validated_token_mask(input_ids, attention_mask, token_type_ids, inputs_embeds)
-        key_mask = None if bool(token_mask.all()) else token_mask[:, None, None, :]
+        self._check_config_matches_modules()
+        input_ids, token_type_ids, token_mask = self._validated_inputs(
+            input_ids, attention_mask, token_type_ids, inputs_embeds
+        )
+        key_mask = None if attention_mask is None else token_mask[:, None, None, :]
 
         hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)
+        if inputs_embeds is not None and _checks_values(hidden_states) and not hidden_states.isfinite().all():
+            largest = float(inputs_embeds.abs().max())
+            raise ValueError(f"`inputs_embeds` are too large: their embedding LayerNorm overflows "
+                             f"{hidden_states.dtype} (largest |value| {largest:.3g})")
         if self.bert_encoder is not None:
             bert_mask = create_bidirectional_mask(self.bert_encoder.config, hidden_states, token_mask.long())
             hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
@@ -392,14 +491,16 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         l_q, l_ols, variance, temperatures, separations, perplexities = [], [], [], [], [], []
         for layer in self.layers:
             hidden_states, attention = layer(hidden_states, key_mask, output_attentions)
-            prototypes = attention.prototypes
-            l_q.append(_masked_token_mean(prototypes.l_q, token_mask))
-            l_ols.append(_masked_token_mean(prototypes.l_ols, token_mask))
-            variance.append(_masked_token_mean(prototypes.variance, token_mask))
-            with torch.no_grad():
-                temperatures.append(layer.attention.temperatures().detach())
-                separations.append(min_pairwise_distance(layer.attention.prototype_banks().detach().float()))
-                perplexities.append(assignment_perplexity(prototypes.assignments.detach(), token_mask))
+            if output_prototype_statistics:
+                prototypes = attention.prototypes
+                l_q.append(_masked_token_mean(prototypes.l_q, token_mask))
+                l_ols.append(_masked_token_mean(prototypes.l_ols, token_mask))
+                variance.append(_masked_token_mean(prototypes.variance, token_mask))
+                with torch.no_grad():
+                    temperatures.append(layer.attention.temperatures().detach())
+                    banks = layer.attention.prototype_banks().detach().float()
+                    separations.append(min_pairwise_distance(banks))
+                    perplexities.append(assignment_perplexity(prototypes.assignments.detach(), token_mask))
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
@@ -410,11 +511,16 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         else:
             weights = token_mask[..., None].to(hidden_states.dtype)
             pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        statistics = {}
+        if output_prototype_statistics:
+            statistics = {
+                "l_q": torch.stack(l_q).mean(), "l_ols": torch.stack(l_ols).mean(),
+                "prototype_variance": torch.stack(variance).mean(), "temperatures": tuple(temperatures),
+                "min_prototype_distance": tuple(separations), "prototype_perplexity": tuple(perplexities),
+            }
         return DDCLIncrtModelOutput(
             last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_hidden_states,
-            attentions=all_attentions, l_q=torch.stack(l_q).mean(), l_ols=torch.stack(l_ols).mean(),
-            prototype_variance=torch.stack(variance).mean(), temperatures=tuple(temperatures),
-            min_prototype_distance=tuple(separations), prototype_perplexity=tuple(perplexities),
+            attentions=all_attentions, **statistics,
         )
 
 
@@ -439,31 +545,74 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_prototype_statistics: bool | None = None,
     ) -> DDCLIncrtSequenceClassifierOutput:
+        r"""
+        labels (`torch.Tensor`, *optional*):
+            As for `BertForSequenceClassification`: class indices (batch,) for cross-entropy (-100 =
+            ignored), targets (batch,) or (batch, num_labels) for regression (num_labels = 1), multi-hot
+            (batch, num_labels) for "multi_label_classification".
+        output_prototype_statistics (`bool`, *optional*):
+            Add the encoder's batch statistics (see `DDCLIncrtModelOutput`) to the output.
+        """
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
             inputs_embeds=inputs_embeds, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True,
+            output_prototype_statistics=bool(output_prototype_statistics) or labels is not None,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))
         loss = None
         if labels is not None:
-            integer = not (labels.dtype.is_floating_point or labels.dtype == torch.bool)
-            if labels.shape != logits.shape[:1] or not integer:
-                raise ValueError(
-                    f"`labels` must be an integer tensor of shape ({logits.shape[0]},), got "
-                    f"{labels.dtype} {tuple(labels.shape)}"
-                )
-            if labels.min() < 0 or labels.max() >= self.num_labels:
-                raise ValueError(f"`labels` must lie in [0, num_labels={self.num_labels})")
-            logits_for_loss = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            loss = F.cross_entropy(logits_for_loss, labels) + self.config.prototype_loss_weight * outputs.l_q
+            loss = self._task_loss(logits, labels) + self.config.prototype_loss_weight * outputs.l_q
+        statistics = {}
+        if output_prototype_statistics:
+            statistics = {name: outputs[name] for name in (
+                "l_q", "l_ols", "prototype_variance", "temperatures", "min_prototype_distance",
+                "prototype_perplexity")}
         return DDCLIncrtSequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
-            l_q=outputs.l_q, l_ols=outputs.l_ols, prototype_variance=outputs.prototype_variance,
-            temperatures=outputs.temperatures, min_prototype_distance=outputs.min_prototype_distance,
-            prototype_perplexity=outputs.prototype_perplexity,
+            **statistics,
         )
+
+    def _task_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The task loss as `BertForSequenceClassification` chooses it: `problem_type`, else regression (MSE)
+        for num_labels = 1, cross-entropy for integer labels, BCE with logits otherwise; float32 or wider.
+        Cross-entropy skips labels of -100 and is 0 when every label is -100 (summed over the counted rows,
+        divided by max(count, 1), as transformers' loss helpers do)."""
+        labels = _require_tensor("labels", labels)
+        batch, num_labels = logits.shape
+        dtype = labels.dtype
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+        problem_type = self.config.problem_type
+        if problem_type is None:
+            if num_labels == 1:
+                problem_type = "regression"
+            else:
+                problem_type = "single_label_classification" if integer else "multi_label_classification"
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if problem_type == "single_label_classification":
+            if labels.shape != (batch,) or not integer:
+                raise ValueError(f"`labels` must be an integer tensor of shape ({batch},) for "
+                                 f"single-label classification, got {labels.dtype} {tuple(labels.shape)}")
+            labels = labels.long()
+            counted = labels != -100
+            if _checks_values(labels) and not bool(((labels >= 0) & (labels < num_labels) | ~counted).all()):
+                raise ValueError(f"`labels` must lie in [0, num_labels={num_labels}) or be -100 (ignored)")
+            total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+            return total / counted.sum().clamp_min(1)
+        if labels.dtype.is_complex or labels.shape not in ((batch, num_labels), (batch,) * (num_labels == 1)):
+            expected = f"({batch}, {num_labels})" + (f" or ({batch},)" if num_labels == 1 else "")
+            raise ValueError(f"`labels` must be a real tensor of shape {expected} for {problem_type}, got "
+                             f"{labels.dtype} {tuple(labels.shape)}")
+        targets = labels.reshape(batch, num_labels).to(logits.dtype)
+        if problem_type == "regression":
+            if _checks_values(targets) and not bool(targets.isfinite().all()):
+                raise ValueError("`labels` must be finite for regression")
+            return F.mse_loss(logits, targets)
+        if _checks_values(targets) and not bool(((targets >= 0) & (targets <= 1)).all()):
+            raise ValueError("`labels` must lie in [0, 1] for multi_label_classification")
+        return F.binary_cross_entropy_with_logits(logits, targets)
 
 
 __all__ = ["DDCLIncrtPreTrainedModel", "DDCLIncrtModel", "DDCLIncrtForSequenceClassification",

@@ -279,9 +279,13 @@ class IncrtGate(nn.Module):
             symmetric = interaction_matrix(second_moment.float(), directional.float())
             residual = deflate(symmetric, self.active_basis())
             residual_norm = float(torch.linalg.matrix_norm(residual))
+            scale = float(torch.linalg.matrix_norm(symmetric))
+            spectral_bound = float(spectral_radius_bound(residual))
+            if not all(math.isfinite(value) for value in (residual_norm, scale, spectral_bound)):
+                raise ValueError("the gate's matrices A_sym / A_res overflow float32 (C = X^T X / N or the "
+                                 "query/key weights are too large); the gate state is left unchanged")
             self.num_checks += 1
             if config.gate_threshold == "relative":
-                scale = float(torch.linalg.matrix_norm(symmetric))
                 self.theta_w.fill_(config.gate_calibration_factor * scale)
             elif not bool(self.calibrated):
                 self._calibrate(residual_norm)
@@ -293,7 +297,7 @@ class IncrtGate(nn.Module):
                 seed = 1000 * (self.layer_index + 1) + int(self.basis_size)
                 tracker = {
                     "max_steps": config.gate_tracker_steps, "tolerance": config.gate_tracker_tolerance,
-                    "floor": float(self.theta_w), "spectral_bound": float(spectral_radius_bound(residual)),
+                    "floor": float(self.theta_w), "spectral_bound": spectral_bound,
                 }
                 top = track_eigenvector(residual, self._warm_start(self.u_plus, seed),
                                         step=config.gate_oja_step, **tracker)

@@ -13,6 +13,7 @@ float64 inputs), also under autocast: squared distances cancel catastrophically 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
@@ -36,10 +37,14 @@ def temperature_from_rho(rho: torch.Tensor, tau_min: float) -> torch.Tensor:
 
 
 def rho_for_temperature(tau: float, tau_min: float) -> float:
-    """Inverse of `temperature_from_rho`: the rho giving temperature tau (requires tau > tau_min)."""
+    """Inverse of `temperature_from_rho`: the rho giving temperature tau (requires tau > tau_min).
+
+    softplus^-1(y) = log(expm1(y)) = y + log(-expm1(-y)); the second form does not overflow for large y.
+    """
     if not tau > tau_min:
         raise ValueError(f"`tau` ({tau}) must exceed `tau_min` ({tau_min})")
-    return math.log(math.expm1(tau - tau_min))
+    excess = tau - tau_min
+    return excess + math.log(-math.expm1(-excess))
 
 
 def squared_distances(points: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
@@ -80,7 +85,9 @@ def prototype_block(
         raise ValueError(f"`tau` must have shape ({prototypes.shape[0]},), one temperature per head, "
                          f"got {tuple(tau.shape)}")
     compute_dtype = torch.promote_types(head_outputs.dtype, torch.float32)
-    with torch.autocast(device_type=head_outputs.device.type, enabled=False):
+    device = head_outputs.device.type  # devices without autocast (meta: shape-only runs) have none to leave
+    no_autocast = torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else None
+    with no_autocast or nullcontext():
         points = head_outputs.to(compute_dtype)
         bank = prototypes.to(compute_dtype)
         distances = squared_distances(points, bank)
@@ -96,9 +103,8 @@ def min_pairwise_distance(prototypes: torch.Tensor) -> torch.Tensor:
     """min_{i != j} ||p_i - p_j|| per head for prototypes (H, K, D) -> (H,) (separation without collapse)."""
     differences = prototypes[:, :, None, :] - prototypes[:, None, :, :]
     distances = differences.pow(2).sum(-1).sqrt()
-    num_prototypes = prototypes.shape[1]
-    off_diagonal = ~torch.eye(num_prototypes, dtype=torch.bool, device=prototypes.device)
-    return distances[:, off_diagonal].min(dim=-1).values
+    diagonal = torch.eye(prototypes.shape[1], dtype=torch.bool, device=prototypes.device)
+    return distances.masked_fill(diagonal, math.inf).flatten(1).amin(dim=-1)  # no boolean indexing: no sync
 
 
 def assignment_perplexity(

@@ -31,7 +31,7 @@ from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profile_causal_lm import markdown_profile, profile_training_step  # noqa: E402
+from profile_causal_lm import markdown_profile, profile_training_steps  # noqa: E402
 from train_causal_lm import (  # noqa: E402
     SMALL_CPU_SHAPE,
     add_training_arguments,
@@ -363,17 +363,16 @@ def run_profile(args, device) -> dict:
             0, 65, (args.batch_size, args.block_size), generator=torch.Generator().manual_seed(0)
         )
         batch = batch.to(device)
-        entries = {}
+        models = {}
         torch.manual_seed(args.seed)
-        entries["llama"] = profile_training_step(LlamaForCausalLM(LlamaConfig(**fields)).to(device), batch)
+        models["llama"] = LlamaForCausalLM(LlamaConfig(**fields)).to(device)
         for implementation in ("reference", "fused"):
             torch.manual_seed(args.seed)
             config = geoformers.DDLmHCConfig(
                 **fields, hc_streams=4, residual="delta", hc_implementation=implementation
             )
-            entries[f"n=4 delta rtbp, {implementation}"] = profile_training_step(
-                geoformers.DDLmHCForCausalLM(config).to(device), batch
-            )
+            models[f"n=4 delta rtbp, {implementation}"] = geoformers.DDLmHCForCausalLM(config).to(device)
+        entries = profile_training_steps(models, batch)
         profiles[width] = entries
         tables[width] = markdown_profile(entries)
         print(

@@ -152,7 +152,7 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def measure(model: DDCLIncrtForSequenceClassification, batch: dict[str, torch.Tensor]) -> dict:
     """Accuracy and prototype geometry on one batch (the whole dev set), so the means and the effective
     number of used prototypes (the model's `prototype_perplexity`) are exact dev-wide values."""
-    outputs = model.eval()(**model_inputs(batch))
+    outputs = model.eval()(**model_inputs(batch), output_prototype_statistics=True)
     return {
         "accuracy": float((outputs.logits.argmax(-1) == batch["labels"]).float().mean()),
         "num_heads": list(model.config.num_heads),

@@ -230,7 +230,8 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
 def dev_outputs(model: DDCLIncrtForSequenceClassification, dev, collator):
     """The trained model's outputs on the whole dev set in one batch (so the DDCL means are exact)."""
     batch = collator([dev[index] for index in range(len(dev))])
-    return model.eval()(**{name: value for name, value in batch.items() if name != "labels"})
+    inputs = {name: value for name, value in batch.items() if name != "labels"}
+    return model.eval()(**inputs, output_prototype_statistics=True)
 
 
 def prototype_statistics(outputs) -> dict:

@@ -8,6 +8,7 @@ number is its forward plus its backward. `bench_causal_lm.py --profile` prints t
 """
 
 import contextlib
+import statistics
 import time
 from collections import defaultdict
 from types import SimpleNamespace
@@ -125,34 +126,42 @@ def attribute_events(events) -> dict[str, float]:
     return dict(totals)
 
 
-def profile_training_step(model, batch: torch.Tensor, steps: int = 3) -> dict:
-    """Profile `steps` forward+backward+AdamW steps of `model` on `batch` after one warm-up step:
-    {"step_ms": wall time per step without the profiler, "mechanisms": {name: ms per step}}."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model.train()
+def _training_step(model, optimizer, batch: torch.Tensor) -> None:
+    model(input_ids=batch, labels=batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
-    def step() -> None:
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
-    step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    step_ms = (time.perf_counter() - start) / steps * 1000
-    with mechanism_scopes(model), profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-    totals = attribute_events(prof.events())
-    return {
-        "step_ms": step_ms,
-        "mechanisms": {name: totals.get(name, 0.0) / steps / 1000 for name in MECHANISMS},
-    }
+def profile_training_steps(models: dict, batch: torch.Tensor, rounds: int = 7, steps: int = 3) -> dict:
+    """Per model: the median wall time of one forward+backward+AdamW step over `rounds` round-robin rounds
+    (so machine load slows every model alike) and the profiled ms per step of each mechanism over `steps`
+    further steps: {name: {"step_ms": ..., "mechanisms": {mechanism: ms}}}."""
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
+    seconds = {name: [] for name in models}
+    for name, model in models.items():
+        model.train()
+        _training_step(model, optimizers[name], batch)  # warm-up
+    for _ in range(rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            _training_step(model, optimizers[name], batch)
+            seconds[name].append(time.perf_counter() - start)
+    results = {}
+    for name, model in models.items():
+        with mechanism_scopes(model), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                _training_step(model, optimizers[name], batch)
+        totals = attribute_events(prof.events())
+        results[name] = {
+            "step_ms": statistics.median(seconds[name]) * 1000,
+            "mechanisms": {mechanism: totals.get(mechanism, 0.0) / steps / 1000 for mechanism in MECHANISMS},
+        }
+    return results
 
 
 def markdown_profile(profiles: dict[str, dict]) -> str:
-    """One column per profiled model: ms per step and share of the profiled total, by mechanism."""
+    """One column per profiled model: ms per step and share of the profiled total, by mechanism, and the
+    interleaved median step time without the profiler (the profiler inflates op-heavy mechanisms)."""
     names = list(profiles)
     lines = ["| mechanism | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for mechanism in MECHANISMS:
@@ -163,5 +172,5 @@ def markdown_profile(profiles: dict[str, dict]) -> str:
             cells.append(f"{times[mechanism]:.1f} ms ({share:.0%})")
         lines.append(f"| {mechanism} | " + " | ".join(cells) + " |")
     steps = " | ".join(f"{profiles[name]['step_ms']:.1f} ms" for name in names)
-    lines.append(f"| step (no profiler) | {steps} |")
+    lines.append(f"| step (no profiler, interleaved median) | {steps} |")
     return "\n".join(lines)

@@ -117,7 +117,8 @@ def test_output_shapes_with_several_layers_and_heads(minilm_path, real_batch):
     model = wrap_bert_embeddings(minilm_path, num_hidden_layers=2, num_heads=[2, 3], num_labels=5,
                                  head_dim=48, num_prototypes=6, pooling="mean").eval()
     with torch.no_grad():
-        outputs = model(**real_batch, output_hidden_states=True, output_attentions=True)
+        outputs = model(**real_batch, output_hidden_states=True, output_attentions=True,
+                        output_prototype_statistics=True)
     batch, length = real_batch["input_ids"].shape
     assert outputs.logits.shape == (batch, 5)
     assert len(outputs.hidden_states) == 3 and outputs.hidden_states[-1].shape == (batch, length, 384)

@@ -105,9 +105,22 @@ def reference_forward(model, input_ids, attention_mask):
         ({"gate_prune_patience": 0}, "gate_prune_patience", ValueError),
         ({"gate_calibration_factor": float("nan")}, "gate_calibration_factor", ValueError),
         ({"gate_num_tokens": 1}, "gate_num_tokens", ValueError),
-        ({"num_labels": 1}, "num_labels", ValueError),
-        ({"problem_type": "regression"}, "problem_type", ValueError),
+        ({"num_labels": 0}, "num_labels", ValueError),
+        ({"problem_type": "ranking"}, "problem_type", ValueError),
+        ({"num_labels": 1, "problem_type": "single_label_classification"}, "single_label", ValueError),
         ({"pad_token_id": VOCAB}, "pad_token_id", ValueError),
+        ({"tau_min": 1e-300}, "tau_min", ValueError),
+        ({"tau_init": 1e31}, "tau_init", ValueError),
+        ({"initializer_range": 1e300}, "initializer_range", ValueError),
+        ({"layer_norm_eps": 1e-300}, "layer_norm_eps", ValueError),
+        ({"id2label": ["a", "b"]}, "id2label", TypeError),
+        ({"id2label": {0: 1, 1: 2}}, "id2label", TypeError),
+        ({"id2label": {0: "a", 2: "b"}}, "id2label", ValueError),
+        ({"label2id": 5}, "label2id", TypeError),
+        ({"eos_token_id": "x"}, "eos_token_id", TypeError),
+        ({"bos_token_id": VOCAB}, "bos_token_id", ValueError),
+        ({"sep_token_id": -3}, "sep_token_id", ValueError),
+        ({"num_attention_heads": 2}, "num_attention_heads", ValueError),
     ],
 )
 def test_bad_config_names_the_field(overrides, field, error):
@@ -138,7 +151,7 @@ def test_forward_matches_float64_reference_and_loss_is_ce_plus_lambda_lq():
     model = small_model(seed=1, prototype_loss_weight=0.3).double()
     input_ids, attention_mask = batch()
     labels = torch.tensor([0, 2, 1])
-    output = model(input_ids, attention_mask=attention_mask, labels=labels)
+    output = model(input_ids, attention_mask=attention_mask, labels=labels, output_prototype_statistics=True)
     logits, l_q = reference_forward(model, input_ids, attention_mask)
     torch.testing.assert_close(output.logits, logits, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(output.l_q, l_q, rtol=1e-9, atol=1e-12)
@@ -151,7 +164,8 @@ def test_auxiliary_outputs_attentions_and_hidden_states():
     model = small_model()
     input_ids, attention_mask = batch()
     output = model(
-        input_ids, attention_mask=attention_mask, output_attentions=True, output_hidden_states=True
+        input_ids, attention_mask=attention_mask, output_attentions=True, output_hidden_states=True,
+        output_prototype_statistics=True,
     )
     assert [t.shape for t in output.temperatures] == [(1,), (2,)]
     torch.testing.assert_close(output.temperatures[1], torch.full((2,), model.config.tau_init))
@@ -177,8 +191,8 @@ def test_right_padding_does_not_change_the_result(pooling):
     input_ids, _ = batch(size=1, length=6)
     padded = torch.cat([input_ids, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.tensor([[1] * 6 + [0] * 3])
-    alone = model(input_ids)
-    with_padding = model(padded, attention_mask=mask)
+    alone = model(input_ids, output_prototype_statistics=True)
+    with_padding = model(padded, attention_mask=mask, output_prototype_statistics=True)
     torch.testing.assert_close(with_padding.logits, alone.logits, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(with_padding.l_q, alone.l_q, atol=1e-6, rtol=1e-5)
 
@@ -198,7 +212,8 @@ def test_bfloat16_autocast_forward_is_finite():
     model = small_model()
     input_ids, attention_mask = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        output = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]))
+        output = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]),
+                       output_prototype_statistics=True)
     assert torch.isfinite(output.loss) and output.l_q.dtype == torch.float32
 
 

@@ -243,7 +243,7 @@ class PrototypeProbe(TrainerCallback):
         batch = self.batch(step) if callable(self.batch) else self.batch
         try:
             inputs = {name: value.to(model.device) for name, value in batch.items()}
-            outputs = model(**inputs)
+            outputs = model(**inputs, output_prototype_statistics=True)
             energies = head_energies(model, inputs)
         finally:
             model.train(was_training)
