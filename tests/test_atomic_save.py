@@ -126,7 +126,8 @@ def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shard
     target.chmod(0o750)
     two_models["new"].save_pretrained(target)
     assert sorted(p.name for p in target.iterdir()) == [
-        "checkpoint-5", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
+        "checkpoint-5", "config.json", "configuration_ddl_mhc.py", "generation_config.json",
+        "model.safetensors", "modeling_ddl_mhc.py", "tokenizer.json"]  # the flat Hub code is part of a save
     assert (target / "checkpoint-5" / "optimizer.pt").read_bytes() == b"state"
     assert target.stat().st_mode & 0o777 == 0o750
     assert which(DDLmHCForCausalLM.from_pretrained(target), two_models) == "new"
