@@ -30,7 +30,7 @@ from transformers.models.llama.modeling_llama import (
 from transformers.utils import can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .atomic_save import AtomicSaveMixin
@@ -60,21 +60,26 @@ class DDLmHCAttention(LlamaAttention):
 @dataclass
 class DDLmHCModelOutputWithPast(BaseModelOutputWithPast):
     r"""
-    hidden_states: with `output_hidden_states=True`, the stream states X (batch, seq, n, hidden) entering
+    hidden_states: with `output_hidden_states=True`, one (batch, seq, hidden) tensor per layer boundary, as
+        every causal LM returns: the read-out of the streams entering each layer, and last the final normed
+        hidden state (`last_hidden_state`); with `hc_streams=1` exactly Llama's hidden states.
+    stream_states: with `output_stream_states=True`, the stream states X (batch, seq, n, hidden) entering
         every layer and leaving the last one (before the read-out and final norm).
     mixing: with `output_mixing=True`, one `StreamMixing(h_res, beta, direction)` per sublayer (attention
         then MLP of each layer): the per-token linear part X -> H_res X (I - beta k k^T) of the update.
     """
 
+    stream_states: tuple[torch.Tensor, ...] | None = None
     mixing: tuple[StreamMixing, ...] | None = None
 
 
 @dataclass
 class DDLmHCCausalLMOutputWithPast(CausalLMOutputWithPast):
     r"""
-    mixing: see `DDLmHCModelOutputWithPast.mixing`.
+    stream_states, mixing: see `DDLmHCModelOutputWithPast`.
     """
 
+    stream_states: tuple[torch.Tensor, ...] | None = None
     mixing: tuple[StreamMixing, ...] | None = None
 
 
@@ -134,7 +139,7 @@ class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, P
     _supports_attention_backend = True
     _can_compile_fullgraph = True  # static cache (with the EC conv state) + torch.compile / torch.export
     _can_record_outputs = {
-        "hidden_states": DDLmHCDecoderLayer,
+        "stream_states": [OutputRecorder(StreamExpansion), OutputRecorder(DDLmHCDecoderLayer)],
         "attentions": DDLmHCAttention,
         "mixing": HyperConnection,
     }
@@ -237,6 +242,7 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
         **kwargs,
     ) -> DDLmHCModelOutputWithPast:
         past_length = cache.get_seq_length() if cache is not None else 0
@@ -269,7 +275,12 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         streams = self.stream_expansion(inputs_embeds, cache=cache, padding_mask=padding_mask)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
 
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        boundaries = [] if output_hidden_states else None
         for decoder_layer in self.layers[: self.config.num_hidden_layers]:
+            if boundaries is not None:
+                boundaries.append(self._read_out(streams))
             streams = decoder_layer(
                 streams,
                 attention_mask=causal_mask,
@@ -280,12 +291,15 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
                 **kwargs,
             )
 
-        if self.stream_readout is not None:
-            hidden_states = self.stream_readout(streams)
-        else:
-            hidden_states = streams.squeeze(-2)
-        hidden_states = self.norm(hidden_states)
-        return DDLmHCModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
+        hidden_states = self.norm(self._read_out(streams))
+        all_hidden_states = None if boundaries is None else (*boundaries, hidden_states)
+        return DDLmHCModelOutputWithPast(
+            last_hidden_state=hidden_states, cache=cache, hidden_states=all_hidden_states
+        )
+
+    def _read_out(self, streams: torch.Tensor) -> torch.Tensor:
+        """Streams (batch, seq, n, hidden) -> (batch, seq, hidden): the learned read-out (n = 1: X itself)."""
+        return streams.squeeze(-2) if self.stream_readout is None else self.stream_readout(streams)
 
 
 class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
@@ -351,6 +365,7 @@ class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
             logits=logits,
             cache=outputs.cache,
             hidden_states=outputs.hidden_states,
+            stream_states=outputs.stream_states,
             attentions=outputs.attentions,
             mixing=outputs.mixing,
         )

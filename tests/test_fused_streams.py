@@ -185,3 +185,32 @@ def test_torch_export_matches_eager():
     ids = torch.randint(0, SMALL["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(6))
     exported = torch.export.export(model, args=(), kwargs={"input_ids": ids, "use_cache": False})
     torch.testing.assert_close(exported.module()(input_ids=ids, use_cache=False).logits, model(ids).logits)
+
+
+def test_hidden_states_follow_the_causal_lm_contract_and_stream_states_have_their_own_flag():
+    """hidden_states: num_hidden_layers + 1 tensors (batch, seq, hidden), equal to Llama's at n = 1;
+    the 4-D stream states come with output_stream_states=True."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from geoformers import convert_llama_to_ddl_mhc
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**SMALL)).eval()
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(8))
+    converted = convert_llama_to_ddl_mhc(llama).eval()
+    with torch.no_grad():
+        expected = llama(ids, output_hidden_states=True).hidden_states
+        actual = converted(ids, output_hidden_states=True).hidden_states
+    assert len(actual) == len(expected) == SMALL["num_hidden_layers"] + 1
+    for mine, theirs in zip(actual, expected, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+    model = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, hc_streams=4)).eval()
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, output_stream_states=True)
+        plain = model(ids)
+    assert [h.shape for h in out.hidden_states] == [(2, 6, SMALL["hidden_size"])] * 3
+    assert [x.shape for x in out.stream_states] == [(2, 6, 4, SMALL["hidden_size"])] * 3
+    torch.testing.assert_close(out.hidden_states[-1], model.model(ids).last_hidden_state)
+    torch.testing.assert_close(out.hidden_states[0], model.model.stream_readout(out.stream_states[0]))
+    assert plain.hidden_states is None and plain.stream_states is None
