@@ -251,3 +251,14 @@ def test_bad_labels_are_refused(model, ids, labels, error):
 def test_labels_with_logits_to_keep_are_refused(model, ids):
     with pytest.raises(ValueError, match="logits_to_keep"):
         model(ids, labels=ids, logits_to_keep=1)
+
+
+def test_value_checks_are_skipped_while_exporting(ids):
+    """torch.export traces through the argument checks (their host syncs are skipped while tracing)."""
+    torch.manual_seed(4)
+    model = DDLmHCForCausalLM(DDLmHCConfig(**{**SMALL, "num_hidden_layers": 1}, hc_streams=2)).eval()
+    kwargs = {"input_ids": ids.int(), "attention_mask": MASK.bool(), "labels": ids, "use_cache": False}
+    exported = torch.export.export(model, (), kwargs).module()
+    out, reference = exported(**kwargs), model(**kwargs)
+    torch.testing.assert_close(out.logits, reference.logits)
+    torch.testing.assert_close(out.loss, reference.loss)
