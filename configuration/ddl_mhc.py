@@ -15,7 +15,7 @@ HC_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
 RESIDUAL_UPDATES = ("delta", "add")
 STREAM_EXPANSIONS = ("repeat", "conv")
 MHC_LITE_MAX_STREAMS = 6  # mhc_lite enumerates all n! permutation matrices (DESIGN §1)
-MAX_SIZE = 2**31 - 1  # sizes, so that the product of two (a weight's element count) fits torch's int64 shapes
+MAX_SIZE = 2**24  # sizes; beyond, the checks themselves (rotary table, per-layer cache layout) take gigabytes
 FLOAT32_TINY = torch.finfo(
     torch.float32
 ).tiny  # smallest normal float32: a smaller eps is 0 under flush-to-zero
@@ -60,11 +60,12 @@ def _check_label_maps(id2label, label2id) -> None:
         if not isinstance(id2label, dict):
             raise TypeError(f"`id2label` must be a dict {{id: name}} or None, got {type(id2label).__name__}")
         for key, label in id2label.items():
-            digits = isinstance(key, str) and key.lstrip("-").isdigit()
-            if not (digits or (isinstance(key, int) and not isinstance(key, bool))) or not isinstance(
-                label, str
-            ):
+            digits = isinstance(key, str) and key.isascii() and key.removeprefix("-").isdigit()
+            integer = isinstance(key, int) and not isinstance(key, bool)
+            if not (digits or integer) or not isinstance(label, str):
                 raise TypeError(f"`id2label` must map int ids to str names, got {key!r}: {label!r}")
+        if len({int(key) for key in id2label}) != len(id2label):
+            raise ValueError(f"`id2label` names one id twice (e.g. 0 and '0'): {id2label!r}")
     if label2id is not None:
         if not isinstance(label2id, dict):
             raise TypeError(f"`label2id` must be a dict {{name: id}} or None, got {type(label2id).__name__}")
@@ -108,7 +109,7 @@ class DDLmHCConfig(PreTrainedConfig):
     (e.g. `hidden_size` and `num_attention_heads`) can be changed at once with `config.update({...})`, which
     validates once. `rope_theta` and `rope_parameters` stay in step: assigning one updates the other, and
     `rope_parameters` must build the model's rotary embedding (any transformers RoPE type). Bounds: sizes in
-    [1, 2^31 - 1]; `rms_norm_eps` any finite value >= 2^-126 (the smallest normal float32) and `delta_eps`
+    [1, 2^24]; `rms_norm_eps` any finite value >= 2^-126 (the smallest normal float32) and `delta_eps`
     any finite value with `delta_eps`^2 >= 2^-126, so neither rounds to 0; `hc_dynamic_gate_init` in
     [0, 1e30] so that gated logits stay finite in float32. An in-place change of a mutable field
     (`config.rope_parameters["factor"] = ...`) is not seen: assign a new value instead.
@@ -163,7 +164,11 @@ class DDLmHCConfig(PreTrainedConfig):
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.rope_parameters is not None and "rope_theta" in self.rope_parameters:
-            self.rope_theta = self.rope_parameters["rope_theta"]
+            theta = self.rope_parameters["rope_theta"]
+            _check_float("rope_parameters['rope_theta']", theta, 0.0, math.inf, True, True)
+            self.rope_theta = theta
+        self._validate_decoder()  # sizes first: transformers' __post_init__ reads `layer_types`
+        self._validate_hyper_connections()
         super().__post_init__(**kwargs)
         self._validate()
 
@@ -179,7 +184,7 @@ class DDLmHCConfig(PreTrainedConfig):
         before = dict(state)
         super().__setattr__(name, value)
         try:
-            self._sync_rope(name)
+            self._normalise(name)
             self._validate()
         except (TypeError, ValueError):
             state.clear()
@@ -194,7 +199,7 @@ class DDLmHCConfig(PreTrainedConfig):
             state["_post_init_done"] = False  # plain assignments, as during construction
             for name, value in config_dict.items():
                 setattr(self, name, value)
-                self._sync_rope(name)
+                self._normalise(name)
             state["_post_init_done"] = True
             self._validate()
         except (TypeError, ValueError):
@@ -204,8 +209,17 @@ class DDLmHCConfig(PreTrainedConfig):
         finally:
             state["_post_init_done"] = before.get("_post_init_done", True)
 
-    def _sync_rope(self, name: str) -> None:
-        """Keep `rope_theta` and `rope_parameters["rope_theta"]` equal."""
+    def _normalise(self, name: str) -> None:
+        """What construction does to an assigned value: `rope_theta` and `rope_parameters["rope_theta"]`
+        kept equal, `id2label` keys as ints (None: the two default labels) and `label2id` its inverse."""
+        if name == "id2label":
+            labels = self.__dict__["id2label"]
+            _check_label_maps(labels, None)
+            labels = (
+                {0: "LABEL_0", 1: "LABEL_1"} if labels is None else {int(k): v for k, v in labels.items()}
+            )
+            self.__dict__["id2label"] = labels
+            self.__dict__["label2id"] = {label: key for key, label in labels.items()}
         rope = self.__dict__.get("rope_parameters")
         if name == "rope_theta" and isinstance(rope, dict):
             self.__dict__["rope_parameters"] = {**rope, "rope_theta": self.rope_theta}
@@ -213,6 +227,7 @@ class DDLmHCConfig(PreTrainedConfig):
             rope = dict(rope or {})
             rope.setdefault("rope_type", rope.get("type", "default"))
             rope.setdefault("rope_theta", self.rope_theta)
+            _check_float("rope_parameters['rope_theta']", rope["rope_theta"], 0.0, math.inf, True, True)
             self.__dict__["rope_parameters"] = rope
             self.__dict__["rope_theta"] = rope["rope_theta"]
 
@@ -254,14 +269,15 @@ class DDLmHCConfig(PreTrainedConfig):
         _check_int("vocab_size", self.vocab_size, 1)
         for name in sorted(key for key in self.__dict__ if key.endswith("_token_id")):
             token_id = self.__dict__[name]
-            token_ids = token_id if isinstance(token_id, list) and token_id else [token_id]
             if token_id is None:
                 continue
-            for value in token_ids:
+            several = name == "eos_token_id" and isinstance(token_id, list) and token_id  # generation: any
+            for value in token_id if several else [token_id]:
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(
-                        f"`{name}` must be None, a token id or a non-empty list of them, got {token_id!r}"
+                    kind = (
+                        "a token id or a non-empty list of them" if name == "eos_token_id" else "a token id"
                     )
+                    raise TypeError(f"`{name}` must be None or {kind}, got {token_id!r}")
                 if not 0 <= value < self.vocab_size:
                     raise ValueError(
                         f"`{name}` ({token_id}) must lie in [0, `vocab_size` = {self.vocab_size})"
@@ -272,8 +288,8 @@ class DDLmHCConfig(PreTrainedConfig):
             _check_int(name, getattr(self, name), 1)
         for name in ("num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
             _check_int(name, getattr(self, name), 1)
-        head_dim = getattr(self, "head_dim", None)
-        if head_dim is not None:
+        if "head_dim" in self.__dict__:  # optional, as in Llama; absent: hidden_size // num_attention_heads
+            head_dim = self.__dict__["head_dim"]
             _check_int("head_dim", head_dim, 2)
             if head_dim % 2:
                 raise ValueError(f"`head_dim` must be even for rotary embeddings, got {head_dim}")

@@ -56,6 +56,13 @@ def without_path(config_dict: dict) -> dict:
         ({"hidden_size": 10**400}, ValueError, "hidden_size"),
         ({"delta_beta_init": 10**400}, ValueError, "delta_beta_init"),
         ({"head_dim": 7}, ValueError, "head_dim"),
+        # found by tests/test_fuzz_ddl_mhc.py
+        ({"head_dim": None}, TypeError, "head_dim"),
+        ({"pad_token_id": [0]}, TypeError, "pad_token_id"),  # only eos_token_id may list several
+        ({"id2label": {0: "a", "0": "b"}}, ValueError, "id2label"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}, ValueError, "rope_parameters"),
+        ({"num_hidden_layers": 2.5}, TypeError, "num_hidden_layers"),
+        ({"num_hidden_layers": 2**40}, ValueError, "num_hidden_layers"),  # was a MemoryError
     ],
 )
 def test_rejects_at_construction_what_used_to_fail_later(overrides, error, field):
@@ -166,3 +173,16 @@ def test_transformers_post_construction_patterns_still_work():
         with pytest.raises(ValueError, match="hc_chart"):
             clone.hc_chart = "max"
     assert "_post_init_done" not in config.to_dict()
+
+
+def test_assigned_label_maps_are_normalised_as_at_construction(tmp_path):
+    """Assigned id2label gets int keys and a matching label2id (JSON sorts keys: mixed types would not save);
+    None means the two default labels, as at construction, so the config reloads equal."""
+    config = DDLmHCConfig(**SMALL)
+    config.id2label = {"0": "negative", "1": "positive"}
+    assert config.id2label == {0: "negative", 1: "positive"}
+    assert config.label2id == {"negative": 0, "positive": 1}
+    config.id2label = None
+    assert config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    config.save_pretrained(tmp_path)
+    assert without_path(DDLmHCConfig.from_pretrained(tmp_path).to_dict()) == without_path(config.to_dict())
