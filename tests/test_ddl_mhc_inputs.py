@@ -262,3 +262,15 @@ def test_value_checks_are_skipped_while_exporting(ids):
     out, reference = exported(**kwargs), model(**kwargs)
     torch.testing.assert_close(out.logits, reference.logits)
     torch.testing.assert_close(out.loss, reference.loss)
+
+
+def test_resized_vocabulary_is_what_the_checks_use():
+    """`resize_token_embeddings` updates `config.vocab_size`, which bounds `input_ids` and `labels`."""
+    torch.manual_seed(5)
+    lm = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, hc_streams=2))
+    lm.resize_token_embeddings(VOCAB + 3)
+    new_ids = torch.tensor([[1, VOCAB + 2, 3]])
+    out = lm(new_ids, labels=new_ids)
+    assert out.logits.shape == (1, 3, VOCAB + 3) and torch.isfinite(out.loss)
+    with pytest.raises(ValueError, match="input_ids"):
+        lm(torch.tensor([[VOCAB + 3]]))
