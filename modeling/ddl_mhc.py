@@ -34,9 +34,19 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .atomic_save import AtomicSaveMixin
+from .causal_lm_loss import causal_lm_loss
 from .delta import beta_bias_for
 from .hub_code import HubCodeMixin
 from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout
+from .input_checks import (
+    check_attention_mask,
+    check_cache,
+    check_inputs_embeds,
+    check_labels,
+    check_position_ids,
+    check_token_ids,
+    embeds_bound,
+)
 from .strict_loading import StrictLoadingMixin
 
 
@@ -196,40 +206,29 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         input_ids: torch.Tensor | None,
         inputs_embeds: torch.Tensor | None,
         attention_mask: torch.Tensor | dict | None,
-        past_length: int,
-    ) -> None:
-        """Clear errors for bad ids/embeddings/masks instead of an index or shape error deep inside."""
+        position_ids: torch.Tensor | None,
+        cache: Cache | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """Clear errors for bad arguments instead of an index or shape error deep inside (`input_checks.py`).
+        Returns `input_ids` as int64 (any integer dtype is accepted), `inputs_embeds` in the embedding's dtype
+        (any float dtype is accepted) and the cached length."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of `input_ids` or `inputs_embeds`")
+        check_cache(cache)
+        past_length = cache.get_seq_length() if cache is not None else 0
+        config = self.config
         if input_ids is not None:
-            integer = isinstance(input_ids, torch.Tensor) and not input_ids.is_floating_point()
-            if not integer or input_ids.is_complex():
-                got = getattr(input_ids, "dtype", type(input_ids).__name__)
-                raise TypeError(f"`input_ids` must be an integer tensor, got {got}")
-            if input_ids.ndim != 2:
-                raise ValueError(f"`input_ids` must have shape (batch, seq), got {tuple(input_ids.shape)}")
-            if input_ids.numel() > 0 and not torch.compiler.is_compiling():  # a value check breaks the graph
-                low, high = int(input_ids.min()), int(input_ids.max())
-                if low < 0 or high >= self.vocab_size:
-                    raise ValueError(
-                        f"`input_ids` must lie in [0, vocab_size={self.vocab_size}), "
-                        f"got values in [{low}, {high}]"
-                    )
+            input_ids = check_token_ids(input_ids, config.vocab_size)
             batch, length = input_ids.shape
         else:
-            if inputs_embeds.ndim != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
-                raise ValueError(
-                    f"`inputs_embeds` must have shape (batch, seq, {self.config.hidden_size}), "
-                    f"got {tuple(inputs_embeds.shape)}"
-                )
+            dtype = self.embed_tokens.weight.dtype
+            bound = embeds_bound(dtype, config.hc_streams, config.hidden_size)
+            inputs_embeds = check_inputs_embeds(inputs_embeds, config.hidden_size, dtype, bound)
             batch, length = inputs_embeds.shape[:2]
-        if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2:
-            expected = (batch, past_length + length)
-            if tuple(attention_mask.shape) != expected:
-                raise ValueError(
-                    f"`attention_mask` must have shape (batch, past + seq) = {expected}, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
+        heads, implementation = config.num_attention_heads, config._attn_implementation
+        check_attention_mask(attention_mask, batch, length, past_length, cache, heads, implementation)
+        check_position_ids(position_ids, batch, length)
+        return input_ids, inputs_embeds, past_length
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     @merge_with_config_defaults
@@ -245,8 +244,9 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> DDLmHCModelOutputWithPast:
-        past_length = cache.get_seq_length() if cache is not None else 0
-        self._check_inputs(input_ids, inputs_embeds, attention_mask, past_length)
+        input_ids, inputs_embeds, past_length = self._check_inputs(
+            input_ids, inputs_embeds, attention_mask, position_ids, cache
+        )
 
         if inputs_embeds is None:
             inputs_embeds: torch.Tensor = self.embed_tokens(input_ids)
@@ -304,6 +304,7 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
 
 class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _loss_function = staticmethod(causal_lm_loss)  # ForCausalLMLoss, 0 (not NaN) when no token is scored
 
     def __init__(self, config: DDLmHCConfig):
         super().__init__(config)
@@ -330,16 +331,14 @@ class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
     ) -> DDLmHCCausalLMOutputWithPast:
         r"""
         Llama's signature (`cache` is transformers 5's name for `past_key_values`, which is still accepted).
-        labels: (batch, seq) token ids, -100 ignored; the loss is the shifted next-token cross-entropy.
+        labels: (batch, seq) token ids, -100 ignored; the loss is the shifted next-token cross-entropy, 0 when
+            no token is scored (`causal_lm_loss.py`).
         Pass `output_mixing=True` to get the per-sublayer `StreamMixing` records.
         """
         if labels is not None:
             reference = input_ids if input_ids is not None else inputs_embeds
-            if reference is not None and tuple(labels.shape) != tuple(reference.shape[:2]):
-                raise ValueError(
-                    f"`labels` must have shape (batch, seq) = {tuple(reference.shape[:2])}, "
-                    f"got {tuple(labels.shape)}"
-                )
+            shape = tuple(reference.shape[:2]) if isinstance(reference, torch.Tensor) else None
+            labels = check_labels(labels, shape, self.config.vocab_size, logits_to_keep)
         outputs: DDLmHCModelOutputWithPast = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

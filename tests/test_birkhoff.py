@@ -373,3 +373,75 @@ def test_bad_input_raises_clear_errors():
 def test_large_finite_logits_are_not_mistaken_for_non_finite():
     logits = torch.full((9,), 3e38)  # the float64 sum check must not overflow
     assert_doubly_stochastic(birkhoff(logits, 4, "tbp"), 4, 1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finite, non-negative, attached to the graph at every input
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scale"), [(torch.float32, 2e38), (torch.float32, 3.4e38), (torch.float64, 1e308)]
+)
+@pytest.mark.parametrize("n", (2, 4, 7))
+def test_sinkhorn_is_finite_for_every_finite_logit(dtype, scale, n):
+    """Logits of both signs near the dtype's largest finite value: a finite matrix with entries in
+    [0, 1] and unit column sums (columns are normalised last), and finite gradients."""
+    generator = torch.Generator().manual_seed(n)
+    signs = torch.randn(64, n * n, generator=generator).sign().to(dtype)
+    logits = torch.cat([signs * scale, torch.full((1, n * n), -scale, dtype=dtype)])
+    logits[-1, 0] = scale  # one matrix whose other rows hold nothing but the most negative logit
+    logits.requires_grad_()
+    x = birkhoff(logits, n, "sinkhorn")
+    assert torch.isfinite(x).all() and float(x.detach().min()) >= 0 and float(x.detach().max()) <= 1
+    torch.testing.assert_close(x.sum(-2), torch.ones(65, n, dtype=dtype))
+    (x * torch.randn(65, n, n, generator=generator, dtype=dtype)).sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_sinkhorn_ignores_a_constant_shift_of_a_matrix_logits():
+    """The max shift that keeps huge logits finite changes nothing: exp(logits + c) is the same chart."""
+    logits = torch.randn(32, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 3
+    shift = torch.linspace(-1e3, 1e3, 32, dtype=torch.float64)[:, None]
+    torch.testing.assert_close(birkhoff(logits + shift, 4, "sinkhorn"), birkhoff(logits, 4, "sinkhorn"))
+
+
+def test_sinkhorn_error_table_beside_its_iteration_count_is_measured():
+    """The table beside SINKHORN_DEFAULT_ITERS in birkhoff.py (median / max |row sum - 1|), recomputed."""
+    documented = {
+        4: ((7.5e-8, 1.6e-7), (7.5e-8, 1.3e-4), (2.4e-4, 4.7e-2), (2.9e-2, 3.7e-1)),
+        8: ((9.7e-8, 2.5e-7), (1.0e-7, 1.7e-6), (3.4e-4, 5.5e-2), (5.2e-2, 4.9e-1)),
+        16: ((1.9e-7, 3.3e-7), (1.5e-7, 1.6e-6), (3.1e-4, 4.6e-2), (6.7e-2, 4.6e-1)),
+    }
+    generator = torch.Generator().manual_seed(0)
+    for n in (2, 4, 8, 16):
+        for column, scale in enumerate((0.1, 1, 3, 10)):
+            violation = ds_violation(
+                birkhoff(torch.randn(4096, n * n, generator=generator) * scale, n, "sinkhorn")
+            )
+            if n in documented:
+                median, worst = documented[n][column]
+                assert float(violation.median()) == pytest.approx(median, rel=0.07), (n, scale)
+                assert float(violation.max()) == pytest.approx(worst, rel=0.07), (n, scale)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+@pytest.mark.parametrize("method", ("tbp", "rtbp"))
+def test_exact_chart_entries_are_nonnegative_exactly(method, dtype):
+    """Saturated logits drive entries to 0, where the remainders used to round to about -2e-15."""
+    generator = torch.Generator().manual_seed(11)
+    for n in (3, 8, 13):
+        logits = (torch.randn(4000, num_logits(method, n), generator=generator, dtype=torch.float64) * 20).to(
+            dtype
+        )
+        x = birkhoff(logits, n, method)
+        assert float(x.min()) >= 0.0
+        assert_doubly_stochastic(x, n, 1e-6 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_n_equal_one_stays_on_the_autograd_graph(method):
+    logits = torch.zeros(3, num_logits(method, 1), requires_grad=True)
+    x = birkhoff(logits, 1, method)
+    assert x.grad_fn is not None and torch.equal(x.detach(), torch.ones(3, 1, 1))
+    x.sum().backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))

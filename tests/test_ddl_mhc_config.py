@@ -1,0 +1,188 @@
+"""DDLmHCConfig validation: values that used to be accepted and then fail at build (or give NaN later) are
+refused at construction naming the field, transformers' own fields included; assignments after construction
+are validated and undone when invalid; eps fields accept any finite value large enough not to round to 0."""
+
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+
+from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+
+SMALL = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+
+
+def without_path(config_dict: dict) -> dict:
+    return {key: value for key, value in config_dict.items() if key != "_name_or_path"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "field"),
+    [
+        ({"hc_dynamic_gate_init": 1e39}, ValueError, "hc_dynamic_gate_init"),
+        ({"hc_dynamic_gate_init": math.nan}, ValueError, "hc_dynamic_gate_init"),
+        ({"rope_parameters": {"rope_type": "bogus"}}, ValueError, "rope_type"),
+        ({"rope_parameters": [1]}, TypeError, "rope_parameters"),
+        ({"rope_parameters": {"rope_type": "linear"}}, ValueError, "rope_parameters"),  # no factor
+        ({"rope_parameters": {"rope_type": "linear", "factor": "x"}}, ValueError, "rope_parameters"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 0.0}}, ValueError, "rope_parameters"),
+        ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, ValueError, "rope_parameters"),
+        ({"rope_theta": 1e-300}, ValueError, "rope_parameters"),  # inverse frequencies overflow float32
+        ({"rope_theta": math.inf}, ValueError, "rope_theta"),
+        ({"hidden_act": ["silu"]}, ValueError, "hidden_act"),
+        ({"eos_token_id": "x"}, TypeError, "eos_token_id"),
+        ({"eos_token_id": [1, "x"]}, TypeError, "eos_token_id"),
+        ({"eos_token_id": []}, TypeError, "eos_token_id"),
+        ({"eos_token_id": 61}, ValueError, "eos_token_id"),
+        ({"bos_token_id": -1}, ValueError, "bos_token_id"),
+        ({"pad_token_id": True}, TypeError, "pad_token_id"),
+        ({"sep_token_id": "x"}, TypeError, "sep_token_id"),  # a token id transformers stores as an extra
+        ({"id2label": 5}, TypeError, "id2label"),
+        ({"id2label": {"a": "b"}}, TypeError, "id2label"),
+        ({"id2label": {0: 5}}, TypeError, "id2label"),
+        ({"label2id": [1]}, TypeError, "label2id"),
+        ({"num_labels": "x"}, TypeError, "num_labels"),
+        ({"dtype": "bogus"}, ValueError, "dtype"),
+        ({"problem_type": "ranking"}, ValueError, "problem_type"),
+        ({"output_hidden_states": 2}, TypeError, "output_hidden_states"),
+        ({"initializer_range": 1e300}, ValueError, "initializer_range"),
+        ({"rms_norm_eps": 0.0}, ValueError, "rms_norm_eps"),
+        ({"rms_norm_eps": 1e-40}, ValueError, "rms_norm_eps"),  # 0 in float32 under flush-to-zero
+        ({"rms_norm_eps": math.inf}, ValueError, "rms_norm_eps"),
+        ({"delta_eps": 1e-20}, ValueError, "delta_eps"),  # delta_eps^2 underflows float32
+        ({"vocab_size": 2**40}, ValueError, "vocab_size"),
+        ({"hidden_size": 10**400}, ValueError, "hidden_size"),
+        ({"delta_beta_init": 10**400}, ValueError, "delta_beta_init"),
+        ({"head_dim": 7}, ValueError, "head_dim"),
+        # found by tests/test_fuzz_ddl_mhc.py
+        ({"head_dim": None}, TypeError, "head_dim"),
+        ({"pad_token_id": [0]}, TypeError, "pad_token_id"),  # only eos_token_id may list several
+        ({"id2label": {0: "a", "0": "b"}}, ValueError, "id2label"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}, ValueError, "rope_parameters"),
+        ({"num_hidden_layers": 2.5}, TypeError, "num_hidden_layers"),
+        ({"num_hidden_layers": 2**40}, ValueError, "num_hidden_layers"),  # was a MemoryError
+    ],
+)
+def test_rejects_at_construction_what_used_to_fail_later(overrides, error, field):
+    with pytest.raises(error, match=field):
+        DDLmHCConfig(**{**SMALL, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("rms_norm_eps", 1.0), ("rms_norm_eps", 1e3), ("delta_eps", 5.0)]
+)
+def test_eps_fields_accept_any_finite_positive_value_and_reload(tmp_path, field, value):
+    """transformers' common tests set eps to 1.0: such a config saves, reloads and runs finite."""
+    config = DDLmHCConfig(**SMALL, hc_streams=2, **{field: value})
+    config.save_pretrained(tmp_path)
+    loaded = DDLmHCConfig.from_pretrained(tmp_path)
+    assert getattr(loaded, field) == value
+    assert without_path(loaded.to_dict()) == without_path(config.to_dict())
+    torch.manual_seed(0)
+    logits = DDLmHCForCausalLM(loaded)(torch.tensor([[1, 2, 3]])).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_accepts_the_valid_forms_of_transformers_fields():
+    config = DDLmHCConfig(
+        **SMALL,
+        id2label={"0": "negative", "1": "positive"},  # JSON keys are strings
+        label2id={"negative": "0", "positive": 1},
+        eos_token_id=[1, 2],
+        dtype="bfloat16",
+        problem_type="regression",
+    )
+    assert config.id2label == {0: "negative", 1: "positive"} and config.dtype == torch.bfloat16
+    assert config.eos_token_id == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "named"),
+    [
+        ("hc_chart", "max", ValueError, "hc_chart"),
+        ("num_attention_heads", [5], TypeError, "num_attention_heads"),
+        ("hidden_size", 15, ValueError, "hidden_size"),
+        ("hc_streams", 3, ValueError, "hc_streams"),  # kromhc needs a power of two
+        ("eos_token_id", "x", TypeError, "eos_token_id"),
+        ("id2label", 5, TypeError, "id2label"),
+        ("num_labels", "x", TypeError, "num_labels"),
+        ("rope_parameters", {"rope_type": "bogus"}, ValueError, "rope_type"),
+        ("vocab_size", 5, ValueError, "pad_token_id"),  # the pad token would leave the vocabulary
+        ("rms_norm_eps", -1.0, ValueError, "rms_norm_eps"),
+        ("use_cache", "yes", TypeError, "use_cache"),
+    ],
+)
+def test_assignment_is_validated_and_an_invalid_one_changes_nothing(field, value, error, named):
+    config = DDLmHCConfig(**SMALL, hc_streams=4, hc_chart="kromhc", pad_token_id=10)
+    before = copy.deepcopy(config.to_dict())
+    with pytest.raises(error, match=named):
+        setattr(config, field, value)
+    assert config.to_dict() == before
+    DDLmHCForCausalLM(config)  # still builds
+
+
+def default_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def test_valid_assignments_reach_the_model_and_rope_stays_in_step():
+    config = DDLmHCConfig(**SMALL)
+    config.num_hidden_layers = 1
+    config.rope_theta = 5e5
+    assert config.rope_parameters["rope_theta"] == 5e5
+    model = DDLmHCForCausalLM(config)
+    assert len(model.model.layers) == 1
+    torch.testing.assert_close(model.model.rotary_emb.inv_freq.double(), default_inverse_frequencies(5e5, 8))
+    config.rope_parameters = {"rope_type": "linear", "factor": 4.0}
+    assert config.rope_theta == 5e5 == config.rope_parameters["rope_theta"]
+    rotary = DDLmHCForCausalLM(config).model.rotary_emb
+    torch.testing.assert_close(rotary.inv_freq.double(), default_inverse_frequencies(5e5, 8) / 4)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}
+    assert config.rope_theta == 1e4
+
+
+def test_update_validates_fields_that_are_only_valid_together():
+    """(32, 4 heads) -> (36, 6 heads): neither field alone is valid (36 / 4 = 9 is odd, 32 % 6 != 0)."""
+    config = DDLmHCConfig(**SMALL)
+    with pytest.raises(ValueError, match="hidden_size"):
+        config.hidden_size = 36
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        config.num_attention_heads = 6
+    config.update({"hidden_size": 36, "num_attention_heads": 6, "num_key_value_heads": 6})
+    assert (config.hidden_size, config.num_attention_heads) == (36, 6)
+    before = config.to_dict()
+    with pytest.raises(ValueError, match="hc_streams"):
+        config.update({"hidden_size": 48, "hc_streams": 0})
+    assert config.to_dict() == before
+    config.hc_streams = 2  # single assignments are still validated after `update`
+    with pytest.raises(TypeError, match="hc_streams"):
+        config.hc_streams = "2"
+
+
+def test_transformers_post_construction_patterns_still_work():
+    """What transformers' tests and loaders do to a built config: zero-init ranges, copies, pickles."""
+    config = DDLmHCConfig(**SMALL)
+    for key in list(config):  # transformers' `_config_zero_init`
+        if "initializer_range" in key:
+            setattr(config, key, 1e-10)
+    assert config.initializer_range == 1e-10
+    for clone in (copy.deepcopy(config), pickle.loads(pickle.dumps(config))):
+        assert clone.to_dict() == config.to_dict()
+        with pytest.raises(ValueError, match="hc_chart"):
+            clone.hc_chart = "max"
+    assert "_post_init_done" not in config.to_dict()
+
+
+def test_assigned_label_maps_are_normalised_as_at_construction(tmp_path):
+    """Assigned id2label gets int keys and a matching label2id (JSON sorts keys: mixed types would not save);
+    None means the two default labels, as at construction, so the config reloads equal."""
+    config = DDLmHCConfig(**SMALL)
+    config.id2label = {"0": "negative", "1": "positive"}
+    assert config.id2label == {0: "negative", 1: "positive"}
+    assert config.label2id == {"negative": 0, "positive": 1}
+    config.id2label = None
+    assert config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    config.save_pretrained(tmp_path)
+    assert without_path(DDLmHCConfig.from_pretrained(tmp_path).to_dict()) == without_path(config.to_dict())
