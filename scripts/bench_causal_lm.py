@@ -406,6 +406,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.compile:  # every model (train, eval and decode graphs) shares the forward's code object
+        torch._dynamo.config.recompile_limit = 64
     mode = "profile" if args.profile else "sweep" if args.sweep else "equal_time" if args.equal_time else None
     suffix = f"_{mode}" if mode else ""
     suffix += "_compiled" if args.compile and mode != "equal_time" else ""
