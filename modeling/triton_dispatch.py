@@ -52,7 +52,9 @@ def use_triton(*tensors: torch.Tensor | None) -> bool:
     all of them are CUDA tensors, or (inside `force_triton()`) CPU tensors under the interpreter. False
     for no tensors."""
     tensors = tuple(tensor for tensor in tensors if tensor is not None)
-    if not tensors or not triton_available():
+    if not tensors or not all(isinstance(tensor, torch.Tensor) for tensor in tensors):
+        return False  # not tensors: the PyTorch path's checks name the argument
+    if not triton_available():
         return False
     devices = {tensor.device.type for tensor in tensors}
     if devices == {"cuda"}:
