@@ -2,7 +2,7 @@
 causal LM, with a `ModelTester` shaped like transformers' Llama tester (tiny decoder, 4 streams, default
 chart). The mixin comes from transformers' sdist (`transformers_common.py`), which has no
 `tests/generation`: `GenerationTesterMixin` is an empty stand-in, and generation is tested in
-test_ddl_mhc.py. Slow (a download and ~150 tests).
+test_ddl_mhc.py. Slow (a download and ~170 tests).
 """
 
 import contextlib
@@ -42,15 +42,12 @@ class DDLmHCModelTester:
             pad_token_id=0, bos_token_id=1, eos_token_id=2,
         )
 
-    def prepare_config_and_inputs(self):
+    def prepare_config_and_inputs_for_common(self):
+        """Random token ids and a random padding mask (first token always attended), as Llama's tester;
+        the mixin adds the labels of a causal LM itself."""
         input_ids = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
         attention_mask = common.random_attention_mask([self.batch_size, self.seq_length])
-        labels = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
-        return self.get_config(), input_ids, attention_mask, labels
-
-    def prepare_config_and_inputs_for_common(self):
-        config, input_ids, attention_mask, _ = self.prepare_config_and_inputs()
-        return config, {"input_ids": input_ids, "attention_mask": attention_mask}
+        return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 class DDLmHCModelTest(common.ModelTesterMixin, unittest.TestCase):
