@@ -1,90 +1,21 @@
 """transformers' own common model tests (`ModelTesterMixin` of the installed version) against DDCL-INCRT,
-with a `ModelTester` as every in-tree model has one.
-
-The test files are not in the transformers wheel: they are taken from the source distribution of the
-installed version at test time (`pip download transformers==<version> --no-binary :all:`) into a cache
-folder (`GEOFORMERS_TRANSFORMERS_TESTS` names one already holding `test_modeling_common.py`), never copied
-into this repository. The sdist lacks `tests/exporters` and `tests/generation`, which
-`test_modeling_common.py` imports: their mixins are replaced by empty classes (an encoder does not
+with a `ModelTester` as every in-tree model has one. The mixin comes from transformers' sdist
+(`transformers_common.py`); its generation and export mixins are empty stand-ins (an encoder does not
 generate; `torch.export` is tested in test_ddcl_incrt_contract.py). Slow (a download and ~120 tests).
 """
 
-import importlib
-import importlib.util
-import os
-import subprocess
-import sys
-import tarfile
-import tempfile
-import types
 import unittest
-from pathlib import Path
 
 import pytest
 import torch
-import transformers
+from transformers_common import import_modeling_common
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
 
 pytestmark = pytest.mark.slow
-PACKAGE = "transformers_common_tests"  # the sdist's tests/ folder, imported under this name
-
-
-def _common_tests_folder() -> Path:
-    """A folder holding transformers' tests/test_modeling_common.py for the installed version, or skip."""
-    version = transformers.__version__
-    given = os.environ.get("GEOFORMERS_TRANSFORMERS_TESTS")
-    if given:
-        folder = Path(given)
-        if not (folder / "test_modeling_common.py").is_file():
-            pytest.skip(f"GEOFORMERS_TRANSFORMERS_TESTS={given} holds no test_modeling_common.py",
-                        allow_module_level=True)
-        return folder
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    folder = cache / "geoformers" / f"transformers-{version}-tests"
-    if (folder / "test_modeling_common.py").is_file():
-        return folder
-    with tempfile.TemporaryDirectory() as download:
-        command = [sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-binary",
-                   ":all:", "--no-deps", "--quiet", "-d", download]
-        try:
-            subprocess.run(command, check=True, capture_output=True, timeout=300)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
-            pytest.skip(f"cannot download the transformers {version} sdist for its common tests: {error}",
-                        allow_module_level=True)
-        (archive,) = Path(download).glob("transformers-*.tar.gz")
-        prefix = f"transformers-{version}/tests/"
-        with tarfile.open(archive) as sdist:
-            members = [m for m in sdist.getmembers() if m.name.startswith(prefix) and m.name.count("/") == 2]
-            for member in members:
-                member.name = member.name[len(prefix):]
-            partial = folder.with_name(folder.name + ".partial")
-            sdist.extractall(partial, members=members, filter="data")
-        partial.rename(folder)
-    return folder
-
-
-def _import_model_tester_mixin():
-    if importlib.util.find_spec("parameterized") is None:
-        pytest.skip("transformers' common tests need the `parameterized` package (pip install parameterized)",
-                    allow_module_level=True)
-    folder = _common_tests_folder()
-    package = types.ModuleType(PACKAGE)
-    package.__path__ = [str(folder)]
-    sys.modules[PACKAGE] = package
-    for name, mixin in (("exporters.test_export", "ExportTesterMixin"), ("generation.test_utils",
-                                                                       "GenerationTesterMixin")):
-        parent, child = name.split(".")
-        stub = types.ModuleType(f"{PACKAGE}.{name}")
-        setattr(stub, mixin, type(mixin, (), {}))
-        sys.modules.setdefault(f"{PACKAGE}.{parent}", types.ModuleType(f"{PACKAGE}.{parent}"))
-        sys.modules[f"{PACKAGE}.{name}"] = stub
-    return importlib.import_module(f"{PACKAGE}.test_modeling_common")
-
-
-common = _import_model_tester_mixin()
+common = import_modeling_common()
 
 
 class DDCLIncrtModelTester:
