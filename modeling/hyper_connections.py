@@ -51,7 +51,7 @@ class StreamMixing(NamedTuple):
 def mix_and_write(
     h_res: torch.Tensor | None, streams: torch.Tensor, amplitudes: torch.Tensor, direction: torch.Tensor
 ) -> torch.Tensor:
-    """X' = H_res X + s u^T (DESIGN §2) in the streams' dtype, plain autograd (the reference of
+    """X' = H_res X + s u^T (docs/ddl_mhc.md) in the streams' dtype, plain autograd (the reference of
     `fused_streams.AddMixWrite`). H_res: (..., n, n) per token, (n, n) static or None (identity);
     X (..., n, d); amplitudes s (..., n); direction u (..., d)."""
     dtype = streams.dtype

@@ -33,3 +33,13 @@ def pytest_ignore_collect(collection_path, config):
     if collection_path.name.endswith("_transformers_common.py"):
         return "not slow" in (config.getoption("markexpr") or "") or None
     return None
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module of tiny-model tests: more threads only add synchronisation (and
+    stall on a shared CPU). Modules opt in with `pytestmark = pytest.mark.usefixtures("single_thread")`."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,4 +1,4 @@
-"""Sinkhorn's row/column error logged in training (DESIGN §1: the one approximate chart):
+"""Sinkhorn's row/column error logged in training (the one approximate chart):
 `register_chart_observer` and `ChartViolationCallback`, against hand-computed violations and a stock
 `Trainer` run."""
 

@@ -31,13 +31,7 @@ CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
 EXACT_CHARTS = ("tbp", "rtbp", "mhc_lite", "kromhc")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models: intra-op threads only add synchronisation (and stall on a shared CPU)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def small_model(seed: int = 0, randomize: bool = True, **overrides) -> DDLmHCForCausalLM:

@@ -60,13 +60,7 @@ PAD_ID = CHAR_SPECIAL_TOKENS.index(PAD)  # the collator labels it -100
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "maps_proj", "value_proj"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny models: intra-op threads only add synchronisation (and stall on a shared CPU)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

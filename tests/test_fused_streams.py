@@ -12,12 +12,7 @@ from geoformers.modeling.hyper_connections import mix_and_write, read_streams
 SMALL = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _random(*shape, generator, positive=False):

@@ -25,12 +25,7 @@ GROWN_HEADS = [2, 3]
 RANK, ALPHA = 4, 8.0
 VOCAB = 48
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny_ddl_mhc() -> geoformers.DDLmHCForCausalLM:

@@ -1,4 +1,4 @@
-"""Row/column error of the approximate doubly-stochastic charts during `Trainer` training (DESIGN §1).
+"""Row/column error of the approximate doubly-stochastic charts during `Trainer` training (`birkhoff.py`).
 
 Sinkhorn is the one chart that is not exact: after its fixed iteration count its rows miss 1 by an amount
 that grows with the scale of the logits (the table beside `SINKHORN_DEFAULT_ITERS` in `birkhoff.py`), and
