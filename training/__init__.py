@@ -2,13 +2,16 @@
 
 from geoformers.training.checkpoints import checkpoint_problem, latest_complete_checkpoint
 from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history, resume_growth_training
+from geoformers.training.hc_optim import hc_parameter_groups, make_ddl_mhc_optimizer
 from geoformers.training.optim import growth_parameter_groups, make_optimizer, sync_optimizer_with_model
 
 __all__ = [
     "IncrtGrowthCallback",
     "checkpoint_problem",
     "growth_parameter_groups",
+    "hc_parameter_groups",
     "latest_complete_checkpoint",
+    "make_ddl_mhc_optimizer",
     "make_optimizer",
     "plot_growth_history",
     "resume_growth_training",
