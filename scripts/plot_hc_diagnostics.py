@@ -11,6 +11,7 @@ the right the metric over depth (sublayers in forward order) at the first, middl
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -61,6 +62,19 @@ def collect(log_history: list[dict]) -> dict[str, dict[tuple[int, str], list[tup
     return series
 
 
+def _readable_limits(axis, values: list[float]) -> None:
+    """y-limits spanning at least 1e-3 of the values' size, without an offset: a metric constant up to float32
+    rounding (the gains of an exact chart) shows as a flat line at its value, not as rounding noise."""
+    finite = [value for value in values if math.isfinite(value)]
+    if not finite:
+        return
+    low, high = min(finite), max(finite)
+    centre = (low + high) / 2
+    half_span = max(0.55 * (high - low), 5e-4 * max(1.0, abs(centre)))
+    axis.set_ylim(centre - half_span, centre + half_span)
+    axis.ticklabel_format(axis="y", useOffset=False)
+
+
 def plot_metric(metric: str, series: dict[tuple[int, str], list[tuple[int, float]]], path: Path) -> None:
     """One PNG: the metric over steps per sublayer (left) and over depth at three steps (right)."""
     sublayers = sorted(series, key=lambda item: (item[0], SUBLAYERS.index(item[1])))
@@ -85,6 +99,9 @@ def plot_metric(metric: str, series: dict[tuple[int, str], list[tuple[int, float
     depth_axis.set_xticks(range(0, len(labels), every), labels[::every], rotation=45, fontsize="small")
     depth_axis.set_xlabel("sublayer (layer.attn / layer.mlp)")
     depth_axis.legend(fontsize="small")
+    everything = [value for sublayer in sublayers for _, value in series[sublayer]]
+    for axis in (steps_axis, depth_axis):
+        _readable_limits(axis, everything)
     figure.suptitle(TITLES.get(metric, metric))
     figure.savefig(path, dpi=100)
 
