@@ -8,8 +8,9 @@ choice, not a regulariser) and with a learning-rate multiplier:
 - `hc_chart`: the static chart logits `res_bias` of H_res = (1 - a) I + a chart(t): lr x 1/6 by default, the
   TBP authors' setting (one logit moves the interval of every later choice of its matrix);
 - `hc_gates`: the dynamic gates `pre_gate`, `res_gate`, `write_gate` (mHC's alpha): lr x 1 by default;
-- `hc_mix`: the other static map logits, `res_mix_logit` (a), `write_bias` (beta, or H_post for "add"),
-  `pre_bias` (H_pre) and the read-out `stream_readout.logits`: lr x 1 by default.
+- `hc_mix`: the other static map logits, `res_mix_logit` (a; `res_mix_logits` for a three-way mix),
+  `write_bias` (beta, or H_post for "add"), `pre_bias` (H_pre) and the read-out `stream_readout.logits`:
+  lr x 1 by default.
 
 Everything else goes to `decay` / `no_decay` exactly as transformers' `Trainer.get_decay_parameter_names`
 splits it (no decay for biases and norm weights; embeddings and `maps_proj` decay). Parameters are matched by
@@ -33,7 +34,7 @@ TRAINER_NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?
 HC_PATTERNS = {
     HC_CHART: re.compile(r"(?:^|\.)res_bias$"),
     HC_GATES: re.compile(r"(?:^|\.)(?:pre|res|write)_gate$"),
-    HC_MIX: re.compile(r"(?:^|\.)(?:res_mix_logit|write_bias|pre_bias|stream_readout\.logits)$"),
+    HC_MIX: re.compile(r"(?:^|\.)(?:res_mix_logits?|write_bias|pre_bias|stream_readout\.logits)$"),
 }
 DEFAULT_CHART_LR_MULTIPLIER = 1 / 6
 
