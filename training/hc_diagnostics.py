@@ -7,7 +7,7 @@ Per layer and sublayer (attention, then MLP), from one forward pass without grad
                    s < delta or s > 1 - delta (tbp, rtbp: X = L + (U - L) s; kromhc: s in [0, 1]);
 - `beta`:          mean delta gate beta = 2 sigmoid(t_beta) over tokens ("delta" residual);
 - `res_mix`:       a = sigmoid(res_mix_logit) in H_res = (1 - a) I + a chart(t);
-- `gain_forward` / `gain_backward`: the mHC paper's "Amax gain" of the composite P = H_res^(k) ... H_res^(1)
+- `gain_forward` / `gain_backward`: mHC's (arXiv 2512.24880) "Amax gain" of P = H_res^(k) ... H_res^(1)
                    of every sublayer up to this one: max_i sum_j |P_ij| (forward signal gain) and
                    max_j sum_i |P_ij| (backward gradient gain), the largest over the probe's tokens; exactly 1
                    for the exact charts, above 1 where Sinkhorn's rows miss 1.
