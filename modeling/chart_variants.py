@@ -249,9 +249,8 @@ def atbp(logits: torch.Tensor, n: int) -> torch.Tensor:
     batch = logits.shape[0]
     charts = _tbp(logits[:, k:].reshape(batch * k, (n - 1) ** 2), n, logits.dtype).view(batch, k, n, n)
     inverse = _atbp_inverse_orderings(n, logits.device)
-    chart_index = torch.arange(k, device=logits.device)[:, None, None]
-    conjugated = charts[:, chart_index, inverse[:, :, None], inverse[:, None, :]]
-    return torch.einsum("bk,bkij->bij", weights, conjugated)
+    conjugated = [charts[:, i].index_select(1, pi).index_select(2, pi) for i, pi in enumerate(inverse)]
+    return (weights[:, :, None, None] * torch.stack(conjugated, 1)).sum(1)
 
 
 # ----------------------------------------------------------------------------------------------
