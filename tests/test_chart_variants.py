@@ -103,6 +103,17 @@ def test_hand_computed_n2():
         torch.testing.assert_close(birkhoff(t, 2, method), expected, atol=1e-15, rtol=0)
 
 
+@pytest.mark.parametrize("n", (3, 4, 7))
+def test_zero_logits_start_where_the_base_chart_starts(n):
+    """At t = 0 every fraction is 1/2, margin or not: the variants start at TBP(0) and RTBP(0) (J/n for
+    n = 2^k)."""
+    zeros = torch.zeros(1, (n - 1) ** 2, dtype=torch.float64)
+    for method, (base, _) in INTERVAL.items():
+        torch.testing.assert_close(birkhoff(zeros, n, method), birkhoff(zeros, n, base), atol=1e-15, rtol=0)
+    if n & (n - 1) == 0:
+        torch.testing.assert_close(birkhoff(zeros, n, "srtbp")[0], torch.full((n, n), 1 / n).double())
+
+
 # ---------------------------------------------------------------------------------------------
 # Exactness, gradients, bad input
 
