@@ -22,6 +22,7 @@ from geoformers.modeling.chart_variants import (
     tbp_with_choice,
     variant_logits_from_matrix,
 )
+from geoformers.modeling.hub_code import flatten_module
 from geoformers.modeling.hyper_connections import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -422,3 +423,33 @@ def test_model_trains_and_round_trips_with_each_variant(chart, tmp_path):
     assert (loaded.config.hc_chart, loaded.config.hc_res_mix) == (chart, config.hc_res_mix)
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
+def test_flat_modeling_file_registers_the_variants_after_the_registry():
+    kept = {"geoformers.configuration.ddl_mhc": ".configuration_ddl_mhc"}
+    source = flatten_module("geoformers.modeling.ddl_mhc", kept)
+    registry = source.index("CHART_VARIANTS: dict[str, ChartVariant] = {}")
+    assert registry < source.index("CHART_VARIANTS.update(") < source.index("class HyperConnection(")
+
+
+@pytest.mark.slow
+def test_flat_hub_copy_runs_the_variants_without_geoformers(tmp_path):
+    """The exported flat files register the variants too (`chart_variants.py` is inlined after `birkhoff.py`):
+    a folder saved with each of two variants loads where geoformers cannot be imported, same logits."""
+    from test_hub_export import run_without_geoformers
+
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(3))
+    jobs, expected = [], []
+    for chart, mix in (("msrtbp", "identity"), ("atbp", "lazy")):
+        torch.manual_seed(0)
+        model = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, hc_streams=3, hc_chart=chart, hc_res_mix=mix)).eval()
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1 * torch.randn_like(parameter))
+            expected.append(model(ids).logits)
+        model.save_pretrained(tmp_path / chart)
+        job = {"folder": str(tmp_path / chart), "auto_class": "AutoModelForCausalLM", "inputs": ids.tolist()}
+        jobs.append(job)
+    results, _ = run_without_geoformers(jobs, tmp_path)
+    for result, logits in zip(results, expected, strict=True):
+        torch.testing.assert_close(torch.tensor(result["logits"]), logits, atol=1e-5, rtol=0)
