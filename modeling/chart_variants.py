@@ -13,7 +13,9 @@ The interval variants move the point chosen in each feasible interval [L, U] of 
 intervals, so they stay exact. `tbp_with_choice` (TBP's anti-diagonal wavefront) and `rtbp_with_choice`
 (RTBP's recursion) are plain-autograd forms of the two charts with the choice plugged in; with the plain
 choice L + (U - L) sigmoid(t) they equal `birkhoff(..., "tbp")` and `birkhoff(..., "rtbp")` (tests).
-`variant_logits_from_matrix` inverts the four interval variants; ATBP (a mixture) has no inverse.
+"srtbp" and "msrtbp" run `rtbp_with_choice`; "stbp" and "mstbp" run `_ScaledTBPFunction`, the same
+wavefront with a hand-written backward, whose reference is `tbp_with_choice`. `variant_logits_from_matrix`
+inverts the four interval variants; ATBP (a mixture) has no inverse.
 """
 
 import math
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from functools import cache, partial
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .birkhoff import (
     CHART_VARIANTS,
@@ -136,6 +139,98 @@ def tbp_with_choice(logits: torch.Tensor, n: int, point: PointInInterval) -> tor
     inner = torch.cat(entries, 1)[:, _row_major_from_diagonals(n, logits.device)].view(batch, n - 1, n - 1)
     last_row = torch.cat([cols_reversed.flip(1), 1 - rows.sum(1, keepdim=True)], 1)
     return torch.cat([torch.cat([inner, rows[:, :, None]], 2), last_row[:, None]], 1)
+
+
+class _ScaledTBPFunction(torch.autograd.Function):
+    """TBP with a `ScaledChoice` as one autograd node (the fast path of "stbp" / "mstbp"; `tbp_with_choice`
+    is its reference): the wavefront above in place, batch-last, and a reverse-wavefront backward.
+
+    With x = L + W f, W = U - L, W+ = max(W, 0), f = rho + (1 - 2 rho) s, s = sigmoid(a) and
+    a = beta t / (W+ + eps):
+        dx/dt = W (1 - 2 rho) s (1 - s) beta / (W+ + eps),
+        g = dx/dU = f - (1 - 2 rho) s (1 - s) a W+ / (W+ + eps),   dx/dL = 1 - g;
+    through L = max(0, c - D) and U = min(r, c) these reach r, c and D as in TBP's backward.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, n: int, beta: float, eps: float, rho: float, keep: bool):
+        batch = logits.shape[0]
+        t = logits.t().contiguous()
+        x = t.new_empty(n * n, batch)
+        rows = t.new_ones(n - 1, batch)
+        cols_reversed = t.new_ones(n - 1, batch)
+        below = torch.arange(n - 1, 0, -1, dtype=t.dtype, device=t.device)[:, None].expand(-1, batch).clone()
+        if keep:
+            slope_t, slope_high, takes_col, low_active = (torch.empty_like(t) for _ in range(4))
+        step, span = max(n - 2, 1), 1 - 2 * rho
+        for d, first, last in _diagonals(n):
+            cells = slice(d + first * (n - 2), d + last * (n - 2) + 1, step)
+            r, below_d = rows[first : last + 1], below[first : last + 1]
+            c = cols_reversed[n - 2 - d + first : n - 1 - d + last]
+            low = c - below_d
+            high = torch.minimum(r, c)
+            if keep:
+                low_active[cells] = low > 0
+                takes_col[cells] = r > c
+            low.clamp_(min=0)
+            width = high - low
+            denominator = width.clamp(min=0) + eps
+            argument = beta * t[cells] / denominator
+            s = torch.sigmoid(argument)
+            fraction = rho + span * s
+            if keep:
+                curvature = span * s * (1 - s) / denominator
+                slope_t[cells] = curvature * width * beta
+                slope_high[cells] = fraction - curvature * argument * width.clamp(min=0)
+            x_d = low.addcmul_(width, fraction)
+            x[d + first * (n - 1) : d + last * (n - 1) + 1 : n - 1] = x_d
+            r.sub_(x_d)
+            c.sub_(x_d)
+            below_d.sub_(c)
+        square = x.view(n, n, batch)
+        square[: n - 1, n - 1] = rows
+        square[n - 1, : n - 1] = cols_reversed.flip(0)
+        square[n - 1, n - 1] = 1 - rows.sum(0)
+        if keep:
+            ctx.save_for_backward(slope_t, slope_high, takes_col, low_active)
+        ctx.n = n
+        return square.permute(2, 0, 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor) -> tuple:
+        slope_t, slope_high, takes_col, low_active = ctx.saved_tensors
+        n = ctx.n
+        grad = grad_output.permute(1, 2, 0).reshape(n * n, -1)
+        square = grad.view(n, n, -1)
+        grad_rows = square[: n - 1, n - 1] - square[n - 1, n - 1]  # corner = 1 - sum_i r_i
+        grad_cols_reversed = square[n - 1, : n - 1].flip(0)
+        grad_below = torch.zeros_like(grad_rows)
+        low_slope = (1 - slope_high) * low_active  # dx/dc through L, -dx/dD
+        dx_dr = slope_high * (1 - takes_col)
+        dx_dc = slope_high * takes_col + low_slope
+        grad_t = torch.empty_like(slope_t)
+        step = max(n - 2, 1)
+        for d, first, last in reversed(_diagonals(n)):
+            cells = slice(d + first * (n - 2), d + last * (n - 2) + 1, step)
+            g_r, g_below = grad_rows[first : last + 1], grad_below[first : last + 1]
+            g_c = grad_cols_reversed[n - 2 - d + first : n - 1 - d + last]
+            g_c.sub_(g_below)  # D' = D - c'
+            grad_x_out = grad[d + first * (n - 1) : d + last * (n - 1) + 1 : n - 1]
+            g_x = grad_x_out - g_r - g_c  # r' = r - x, c' = c - x
+            g_r.addcmul_(g_x, dx_dr[cells])
+            g_c.addcmul_(g_x, dx_dc[cells])
+            g_below.addcmul_(g_x, low_slope[cells], value=-1)
+            grad_t[cells] = g_x * slope_t[cells]
+        return grad_t.t(), None, None, None, None, None
+
+
+def _scaled_tbp(logits: torch.Tensor, n: int, choice: "ScaledChoice") -> torch.Tensor:
+    """TBP with `choice` (float64 logits (B, (n-1)^2) -> (B, n, n)) through `_ScaledTBPFunction`."""
+    if n == 1:
+        return (logits.sum(-1) + 1)[:, None, None]
+    keep = torch.is_grad_enabled() and logits.requires_grad
+    return _ScaledTBPFunction.apply(logits, n, choice.beta, choice.eps, choice.rho, keep)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,9 +367,9 @@ def _transport_num_logits(n: int) -> int:
 
 
 CHART_VARIANTS.update(
-    stbp=ChartVariant(_transport_num_logits, partial(tbp_with_choice, point=SCALED.point)),
+    stbp=ChartVariant(_transport_num_logits, partial(_scaled_tbp, choice=SCALED)),
     srtbp=ChartVariant(_transport_num_logits, partial(rtbp_with_choice, point=SCALED.point)),
-    mstbp=ChartVariant(_transport_num_logits, partial(tbp_with_choice, point=MARGINED.point)),
+    mstbp=ChartVariant(_transport_num_logits, partial(_scaled_tbp, choice=MARGINED)),
     msrtbp=ChartVariant(_transport_num_logits, partial(rtbp_with_choice, point=MARGINED.point)),
     atbp=ChartVariant(_atbp_num_logits, atbp),
 )

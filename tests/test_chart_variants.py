@@ -94,6 +94,23 @@ def test_interval_variants_equal_the_plain_python_reference(method, n, monkeypat
     torch.testing.assert_close(birkhoff(logits, n, method), expected, atol=1e-13, rtol=0)
 
 
+@pytest.mark.parametrize("method", ("stbp", "mstbp"))
+@pytest.mark.parametrize("n", SIZES)
+def test_fast_tbp_variants_equal_their_autograd_reference(method, n):
+    """The hand-written backward of "stbp" / "mstbp" against autograd through `tbp_with_choice`."""
+    choice = ScaledChoice(rho=INTERVAL[method][1])
+    generator = torch.Generator().manual_seed(n)
+    upstream = torch.randn(16, n, n, generator=generator, dtype=torch.float64)
+    for scale in (1.0, 3.0, 50.0):
+        logits = torch.randn(16, (n - 1) ** 2, generator=generator, dtype=torch.float64) * scale
+        logits.requires_grad_()
+        fast, reference = birkhoff(logits, n, method), tbp_with_choice(logits, n, choice.point)
+        torch.testing.assert_close(fast, reference, atol=1e-14, rtol=0)
+        (grad_fast,) = torch.autograd.grad((fast * upstream).sum(), logits)
+        (grad_reference,) = torch.autograd.grad((reference * upstream).sum(), logits)
+        torch.testing.assert_close(grad_fast, grad_reference, atol=1e-12, rtol=0)
+
+
 def test_hand_computed_n2():
     """n = 2: X = [[x, 1 - x], [1 - x, x]] with x chosen in [0, 1]."""
     t = torch.tensor([[0.3], [-1.2]], dtype=torch.float64)
