@@ -11,7 +11,8 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-HC_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
+HC_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc", "stbp", "srtbp", "mstbp", "msrtbp", "atbp")
+HC_RES_MIXES = ("identity", "lazy")
 RESIDUAL_UPDATES = ("delta", "add")
 STREAM_EXPANSIONS = ("repeat", "conv")
 HC_IMPLEMENTATIONS = ("fused", "reference")
@@ -89,12 +90,17 @@ class DDLmHCConfig(PreTrainedConfig):
 
     hc_streams (`int`, defaults to 4): number n of residual streams; the state is X in R^{n x hidden}.
     hc_chart (`str`, defaults to `"rtbp"`): doubly-stochastic chart for H_res, one of
-        `"tbp"`, `"rtbp"`, `"sinkhorn"`, `"mhc_lite"` (n <= 6), `"kromhc"` (n a power of two).
+        `"tbp"`, `"rtbp"`, `"sinkhorn"`, `"mhc_lite"` (n <= 6), `"kromhc"` (n a power of two), or the TBP-mHC
+        authors' variants `"stbp"`, `"srtbp"`, `"mstbp"`, `"msrtbp"`, `"atbp"` (docs/chart_variants.md).
     hc_dynamic (`bool`, defaults to `True`): mixing maps (H_pre, H_res, H_post, beta) depend on the token
         (mHC: static bias + gated linear term of RMSNorm(flatten X)); `False` keeps one static set per
         sublayer.
     hc_res_mix_init (`float`, defaults to 0.05): initial a in H_res = (1 - a) I + a chart(t),
         a = sigmoid(learned).
+    hc_res_mix (`str`, defaults to `"identity"`): `"identity"` mixes the chart with I as above; `"lazy"`
+        (lazy-minorized) also with the uniform matrix J/n: H_res = (1 - lam - mu) I + lam chart(t) + mu J/n,
+        (1 - lam - mu, lam, mu) = softmax of three learned logits, starting at lam = a (1 - mu), mu = 1e-4
+        (docs/chart_variants.md, "Lazy-minorized mixing").
     hc_dynamic_gate_init (`float`, defaults to 0.01): initial gate alpha of the dynamic terms (mHC).
     residual (`str`, defaults to `"delta"`): `"delta"` (X' = H_res X (I - beta k k^T) + beta v k^T) or `"add"`
         (mHC, X' = H_res X + H_post^T h); `hc_streams=1, residual="add"` is exactly Llama.
@@ -146,6 +152,7 @@ class DDLmHCConfig(PreTrainedConfig):
     hc_chart: str = "rtbp"
     hc_dynamic: bool = True
     hc_res_mix_init: float = 0.05
+    hc_res_mix: str = "identity"
     hc_dynamic_gate_init: float = 0.01
     residual: str = "delta"
     delta_beta_init: float = 1.0
@@ -372,6 +379,7 @@ class DDLmHCConfig(PreTrainedConfig):
             )
         _check_bool("hc_dynamic", self.hc_dynamic)
         _check_float("hc_res_mix_init", self.hc_res_mix_init, 0.0, 1.0, True, True)
+        _check_choice("hc_res_mix", self.hc_res_mix, HC_RES_MIXES)
         _check_float("hc_dynamic_gate_init", self.hc_dynamic_gate_init, 0.0, MAX_GATE_INIT, False, False)
         _check_choice("residual", self.residual, RESIDUAL_UPDATES)
         _check_float("delta_beta_init", self.delta_beta_init, 0.0, 2.0, True, True)

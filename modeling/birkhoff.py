@@ -8,6 +8,8 @@ B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of
 - "sinkhorn": mHC, exp then `iters` row/column normalisations in log space; n^2 logits; approximate.
 - "mhc_lite": softmax over the n! permutation matrices; n! logits; exact; n <= MHC_LITE_MAX_N.
 - "kromhc": Kronecker product of log2(n) 2x2 factors [[s, 1-s], [1-s, s]]; exact; n = 2^k.
+- "stbp", "srtbp", "mstbp", "msrtbp", "atbp": the TBP-mHC authors' variants of tbp and rtbp, defined in
+  `chart_variants.py` (docs/chart_variants.md), which registers them in `CHART_VARIANTS` on import.
 
 Also here: `ds_violation` (the measured max |row/column sum - 1|) and the inverse charts
 `tbp_logits_from_matrix` / `rtbp_logits_from_matrix` (interior DS matrix -> logits, which shows
@@ -26,6 +28,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import cache
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -33,7 +36,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .triton_dispatch import kernels
 
-METHODS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
+METHODS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc", "stbp", "srtbp", "mstbp", "msrtbp", "atbp")
 MHC_LITE_MAX_N = 6
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
 # |row sum - 1| grows with the logits' scale (median / max over 4,096 float32 matrices, logits N(0, s^2)):
@@ -45,6 +48,7 @@ MHC_LITE_MAX_N = 6
 SINKHORN_DEFAULT_ITERS = 20
 
 __all__ = [
+    "CHART_VARIANTS",
     "METHODS",
     "MHC_LITE_MAX_N",
     "SINKHORN_DEFAULT_ITERS",
@@ -75,8 +79,10 @@ def _check_method_and_n(method: str, n: int) -> None:
 
 def num_logits(method: str, n: int) -> int:
     """Number of logits per matrix: (n-1)^2 for tbp/rtbp, n^2 for sinkhorn, n! for mhc_lite,
-    log2(n) for kromhc."""
+    log2(n) for kromhc; a variant's own count (`chart_variants.py`)."""
     _check_method_and_n(method, n)
+    if method in CHART_VARIANTS:
+        return CHART_VARIANTS[method].num_logits(n)
     if method in ("tbp", "rtbp"):
         return (n - 1) ** 2
     if method == "sinkhorn":
@@ -380,6 +386,15 @@ def _kromhc(logits: torch.Tensor, n: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # Public chart
 
+
+class ChartVariant(NamedTuple):
+    """A chart of `chart_variants.py`: logits per matrix for n; the chart, float64 (B, k) -> (B, n, n)."""
+
+    num_logits: Callable[[int], int]
+    chart: Callable[[torch.Tensor, int], torch.Tensor]
+
+
+CHART_VARIANTS: dict[str, ChartVariant] = {}  # filled by `chart_variants.py` when it is imported
 _observers: OrderedDict[int, Callable[[str, torch.Tensor], None]] = OrderedDict()
 
 
@@ -432,12 +447,14 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
 
     batch_shape = logits.shape[:-1]
     out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    if n == 1 and method in ("tbp", "rtbp", "kromhc"):
+    if n == 1 and num_logits(method, 1) == 0:
         # No logits: the 1 x 1 matrix [1], still attached to the graph of `logits` (zero gradient).
         return (logits.to(out_dtype).sum(-1) + 1)[..., None, None]
     with torch.autocast(device_type=logits.device.type, enabled=False):
         flat = logits.reshape(-1, logits.shape[-1]).to(out_dtype)
-        if method == "tbp":
+        if method in CHART_VARIANTS:
+            x = _nonnegative(CHART_VARIANTS[method].chart(flat.double(), n))
+        elif method == "tbp":
             x = _tbp(flat, n, out_dtype)
         elif method == "rtbp":
             x = _nonnegative(_rtbp(flat.double(), n))
@@ -478,6 +495,10 @@ def _check_interior_ds(matrices: torch.Tensor, name: str) -> None:
         )
 
 
+# The inverse of a chart's choice of a point in [low, high]: (value, low, high) -> logit.
+IntervalLogit = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def _logit_in_interval(value: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """Inverse of low + (high - low) * sigmoid(t), with the width and the ratio guarded."""
     eps = torch.finfo(value.dtype).eps
@@ -489,9 +510,12 @@ def _suffix_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.flip(dim).cumsum(dim).flip(dim)
 
 
-def tbp_logits_from_matrix(matrices: torch.Tensor) -> torch.Tensor:
+def tbp_logits_from_matrix(
+    matrices: torch.Tensor, to_logit: IntervalLogit = _logit_in_interval
+) -> torch.Tensor:
     """Inverse TBP chart: strictly interior DS matrices (..., n, n) -> logits (..., (n-1)^2) with
-    birkhoff(logits, n, "tbp") == matrices. All intervals of DESIGN §1 at once from suffix sums."""
+    birkhoff(logits, n, "tbp") == matrices. All intervals at once from suffix sums; `to_logit`
+    inverts the interval choice (a variant's own in `chart_variants.py`)."""
     _check_interior_ds(matrices, "tbp_logits_from_matrix")
     n = matrices.shape[-1]
     x = matrices.to(torch.float64)
@@ -502,12 +526,12 @@ def tbp_logits_from_matrix(matrices: torch.Tensor) -> torch.Tensor:
     r, c = row_rest[..., :-1, :-1], col_rest[..., :-1, :-1]
     low = torch.clamp(torch.maximum(r - below_right[..., :-1, :], c - rows_below), min=0)
     high = torch.minimum(r, c)
-    logits = _logit_in_interval(x[..., :-1, :-1], low, high)
+    logits = to_logit(x[..., :-1, :-1], low, high)
     out_dtype = torch.float64 if matrices.dtype == torch.float64 else torch.float32
     return logits.reshape(*matrices.shape[:-2], (n - 1) ** 2).to(out_dtype)
 
 
-def _split_logits(capacities: torch.Tensor, shares: torch.Tensor) -> torch.Tensor:
+def _split_logits(capacities: torch.Tensor, shares: torch.Tensor, to_logit: IntervalLogit) -> torch.Tensor:
     """Inverse of `_split`: shares (Q, m) of capacities (Q, m) -> logits (Q, m-1)."""
     q, m = shares.shape
     if m == 1:
@@ -518,15 +542,15 @@ def _split_logits(capacities: torch.Tensor, shares: torch.Tensor) -> torch.Tenso
     high = torch.minimum(total, capacities[:, :half].sum(-1))
     return torch.cat(
         [
-            _logit_in_interval(first, low, high)[:, None],
-            _split_logits(capacities[:, :half], shares[:, :half]),
-            _split_logits(capacities[:, half:], shares[:, half:]),
+            to_logit(first, low, high)[:, None],
+            _split_logits(capacities[:, :half], shares[:, :half], to_logit),
+            _split_logits(capacities[:, half:], shares[:, half:], to_logit),
         ],
         -1,
     )
 
 
-def _rtbp_transport_logits(x: torch.Tensor) -> torch.Tensor:
+def _rtbp_transport_logits(x: torch.Tensor, to_logit: IntervalLogit) -> torch.Tensor:
     """Inverse of `_rtbp_transport` on P matrices (P, n, n), marginals read off the matrices."""
     p_count, n = x.shape[0], x.shape[-1]
     if n == 1:
@@ -535,9 +559,9 @@ def _rtbp_transport_logits(x: torch.Tensor) -> torch.Tensor:
     if n % 2 == 1:
         return torch.cat(
             [
-                _split_logits(rows, x[:, :, -1]),
-                _split_logits(cols[:, :-1], x[:, -1, :-1]),
-                _rtbp_transport_logits(x[:, :-1, :-1]),
+                _split_logits(rows, x[:, :, -1], to_logit),
+                _split_logits(cols[:, :-1], x[:, -1, :-1], to_logit),
+                _rtbp_transport_logits(x[:, :-1, :-1], to_logit),
             ],
             -1,
         )
@@ -547,29 +571,34 @@ def _rtbp_transport_logits(x: torch.Tensor) -> torch.Tensor:
     top_left = blocks[:, 0, :, 0, :]
     low = torch.clamp(top.sum(-1) - right.sum(-1), min=0)
     high = torch.minimum(top.sum(-1), left.sum(-1))
-    block_logit = _logit_in_interval(top_left.sum((-1, -2)), low, high)
+    block_logit = to_logit(top_left.sum((-1, -2)), low, high)
     rows_tl, rows_bl = top_left.sum(-1), blocks[:, 1, :, 0, :].sum(-1)
     cols_tl, cols_tr = top_left.sum(-2), blocks[:, 0, :, 1, :].sum(-2)
     shares = torch.stack([rows_tl, rows_bl, cols_tl, cols_tr], 1)
     split_logits = _split_logits(
-        torch.stack([top, bottom, left, right], 1).reshape(4 * p_count, h), shares.reshape(4 * p_count, h)
+        torch.stack([top, bottom, left, right], 1).reshape(4 * p_count, h),
+        shares.reshape(4 * p_count, h),
+        to_logit,
     )
     children = blocks.permute(0, 1, 3, 2, 4).reshape(4 * p_count, h, h)
     return torch.cat(
         [
             block_logit[:, None],
             split_logits.reshape(p_count, 4 * (h - 1)),
-            _rtbp_transport_logits(children).reshape(p_count, 4 * (h - 1) ** 2),
+            _rtbp_transport_logits(children, to_logit).reshape(p_count, 4 * (h - 1) ** 2),
         ],
         -1,
     )
 
 
-def rtbp_logits_from_matrix(matrices: torch.Tensor) -> torch.Tensor:
+def rtbp_logits_from_matrix(
+    matrices: torch.Tensor, to_logit: IntervalLogit = _logit_in_interval
+) -> torch.Tensor:
     """Inverse RTBP chart: strictly interior DS matrices (..., n, n) -> logits (..., (n-1)^2) with
-    birkhoff(logits, n, "rtbp") == matrices (block masses and splits read off the matrix)."""
+    birkhoff(logits, n, "rtbp") == matrices (block masses and splits read off the matrix); `to_logit` as in
+    `tbp_logits_from_matrix`."""
     _check_interior_ds(matrices, "rtbp_logits_from_matrix")
     n = matrices.shape[-1]
     x = matrices.to(torch.float64).reshape(-1, n, n)
     out_dtype = torch.float64 if matrices.dtype == torch.float64 else torch.float32
-    return _rtbp_transport_logits(x).reshape(*matrices.shape[:-2], (n - 1) ** 2).to(out_dtype)
+    return _rtbp_transport_logits(x, to_logit).reshape(*matrices.shape[:-2], (n - 1) ** 2).to(out_dtype)

@@ -37,7 +37,7 @@ from .atomic_save import AtomicSaveMixin
 from .causal_lm_loss import causal_lm_loss
 from .delta import beta_bias_for
 from .hub_code import HubCodeMixin
-from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout
+from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout, lazy_mix_logits
 from .input_checks import (
     check_attention_mask,
     check_cache,
@@ -174,6 +174,8 @@ class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, P
             if module.res_mix_logit is not None:
                 mix = config.hc_res_mix_init
                 init.constant_(module.res_mix_logit, math.log(mix / (1.0 - mix)))
+            if module.res_mix_logits is not None:
+                init.copy_(module.res_mix_logits, lazy_mix_logits(config.hc_res_mix_init))
         elif isinstance(module, StreamExpansion) and module.weight is not None:
             identity = torch.zeros_like(module.weight)
             identity[:, 0, -1] = 1.0

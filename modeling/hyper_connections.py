@@ -7,6 +7,7 @@ The residual state is X in R^{n x d} per token, shape (batch, seq, n, hidden). A
     H_pre  = softmax(t_pre)                                       read weights in R^n (convex; n = 1 -> 1)
     x_in   = H_pre X                                              (n -> 1 read; DDL's CC compressor)
     H_res  = (1 - a) I + a birkhoff(t_res),  a = sigmoid(learned) (exactly doubly stochastic, float32)
+             or, with hc_res_mix="lazy", (1 - lam - mu) I + lam birkhoff(t_res) + mu J/n       (`lazy_mix`)
     h      = F(RMSNorm(x_in))
     X'     = H_res X + s u^T                                      (mix, then one rank-1 write)
        "add"   (mHC):  s = H_post = 2 sigmoid(t_post),  u = h
@@ -18,6 +19,7 @@ gain of c is folded into `maps_proj`, so c is never materialised: c W^T = (x W^T
 H_pre/H_res (both are 1), and with n = 1 and "add" no map at all: x' = x + F(RMSNorm(x)), Llama's block.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -27,9 +29,31 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .birkhoff import birkhoff, num_logits
+from .chart_variants import INTERVAL_VARIANTS  # noqa: F401 (registers the chart variants with `birkhoff`)
 from .delta import DeltaWrite, delta_amplitudes, upcast
 from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
 from .triton_dispatch import kernels
+
+LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
+
+
+def lazy_mix_logits(mix: float) -> torch.Tensor:
+    """The three logits of `lazy_mix` at initialisation: softmax = ((1 - a)(1 - mu0), a (1 - mu0), mu0) with
+    a = `mix` (hc_res_mix_init) and mu0 = LAZY_UNIFORM_INIT, i.e. (1 - mu0) ((1 - a) I + a X) + mu0 J/n."""
+    keep = 1.0 - LAZY_UNIFORM_INIT
+    return torch.tensor([math.log((1.0 - mix) * keep), math.log(mix * keep), math.log(LAZY_UNIFORM_INIT)])
+
+
+def lazy_mix(chart: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Lazy-minorized mix (docs/chart_variants.md): H = (1 - lam - mu) I + lam X + mu J/n with
+    (1 - lam - mu, lam, mu) = softmax(logits), so lam, mu >= 0 and lam + mu <= 1 hold exactly. Formed in
+    float64 and rounded once: a float32 H misses doubly-stochastic by at most the chart's error plus one
+    rounding."""
+    weights = torch.softmax(logits.double(), -1)
+    n = chart.shape[-1]
+    identity = torch.eye(n, device=chart.device, dtype=torch.float64)
+    mixed = weights[0] * identity + weights[1] * chart.double() + weights[2] / n
+    return mixed.to(chart.dtype)
 
 
 class StreamMaps(NamedTuple):
@@ -70,7 +94,8 @@ def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
 
 class HyperConnection(nn.Module):
     """Read, mix and write maps of one sublayer (DESIGN §2). Parameters: static logits `pre_bias`,
-    `res_bias`, `write_bias` (H_post for "add", beta for "delta"), the chart weight `res_mix_logit`, and,
+    `res_bias`, `write_bias` (H_post for "add", beta for "delta"), the chart weight `res_mix_logit` (or the
+    three logits `res_mix_logits` of `lazy_mix` with hc_res_mix="lazy"), and,
     with `hc_dynamic`, the fused projection `maps_proj` (a PEFT-targetable `nn.Linear`) with one gate per
     map (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`."""
 
@@ -88,7 +113,9 @@ class HyperConnection(nn.Module):
 
         self.pre_bias = nn.Parameter(torch.zeros(n)) if mixes else None
         self.res_bias = nn.Parameter(torch.zeros(self.map_sizes[1])) if mixes else None
-        self.res_mix_logit = nn.Parameter(torch.zeros(())) if mixes else None
+        lazy = config.hc_res_mix == "lazy"
+        self.res_mix_logit = nn.Parameter(torch.zeros(())) if mixes and not lazy else None
+        self.res_mix_logits = nn.Parameter(torch.zeros(3)) if mixes and lazy else None
         self.write_bias = nn.Parameter(torch.zeros(write_size)) if write_size else None
         self.maps_proj = nn.Linear(n * d, sum(self.map_sizes), bias=False) if dynamic else None
         self.pre_gate = nn.Parameter(torch.zeros(())) if dynamic and mixes else None
@@ -142,8 +169,10 @@ class HyperConnection(nn.Module):
         return hidden, StreamMaps(self._h_res(res_logit), write_logit)
 
     def _h_res(self, res_logit: torch.Tensor) -> torch.Tensor:
-        """H_res = (1 - a) I + a chart(t_res), a = sigmoid(res_mix_logit)."""
+        """H_res = (1 - a) I + a chart(t_res), a = sigmoid(res_mix_logit), or `lazy_mix`."""
         chart = birkhoff(res_logit, self.num_streams, self.chart)
+        if self.res_mix_logits is not None:
+            return lazy_mix(chart, self.res_mix_logits)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
         identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
         return (1.0 - mix) * identity + mix * chart
@@ -154,8 +183,8 @@ class HyperConnection(nn.Module):
         counters and storages are the key), instead of once per forward."""
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self._h_res(res_logit)
-        parameters = (self.res_bias, self.res_mix_logit)
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
+        parameters = (self.res_bias, self.res_mix_logit, self.res_mix_logits)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parameters if p is not None)
         if getattr(self, "_static_cache", (None, None))[0] != key:
             self._static_cache = (key, self._h_res(res_logit))
         return self._static_cache[1]

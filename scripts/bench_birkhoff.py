@@ -3,7 +3,9 @@
 For each n, a batch of matrices per method: median forward+backward seconds over --reps
 repetitions, the worst doubly-stochastic violation, the logit count and the time ratio to
 Sinkhorn-20, all in one process. Repetitions are interleaved across methods (round robin) so a
-noisy, shared CPU slows every method alike. Prints a markdown table and writes a JSON file.
+noisy, shared CPU slows every method alike. The chart variants (`chart_variants.py`) get rows of their
+own, timed interleaved with tbp, rtbp and Sinkhorn-20, with their time ratio to the chart they vary.
+Prints markdown tables and writes a JSON file.
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
@@ -18,7 +20,15 @@ from pathlib import Path
 
 import torch
 
-from geoformers.modeling.birkhoff import METHODS, MHC_LITE_MAX_N, birkhoff, ds_violation, num_logits
+from geoformers.modeling.birkhoff import (
+    CHART_VARIANTS,
+    METHODS,
+    MHC_LITE_MAX_N,
+    birkhoff,
+    ds_violation,
+    num_logits,
+)
+from geoformers.modeling.chart_variants import INTERVAL_VARIANTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The issue's targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time.
@@ -26,13 +36,16 @@ TARGET_RATIO = {4: 0.06, 8: 0.15, 16: 0.2}
 
 
 def methods_for(n: int) -> list[str]:
-    """Methods that accept this n (mhc_lite: n <= MHC_LITE_MAX_N; kromhc: n a power of two)."""
+    """Methods that accept this n (mhc_lite: n <= MHC_LITE_MAX_N; kromhc: n a power of two), the chart
+    variants left to `bench_variants`."""
     too_many_permutations = n > MHC_LITE_MAX_N
     not_power_of_two = n & (n - 1) != 0
     return [
         m
         for m in METHODS
-        if not (m == "mhc_lite" and too_many_permutations) and not (m == "kromhc" and not_power_of_two)
+        if not (m == "mhc_lite" and too_many_permutations)
+        and not (m == "kromhc" and not_power_of_two)
+        and m not in CHART_VARIANTS
     ]
 
 
@@ -74,6 +87,55 @@ def bench_size(
         }
         for m in methods
     ]
+
+
+def bench_variants(
+    n: int, batch: int, reps: int, logit_std: float, generator: torch.Generator, device: str = "cpu"
+) -> list[dict]:
+    """Rows for the chart variants at this n: median forward+backward seconds, interleaved with the charts
+    they vary (tbp, rtbp) and Sinkhorn-20, worst float32 violation, logit count, both time ratios."""
+    base = {m: chart for m, (chart, _) in INTERVAL_VARIANTS.items()} | {"atbp": "tbp"}
+    methods = ["tbp", "rtbp", "sinkhorn", *base]
+    upstream = torch.randn(batch, n, n, generator=generator).to(device)
+    inputs = {
+        m: (torch.randn(batch, num_logits(m, n), generator=generator) * logit_std).to(device).requires_grad_()
+        for m in methods
+    }
+    for m in methods:  # warm-up
+        time_forward_backward(inputs[m], upstream, n, m)
+    seconds = {m: [] for m in methods}
+    for _ in range(reps):
+        for m in methods:
+            seconds[m].append(time_forward_backward(inputs[m], upstream, n, m))
+    median = {m: statistics.median(seconds[m]) for m in methods}
+    return [
+        {
+            "method": m,
+            "n": n,
+            "seconds_median": median[m],
+            "ratio_vs_sinkhorn20": median[m] / median["sinkhorn"],
+            "varies": base[m],
+            "ratio_vs_varied": median[m] / median[base[m]],
+            "max_violation": float(ds_violation(birkhoff(inputs[m].detach(), n, m)).max()),
+            "num_logits": num_logits(m, n),
+        }
+        for m in base
+    ]
+
+
+def variants_table(rows: list[dict]) -> str:
+    lines = [
+        "| n | variant | logits | fwd+bwd ms (median) | x Sinkhorn-20 | x the chart it varies | "
+        "max DS violation (float32) |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['n']} | {r['method']} | {r['num_logits']} | {r['seconds_median'] * 1e3:.2f} | "
+            f"{r['ratio_vs_sinkhorn20']:.3f} | {r['ratio_vs_varied']:.2f} ({r['varies']}) | "
+            f"{r['max_violation']:.1e} |"
+        )
+    return "\n".join(lines)
 
 
 def markdown_table(results: list[dict]) -> str:
@@ -127,9 +189,14 @@ def main() -> None:
     results = []
     for n in args.sizes:
         results += bench_size(n, args.batch, args.reps, args.logit_std, generator, args.device)
+    variants = []
+    for n in args.sizes:
+        variants += bench_variants(n, args.batch, args.reps, args.logit_std, generator, args.device)
     print(markdown_table(results))
     print()
     print(target_summary(results))
+    print()
+    print(variants_table(variants))
 
     args.output.parent.mkdir(parents=True, exist_ok=True)
     config = {
@@ -147,7 +214,8 @@ def main() -> None:
             + ("" if args.threads is None else f" --threads {args.threads}")
         ),
     }
-    args.output.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+    report = {"config": config, "results": results, "variants": variants}
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.output}")
 
 
