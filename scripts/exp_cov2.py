@@ -33,24 +33,18 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from geoformers.tokenization.kmer_tokenizer import build_kmer_tokenizer  # noqa: E402
 from geoformers.training.data import LINEAGES, build_cov2_variant_task  # noqa: E402
-from geoformers.training.experiment import (  # noqa: E402
+
+from harness.analysis import head_count_law, spectrum_head_count_law, stop_summary, theta_at_growth_start  # noqa: E402
+from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.probes import evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import (  # noqa: E402
     REPO_ROOT,
-    add_experiment_arguments,
-    build_model,
-    check_experiment_arguments,
     command_line,
     environment,
-    evaluate_accuracy,
     events_table,
-    gate_spectrum,
-    head_count_law,
     markdown_table,
     parameter_count,
-    rows_as_batch,
-    run_growth_training,
-    spectrum_head_count_law,
-    stop_summary,
-    theta_at_growth_start,
     write_json,
 )
 

@@ -46,22 +46,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from geoformers.training.data import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
-from geoformers.training.experiment import (  # noqa: E402
-    REPO_ROOT,
-    PrototypeProbe,
-    add_experiment_arguments,
-    build_model,
-    check_experiment_arguments,
-    command_line,
-    environment,
-    evaluate_accuracy,
-    events_table,
-    head_energies,
-    markdown_table,
-    rows_as_batch,
-    run_growth_training,
-    write_json,
-)
+
+from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.probes import PrototypeProbe, evaluate_accuracy, head_energies, rows_as_batch  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import REPO_ROOT, command_line, environment, events_table, markdown_table, write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -42,10 +42,10 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  #
 from geoformers.modeling.incrt import head_directional_energy  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
-from geoformers.training.experiment import command_line, environment, write_json  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from harness.results import REPO_ROOT, command_line, environment, write_json  # noqa: E402
+
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
 MIN_EFFECTIVE_PROTOTYPES = 1.5
 

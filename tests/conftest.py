@@ -1,11 +1,15 @@
 """Shared pytest fixtures: the read-only data folder beside the checkout.
 
+`scripts/` goes on `sys.path`, as it is for a script run from there, so tests import the experiment
+scripts' shared `harness` package as the scripts do.
+
 Without a GPU, Triton kernels run only in Triton's interpreter, which `triton.jit` selects when a kernel
 is defined, i.e. when `modeling/triton_*.py` is first imported; setting TRITON_INTERPRET=1 here, before
 any test module imports them, makes tests/test_triton_kernels.py run them on CPU tensors.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ if not torch.cuda.is_available():
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 
 @pytest.fixture

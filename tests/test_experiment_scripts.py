@@ -1,6 +1,6 @@
 """The main job and the synthetic, CoV-2 and non-stationary experiments (issue 6): tiny-budget runs of
 `scripts/grow_demo.py`, `exp_synthetic.py`, `exp_cov2.py`, `exp_nonstationary.py` write what they claim, with
-numbers checked against independent recomputations; the shared helpers of `training/experiment.py` against
+numbers checked against independent recomputations; the shared helpers of `scripts/harness` against
 hand computations and float64 references; bad arguments."""
 
 import argparse
@@ -17,30 +17,26 @@ from growth_worker import sign_rows, signed_row_indices
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training import experiment
 from geoformers.training.data import (
     build_cov2_variant_task,
     build_nonstationary_stream,
     build_spectral_task,
     task_spec,
 )
-from geoformers.training.experiment import (
-    PrototypeProbe,
-    add_experiment_arguments,
-    build_model,
-    describe_event,
-    evaluate_accuracy,
-    gate_spectrum,
+
+from harness import recipe
+from harness.analysis import (
     grow_order,
     head_count_law,
-    recent_stream_rows,
-    rows_as_batch,
-    run_growth_training,
     spectrum_head_count_law,
     stop_summary,
     temperature_split,
-    write_json,
 )
+from harness.flags import add_experiment_arguments, build_model
+from harness.printing import describe_event
+from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
+from harness.recipe import recent_stream_rows, run_growth_training
+from harness.results import write_json
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -286,13 +282,13 @@ def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp
 def record_training_sets(monkeypatch) -> list:
     """The training set of every Trainer `run_growth_training` builds, in order."""
     seen_datasets = []
-    original = experiment.Trainer
+    original = recipe.Trainer
 
     def recording_trainer(*args, **kwargs):
         seen_datasets.append(kwargs["train_dataset"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "Trainer", recording_trainer)
+    monkeypatch.setattr(recipe, "Trainer", recording_trainer)
     return seen_datasets
 
 

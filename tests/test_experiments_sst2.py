@@ -16,6 +16,8 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.data import load_sst2
 
+from harness.recipe import offset_history
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -62,14 +64,14 @@ def tiny_batch(size=6, length=7):
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.arange(size) % 2}
 
 
-def test_shifted_history_moves_every_step_to_global_steps(exp_sst2):
+def test_offset_history_moves_every_step_to_global_steps():
     history = {"num_heads": [2], "growth_stopped_at_step": 7,
                "checks": [{"step": 5, "num_heads": [2]}, {"step": 7, "num_heads": [2]}],
                "events": [{"step": 0, "action": "calibrated"}, {"step": 5, "action": "grow"}]}
-    shifted = exp_sst2.shifted_history(history, 100)
+    shifted = offset_history(history, 100)
     assert [c["step"] for c in shifted["checks"]] == [105, 107]
     assert [e["step"] for e in shifted["events"]] == [100, 105]
-    assert (shifted["growth_started_at_step"], shifted["growth_stopped_at_step"]) == (100, 107)
+    assert shifted["growth_stopped_at_step"] == 107
     assert history["checks"][0]["step"] == 5  # the callback's own history is left alone
 
 

@@ -20,8 +20,9 @@ from matplotlib.image import imread
 from torch.utils.data import IterableDataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback
 
-from geoformers.training.experiment import recent_stream_rows
 from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback
+
+from harness.recipe import recent_stream_rows
 
 
 @pytest.fixture(scope="module", autouse=True)
