@@ -32,7 +32,7 @@ from sklearn.feature_extraction.text import CountVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from geoformers.tokenization.kmer_tokenizer import build_kmer_tokenizer  # noqa: E402
-from geoformers.training.data import LINEAGES, build_cov2_variant_task  # noqa: E402
+from geoformers.training.synthetic_tasks import LINEAGES, build_cov2_variant_task  # noqa: E402
 
 from harness.analysis import head_count_law, spectrum_head_count_law, stop_summary, theta_at_growth_start  # noqa: E402
 from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402

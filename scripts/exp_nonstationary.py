@@ -45,7 +45,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from geoformers.training.data import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
+from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
 
 from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
 from harness.probes import PrototypeProbe, evaluate_accuracy, head_energies, rows_as_batch  # noqa: E402

@@ -37,7 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from geoformers.training.data import DEFAULT_STRENGTHS, build_spectral_task, task_spec  # noqa: E402
+from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec  # noqa: E402
 
 from harness.analysis import (  # noqa: E402
     grow_order,

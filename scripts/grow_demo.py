@@ -25,7 +25,7 @@ import transformers
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.data import DEFAULT_STRENGTHS, build_spectral_task, task_spec
+from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec
 
 from harness.analysis import stop_summary
 from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments

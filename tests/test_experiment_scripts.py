@@ -17,7 +17,7 @@ from growth_worker import sign_rows, signed_row_indices
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.data import (
+from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
     build_nonstationary_stream,
     build_spectral_task,
