@@ -35,8 +35,9 @@ from geoformers.training.checkpoints import (
     latest_complete_checkpoint,
     write_marker,
 )
-from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback, resume_growth_training
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
+from geoformers.training.resume import resume_growth_training
 
 WORKER = Path(__file__).resolve().parent / "growth_worker.py"
 HEAD_KEY = re.compile(r"^model\.layers\.(\d+)\.attention\.heads\.(\d+)\.")

@@ -2,8 +2,9 @@
 
 from geoformers.training.checkpoints import checkpoint_problem, latest_complete_checkpoint
 from geoformers.training.data import causal_lm_blocks, encode_dataset, load_sst2
-from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history, resume_growth_training
+from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history
 from geoformers.training.optim import growth_parameter_groups, make_optimizer, sync_optimizer_with_model
+from geoformers.training.resume import resume_growth_training
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
     build_nonstationary_stream,
