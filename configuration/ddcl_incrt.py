@@ -1,4 +1,5 @@
-"""Configuration of the DDCL-INCRT encoder (DESIGN §3): grown heads, prototype blocks, spectral gate."""
+"""Configuration of the DDCL-INCRT encoder (docs/ddcl_incrt.md): grown heads, prototype blocks, spectral
+gate."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _require_float(
 
 
 class DDCLIncrtConfig(PreTrainedConfig):
-    r"""Configuration of [`DDCLIncrtModel`] / [`DDCLIncrtForSequenceClassification`] (DESIGN §3).
+    r"""Configuration of [`DDCLIncrtModel`] / [`DDCLIncrtForSequenceClassification`] (docs/ddcl_incrt.md).
 
     `num_heads` (one count per layer) is the single source of truth for the architecture: `grow_head`,
     `prune_head` and `resize_heads` edit it, `from_pretrained` builds exactly that many heads per layer.

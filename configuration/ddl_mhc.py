@@ -1,4 +1,4 @@
-"""Configuration of the DDL-mHC causal LM (DESIGN §2): a Llama-shaped decoder whose residual stream is
+"""Configuration of the DDL-mHC causal LM (docs/ddl_mhc.md): a Llama-shaped decoder whose residual stream is
 `hc_streams` hyper-connection streams mixed by an exactly doubly-stochastic matrix and updated by the
 Deep Delta rule. Every field, transformers' own included, is validated at construction and on every later
 assignment, raising `ValueError`/`TypeError` that names the field."""
@@ -15,7 +15,8 @@ HC_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
 RESIDUAL_UPDATES = ("delta", "add")
 STREAM_EXPANSIONS = ("repeat", "conv")
 HC_IMPLEMENTATIONS = ("fused", "reference")
-MHC_LITE_MAX_STREAMS = 6  # mhc_lite enumerates all n! permutation matrices (DESIGN §1)
+# mhc_lite enumerates all n! permutation matrices (docs/ddl_mhc.md, 'Doubly-stochastic charts')
+MHC_LITE_MAX_STREAMS = 6
 MAX_SIZE = 2**24  # sizes; beyond, the checks themselves (rotary table, per-layer cache layout) take gigabytes
 FLOAT32_TINY = torch.finfo(
     torch.float32
@@ -85,7 +86,7 @@ def _check_dtype(name: str, value) -> None:
 class DDLmHCConfig(PreTrainedConfig):
     r"""
     Decoder fields are Llama's (same names, same meaning), so a `LlamaConfig` maps field by field.
-    The DDL-mHC fields (DESIGN §2):
+    The DDL-mHC fields (docs/ddl_mhc.md, 'Hyper-connections'):
 
     hc_streams (`int`, defaults to 4): number n of residual streams; the state is X in R^{n x hidden}.
     hc_chart (`str`, defaults to `"rtbp"`): doubly-stochastic chart for H_res, one of

@@ -1,6 +1,6 @@
-"""DDCL-INCRT encoder (DESIGN §3): embeddings -> layers (growable attention + per-head prototype blocks,
-no feed-forward block) -> pooling -> classifier. With `config.bert_config` a (frozen) BERT encoder runs
-between the embeddings and the layers (`wrap_bert_embeddings`).
+"""DDCL-INCRT encoder (docs/ddcl_incrt.md): embeddings -> layers (growable attention + per-head prototype
+blocks, no feed-forward block) -> pooling -> classifier. With `config.bert_config` a (frozen) BERT encoder
+runs between the embeddings and the layers (`wrap_bert_embeddings`).
 
 Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
 which the INCRT gate reads, is layer-normalised. Loss = task loss (as BERT's: MSE, cross-entropy or BCE) +
@@ -158,7 +158,8 @@ class DDCLIncrtPreTrainedModel(
     HeadGrowthMixin, StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel
 ):
     """Weight initialisation, and the growth API (`HeadGrowthMixin`: grow_head, prune_head, resize_heads,
-    gate_second_moments, gate_check) shared by the encoder and the classifier (DESIGN §3)."""
+    gate_second_moments, gate_check) shared by the encoder and the classifier (docs/ddcl_incrt.md, 'Growth and
+    pruning')."""
 
     config: DDCLIncrtConfig
     config_class = DDCLIncrtConfig

@@ -1,4 +1,5 @@
-"""INCRT (DESIGN §3): the spectral gate deciding when a layer's attention grows or prunes a head.
+"""INCRT (docs/ddcl_incrt.md, 'The spectral gate'): the spectral gate deciding when a layer's attention grows
+or prunes a head.
 
 The gate of one layer, on that layer's input X (N sampled tokens x d):
 

@@ -1,4 +1,4 @@
-"""Benchmark the doubly-stochastic charts against Sinkhorn-20 (issue 2, DESIGN §1).
+"""Benchmark the doubly-stochastic charts against Sinkhorn-20 (docs/experiments.md, 'bench_birkhoff.py').
 
 For each n, a batch of matrices per method: median forward+backward seconds over --reps
 repetitions, the worst doubly-stochastic violation, the logit count and the time ratio to
@@ -21,7 +21,8 @@ import torch
 from geoformers.modeling.birkhoff import METHODS, MHC_LITE_MAX_N, birkhoff, ds_violation, num_logits
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The issue's targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time.
+# The project's speed targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time
+# (docs/experiments.md, 'bench_birkhoff.py').
 TARGET_RATIO = {4: 0.06, 8: 0.15, 16: 0.2}
 
 

@@ -1,5 +1,5 @@
-"""SARS-CoV-2 variant experiment (issue 6; DESIGN §3): one-layer DDCL-INCRT grows its heads on the synthetic
-variant task and classifies lineages from k-mers.
+"""SARS-CoV-2 variant experiment (docs/experiments.md, 'exp_cov2.py'): one-layer DDCL-INCRT grows its heads on
+the synthetic variant task and classifies lineages from k-mers.
 
 The task (`build_cov2_variant_task`, deterministic from `--data_seed`): a random reference genome, Alpha/Beta/
 Gamma/Delta/Omicron-like lineage-defining mutations, per-sample background mutations, sequencing errors and N
@@ -48,7 +48,7 @@ from harness.results import (  # noqa: E402
     write_json,
 )
 
-PAPER_ACCURACY = 0.9947  # DDCL-INCRT, one layer (DESIGN §3)
+PAPER_ACCURACY = 0.9947  # DDCL-INCRT, one layer (reported by the DDCL-INCRT papers)
 PAPER_BERT_BASE_ACCURACY = 0.9912
 PAPER_HEAD_RATIO = 1.00  # predicted / observed heads
 

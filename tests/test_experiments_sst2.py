@@ -1,6 +1,6 @@
-"""The SST-2 experiment scripts (issue 6): tiny-budget runs of `exp_sst2.py` (from scratch and `--bert`) and
-`exp_pruning_safety.py` write their JSON + PNG with sane values; the history shift and the pruning helpers
-against hand-built cases; bad arguments."""
+"""The SST-2 experiment scripts (docs/experiments.md, 'exp_sst2.py'): tiny-budget runs of `exp_sst2.py` (from
+scratch and `--bert`) and `exp_pruning_safety.py` write their JSON + PNG with sane values; the history shift
+and the pruning helpers against hand-built cases; bad arguments."""
 
 import importlib.util
 import json

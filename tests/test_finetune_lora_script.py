@@ -1,6 +1,6 @@
-"""Smoke test of `scripts/finetune_lora.py` (issue 7, PEFT): a tiny saved DDL-mHC checkpoint with its char
-tokenizer is adapted to a new text; the reported trainable-parameter count matches a hand count, the
-validation loss falls, and the saved adapter and merged model reload with the same logits."""
+"""Smoke test of `scripts/finetune_lora.py` (docs/experiments.md, 'finetune_lora.py'): a tiny saved DDL-mHC
+checkpoint with its char tokenizer is adapted to a new text; the reported trainable-parameter count matches a
+hand count, the validation loss falls, and the saved adapter and merged model reload with the same logits."""
 
 import importlib.util
 import json

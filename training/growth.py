@@ -1,5 +1,6 @@
-"""INCRT head growth inside `transformers.Trainer` (DESIGN §3): gate checks, growth, pruning, optimizer
-upkeep, several processes, growth history, and checkpoints that are complete or refused.
+"""INCRT head growth inside `transformers.Trainer` (docs/ddcl_incrt.md, 'Growth and pruning'): gate checks,
+growth, pruning, optimizer upkeep, several processes, growth history, and checkpoints that are complete or
+refused.
 
 `IncrtGrowthCallback` drives a `DDCLIncrtPreTrainedModel` through the model's growth API:
 

@@ -163,14 +163,14 @@ def build_spectral_task(
 ) -> DatasetDict:
     """Binary classification whose label depends on k = len(strengths) directional token relations.
 
-    Construction (DESIGN §3 test bed). Relation i owns two tokens, a_i = 5 + 2i and b_i = 6 + 2i; the other
+    Construction. Relation i owns two tokens, a_i = 5 + 2i and b_i = 6 + 2i; the other
     non-special ids are fillers. A row is `[CLS]`, seq_len - 2 content tokens, `[SEP]`: fillers drawn
     uniformly, with each a_i and b_i placed exactly once at random positions. The label y is balanced; given
     y, relation i puts a_i BEFORE b_i with probability (1 + s_i)/2 if y = 1, (1 - s_i)/2 if y = 0,
     independently. So z_i = +-1 (a_i first or not) has correlation exactly s_i with y' = 2y - 1, token counts
     carry no information (only order does), and the Bayes classifier is sign(sum_i w_i z_i) with
     w_i = log((1 + s_i)/(1 - s_i)). Strengths must decrease and each relation must be able to change that
-    decision, so the optimal classifier needs all k directions.
+    decision, so the optimal classifier needs all k directions (docs/experiments.md, 'exp_synthetic.py').
 
     Planted (exact, in `task_spec(ds)["relations"]`): the tokens, s_i, w_i, the Bayes accuracy with all
     relations and without each one. Not planted: the model's spectrum. The gate's lambda_max values come

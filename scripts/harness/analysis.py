@@ -114,7 +114,7 @@ def stop_summary(history: dict) -> list[dict]:
 def temperature_split(temperatures: list[list[float]], tau_min: float, tau_init: float) -> list[dict]:
     """Per layer: heads are "local" when tau moved more than halfway from tau_init to tau_min
     (tau - tau_min < (tau_init - tau_min) / 2: sharp, near-hard assignment), "global" otherwise
-    (DESIGN §3)."""
+    (docs/ddcl_incrt.md, 'Temperatures')."""
     midpoint = tau_min + (tau_init - tau_min) / 2
     return [{"layer": layer, "temperatures": taus,
              "local_heads": [h for h, tau in enumerate(taus) if tau < midpoint],

@@ -32,8 +32,8 @@ def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool =
 
 @torch.no_grad()
 def head_energies(model: DDCLIncrtPreTrainedModel, inputs: dict) -> list[list[float]]:
-    """Per layer and head, the INCRT prune criterion ||C M_a^h||_F (DESIGN §3) on the tokens of `inputs`
-    (on the model's device)."""
+    """Per layer and head, the INCRT prune criterion ||C M_a^h||_F (docs/ddcl_incrt.md, 'The spectral gate')
+    on the tokens of `inputs` (on the model's device)."""
     moments = model.gate_second_moments(input_ids=inputs["input_ids"],
                                         attention_mask=inputs.get("attention_mask"))
     return [head_directional_energy(moment, layer.attention.stacked("q_proj").float(),
