@@ -32,10 +32,9 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.hooks import RemovableHandle
 
+from ..configuration.charts import METHODS, MHC_LITE_MAX_N
 from .triton_dispatch import kernels
 
-METHODS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
-MHC_LITE_MAX_N = 6
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
 # |row sum - 1| grows with the logits' scale (median / max over 4,096 float32 matrices, logits N(0, s^2)):
 #     s      0.1             1               3               10
