@@ -20,6 +20,8 @@ import torch
 
 from geoformers.modeling.birkhoff import METHODS, MHC_LITE_MAX_N, birkhoff, ds_violation, num_logits
 
+from harness.results import markdown_table
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The project's speed targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time
 # (docs/experiments.md, 'bench_birkhoff.py').
@@ -77,17 +79,11 @@ def bench_size(
     ]
 
 
-def markdown_table(results: list[dict]) -> str:
-    lines = [
-        "| n | method | logits | fwd+bwd ms (median) | x Sinkhorn-20 | max DS violation (float32) |",
-        "|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['n']} | {r['method']} | {r['num_logits']} | {r['seconds_median'] * 1e3:.2f} | "
-            f"{r['ratio_vs_sinkhorn20']:.3f} | {r['max_violation']:.1e} |"
-        )
-    return "\n".join(lines)
+def results_table(results: list[dict]) -> str:
+    rows = [[r["n"], r["method"], r["num_logits"], f"{r['seconds_median'] * 1e3:.2f}",
+             f"{r['ratio_vs_sinkhorn20']:.3f}", f"{r['max_violation']:.1e}"] for r in results]
+    headers = ["n", "method", "logits", "fwd+bwd ms (median)", "x Sinkhorn-20", "max DS violation (float32)"]
+    return markdown_table(headers, rows, align="rlrrrr")
 
 
 def target_summary(results: list[dict]) -> str:
@@ -128,7 +124,7 @@ def main() -> None:
     results = []
     for n in args.sizes:
         results += bench_size(n, args.batch, args.reps, args.logit_std, generator, args.device)
-    print(markdown_table(results))
+    print(results_table(results))
     print()
     print(target_summary(results))
 

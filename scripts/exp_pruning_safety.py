@@ -45,7 +45,7 @@ from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
-from harness.results import REPO_ROOT, command_line, environment, write_json  # noqa: E402
+from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
 
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
 MIN_EFFECTIVE_PROTOTYPES = 1.5
@@ -317,16 +317,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_summary(result: dict) -> None:
-    print("| stage | heads | K | dev acc | min proto dist | V | min eff. prototypes | collapsed | "
-          "usage collapsed |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for stage in result["stages"]:
         distance = min(v for layer in stage["min_prototype_distance"] for v in layer)
         effective = min(v for layer in stage["effective_prototypes"] for v in layer)
         verdict = stage.get("collapse", {})
-        print(f"| {stage['stage']} | {stage['num_heads']} | {stage['num_prototypes']} | "
-              f"{stage['accuracy']:.4f} | {distance:.4f} | {stage['prototype_variance']:.4f} | "
-              f"{effective:.2f} | {verdict.get('collapsed', '-')} | {verdict.get('usage_collapsed', '-')} |")
+        rows.append([stage["stage"], stage["num_heads"], stage["num_prototypes"], f"{stage['accuracy']:.4f}",
+                     f"{distance:.4f}", f"{stage['prototype_variance']:.4f}", f"{effective:.2f}",
+                     verdict.get("collapsed", "-"), verdict.get("usage_collapsed", "-")])
+    print(markdown_table(["stage", "heads", "K", "dev acc", "min proto dist", "V", "min eff. prototypes",
+                          "collapsed", "usage collapsed"], rows))
     print(f"wall time {result['wall_time_s']:.1f} s; results in {result['args']['output_dir']}")
 
 

@@ -36,7 +36,7 @@ from harness.flags import add_experiment_arguments, build_model
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
-from harness.results import write_json
+from harness.results import markdown_table, write_json
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -483,6 +483,16 @@ def test_grow_order_stop_summary_and_temperature_split():
 def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
     write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)})
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.0, None], "c": 2.5}
+
+
+def test_markdown_table_formats_cells_and_aligns_columns():
+    rows = [["a", 0.123456, None], ["b", 12, "1,234"]]
+    table = markdown_table(["name", "value", "note"], rows, align="lrl")
+    assert table.splitlines() == ["| name | value | note |", "|---|---:|---|", "| a | 0.1235 | - |",
+                                  "| b | 12 | 1,234 |"]
+    assert markdown_table(["x"], [[1.0]]).splitlines()[1] == "|---|"
+    with pytest.raises(ValueError, match="`align` needs one 'l' or 'r' per column"):
+        markdown_table(["x", "y"], [], align="l")
 
 
 def test_evaluate_accuracy_counts_argmax_hits():

@@ -44,14 +44,18 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"scripts/{script}", *arguments])
 
 
-def markdown_table(headers: list[str], rows: list[list]) -> str:
-    """A GitHub markdown table; floats with 4 significant digits."""
+def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A GitHub markdown table; floats with 4 significant digits, None as "-", strings as given. `align`: one
+    letter per column, "l" (default) or "r" (right-aligned, for numbers)."""
     def cell(value) -> str:
         if isinstance(value, float):
             return f"{value:.4g}"
         return "-" if value is None else str(value)
 
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    align = align or "l" * len(headers)
+    if len(align) != len(headers) or set(align) - {"l", "r"}:
+        raise ValueError(f"`align` needs one 'l' or 'r' per column ({len(headers)}), got {align!r}")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)]
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
 
