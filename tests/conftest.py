@@ -48,3 +48,12 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def restore_torch_threads():
+    """The scripts set torch's global thread count (`--threads`): restore it after each test. Modules opt in
+    with `pytestmark = pytest.mark.usefixtures("restore_torch_threads")`."""
+    previous = torch.get_num_threads()
+    yield
+    torch.set_num_threads(previous)

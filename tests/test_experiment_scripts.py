@@ -4,15 +4,14 @@ claim, with numbers checked against independent recomputations; the shared helpe
 against hand computations and float64 references; bad arguments."""
 
 import argparse
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from growth_worker import sign_rows, signed_row_indices
+from script_modules import load_script
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
@@ -38,25 +37,12 @@ from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, row
 from harness.recipe import recent_stream_rows, run_growth_training
 from harness.results import markdown_table, write_json
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
               "--batch_size", "16", "--gate_num_tokens", "128"]
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The scripts set torch's global thread count (--threads, default 1): restore it afterwards."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 def tiny_args(**overrides) -> argparse.Namespace:

@@ -2,13 +2,11 @@
 scratch and `--bert`) and `exp_pruning_safety.py` write their JSON + PNG with sane values; the history shift
 and the pruning helpers against hand-built cases; bad arguments."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from script_modules import SCRIPTS, load_script
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments
 
 import geoformers  # noqa: F401  (registers the Auto classes)
@@ -18,25 +16,10 @@ from geoformers.training.data import load_sst2
 
 from harness.recipe import offset_history
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def load_script(name: str):
-    """The script as a module, registered in sys.modules so that its functions pickle (process pools)."""
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """The scripts' --threads sets torch's global thread count: restore it for the other tests."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 @pytest.fixture(scope="module")

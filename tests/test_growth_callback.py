@@ -24,14 +24,7 @@ from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallb
 
 from harness.recipe import recent_stream_rows
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tiny models run fastest on one thread, the more so on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -43,12 +43,7 @@ WORKER = Path(__file__).resolve().parent / "growth_worker.py"
 HEAD_KEY = re.compile(r"^model\.layers\.(\d+)\.attention\.heads\.(\d+)\.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
