@@ -2,7 +2,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-# --- DDCL-INCRT encoder (DESIGN §3) and DDL-mHC causal LM (DESIGN §2) ---
+# --- DDCL-INCRT encoder (docs/ddcl_incrt.md) and DDL-mHC causal LM (docs/ddl_mhc.md) ---
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
@@ -12,12 +12,12 @@ from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
 __version__ = "0.1.0"
 
-# --- DDCL-INCRT encoder (DESIGN §3) ---
+# --- DDCL-INCRT encoder (docs/ddcl_incrt.md) ---
 AutoConfig.register("ddcl_incrt", DDCLIncrtConfig)
 AutoModel.register(DDCLIncrtConfig, DDCLIncrtModel)
 AutoModelForSequenceClassification.register(DDCLIncrtConfig, DDCLIncrtForSequenceClassification)
 
-# --- DDL-mHC causal LM (DESIGN §2) ---
+# --- DDL-mHC causal LM (docs/ddl_mhc.md) ---
 AutoConfig.register("ddl_mhc", DDLmHCConfig)
 AutoModel.register(DDLmHCConfig, DDLmHCModel)
 AutoModelForCausalLM.register(DDLmHCConfig, DDLmHCForCausalLM)

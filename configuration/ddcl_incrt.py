@@ -1,15 +1,15 @@
-"""Configuration of the DDCL-INCRT encoder (DESIGN §3): grown heads, prototype blocks, spectral gate."""
+"""Configuration of the DDCL-INCRT encoder (docs/ddcl_incrt.md): grown heads, prototype blocks, spectral
+gate."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from transformers import BertConfig, PreTrainedConfig
 
+from .validation import PROBLEM_TYPES, check_float, check_int
+
 POOLING_MODES = ("cls", "mean")
 GATE_THRESHOLDS = ("calibrated", "relative")
-PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 # tau enters the prototype block as -||o - p_k||^2 / tau with gradient ||o - p_k||^2 / tau^2 (float32): a
 # floor of 1e-6 keeps both finite for squared distances up to 1e26; the ceiling keeps rho = softplus^-1(tau)
 # finite.
@@ -24,28 +24,8 @@ LAYER_NORM_EPS_FLOOR = 1e-30
 PROTOTYPE_LOSS_WEIGHT_CEILING = 1e6
 
 
-def _require_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"`{name}` must be >= {minimum}, got {value}")
-
-
-def _require_float(
-    name: str, value, *, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
-) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} ({value!r})")
-    too_low = value <= low if low_open else value < low
-    too_high = value >= high if high_open else value > high
-    if not math.isfinite(value) or too_low or too_high:
-        closing = ")" if high_open or high == math.inf else "]"
-        interval = f"{'(' if low_open else '['}{low}, {high}{closing}"
-        raise ValueError(f"`{name}` must lie in {interval}, got {value}")
-
-
 class DDCLIncrtConfig(PreTrainedConfig):
-    r"""Configuration of [`DDCLIncrtModel`] / [`DDCLIncrtForSequenceClassification`] (DESIGN §3).
+    r"""Configuration of [`DDCLIncrtModel`] / [`DDCLIncrtForSequenceClassification`] (docs/ddcl_incrt.md).
 
     `num_heads` (one count per layer) is the single source of truth for the architecture: `grow_head`,
     `prune_head` and `resize_heads` edit it, `from_pretrained` builds exactly that many heads per layer.
@@ -138,7 +118,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         for name in ("vocab_size", "hidden_size", "head_dim", "num_hidden_layers"):
-            _require_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         heads = kwargs.pop("num_attention_heads", None)
         if heads is not None:
             if self.num_heads is not None and self.num_heads != heads:
@@ -152,7 +132,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
                     "when `max_heads` is left to its default hidden_size // head_dim"
                 )
             self.max_heads = self.hidden_size // self.head_dim
-        _require_int("max_heads", self.max_heads, 1)
+        check_int("max_heads", self.max_heads, 1)
         self.num_heads = self._validated_num_heads(self.num_heads)
         self._validate_labels(kwargs)
         self._validate_transformers_fields()
@@ -193,17 +173,17 @@ class DDCLIncrtConfig(PreTrainedConfig):
             "max_heads": 1,
         }
         for name, minimum in minimums.items():
-            _require_int(name, getattr(self, name), minimum)
+            check_int(name, getattr(self, name), minimum)
         self._validated_num_heads(self.num_heads)
-        _require_float("tau_min", self.tau_min, low=TAU_FLOOR, high=TAU_CEILING)
-        _require_float("tau_init", self.tau_init, low=self.tau_min, high=TAU_CEILING, low_open=True)
-        _require_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0,
+        check_float("tau_min", self.tau_min, low=TAU_FLOOR, high=TAU_CEILING)
+        check_float("tau_init", self.tau_init, low=self.tau_min, high=TAU_CEILING, low_open=True)
+        check_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0,
                        high=PROTOTYPE_LOSS_WEIGHT_CEILING)
-        _require_float("layer_norm_eps", self.layer_norm_eps, low=LAYER_NORM_EPS_FLOOR)
-        _require_float("initializer_range", self.initializer_range, low=0.0, high=INITIALIZER_RANGE_CEILING,
+        check_float("layer_norm_eps", self.layer_norm_eps, low=LAYER_NORM_EPS_FLOOR)
+        check_float("initializer_range", self.initializer_range, low=0.0, high=INITIALIZER_RANGE_CEILING,
                        low_open=True)
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
-            _require_float(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
+            check_float(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
         if self.pooling not in POOLING_MODES:
             raise ValueError(f"`pooling` must be one of {POOLING_MODES}, got {self.pooling!r}")
         self._validate_token_ids()
@@ -212,14 +192,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
                 f"`gate_threshold` must be one of {GATE_THRESHOLDS}, got {self.gate_threshold!r}"
             )
         if self.gate_theta_w is not None:
-            _require_float("gate_theta_w", self.gate_theta_w, low=0.0, low_open=True)
+            check_float("gate_theta_w", self.gate_theta_w, low=0.0, low_open=True)
             if self.gate_threshold == "relative":
                 raise ValueError("`gate_theta_w` fixes theta_w, which contradicts "
                                  "`gate_threshold='relative'`: set one of them")
-        _require_float("gate_calibration_factor", self.gate_calibration_factor, low=0.0, low_open=True)
-        _require_float("gate_prune_factor", self.gate_prune_factor, low=0.0)
+        check_float("gate_calibration_factor", self.gate_calibration_factor, low=0.0, low_open=True)
+        check_float("gate_prune_factor", self.gate_prune_factor, low=0.0)
         for name in ("gate_oja_step", "gate_mca_step", "gate_tracker_tolerance"):
-            _require_float(name, getattr(self, name), low=0.0, high=1.0, low_open=True)
+            check_float(name, getattr(self, name), low=0.0, high=1.0, low_open=True)
         if not isinstance(self.gate_use_exact_eigh, bool):
             raise TypeError(f"`gate_use_exact_eigh` must be a bool, got {self.gate_use_exact_eigh!r}")
         if self.bert_config is not None:
@@ -235,14 +215,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
             for entry in entries:
                 if entry is None and entries is not value:
                     continue
-                _require_int(name, entry, 0)
+                check_int(name, entry, 0)
                 if entry >= self.vocab_size:
                     raise ValueError(f"`{name}` ({entry}) must be < `vocab_size` ({self.vocab_size})")
 
     def _validate_labels(self, kwargs: dict) -> None:
         """`id2label` maps label ids (ints, or decimal strings as in JSON) to names, `label2id` back."""
         if "num_labels" in kwargs:
-            _require_int("num_labels", kwargs["num_labels"], 1)
+            check_int("num_labels", kwargs["num_labels"], 1)
         id2label = kwargs.get("id2label", self.id2label)
         if id2label is not None:
             if not isinstance(id2label, dict) or not id2label:
@@ -268,7 +248,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (value is None and name != "is_encoder_decoder"):
                 raise TypeError(f"`{name}` must be a bool, got {value!r}")
-        _require_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0)
+        check_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0)
         architectures = self.architectures
         if architectures is not None and (
             not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures)
@@ -281,7 +261,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
             raise ValueError(f"`dtype` must be None, a torch.dtype or its name, got {self.dtype!r}")
 
     def _validate_problem_type(self) -> None:
-        _require_int("num_labels", self.num_labels, 1)
+        check_int("num_labels", self.num_labels, 1)
         if self.problem_type not in (None, *PROBLEM_TYPES):
             raise ValueError(
                 f"`problem_type` must be None or one of {PROBLEM_TYPES}, got {self.problem_type!r}"
@@ -314,7 +294,7 @@ class DDCLIncrtConfig(PreTrainedConfig):
             raise ValueError(f"`num_heads` has {len(num_heads)} entries but `num_hidden_layers` is "
                              f"{self.num_hidden_layers}")
         for layer, count in enumerate(num_heads):
-            _require_int(f"num_heads[{layer}]", count, 1)
+            check_int(f"num_heads[{layer}]", count, 1)
             if count > self.max_heads:
                 raise ValueError(f"`num_heads[{layer}]` = {count} exceeds `max_heads` = {self.max_heads}")
         return list(num_heads)

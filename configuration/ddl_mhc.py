@@ -1,4 +1,4 @@
-"""Configuration of the DDL-mHC causal LM (DESIGN §2): a Llama-shaped decoder whose residual stream is
+"""Configuration of the DDL-mHC causal LM (docs/ddl_mhc.md): a Llama-shaped decoder whose residual stream is
 `hc_streams` hyper-connection streams mixed by an exactly doubly-stochastic matrix and updated by the
 Deep Delta rule. Every field, transformers' own included, is validated at construction and on every later
 assignment, raising `ValueError`/`TypeError` that names the field."""
@@ -11,49 +11,18 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-HC_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc", "stbp", "srtbp", "mstbp", "msrtbp", "atbp")
+from .charts import METHODS, MHC_LITE_MAX_N
+from .validation import PROBLEM_TYPES, check_bool, check_choice, check_float, check_int
+
 HC_RES_MIXES = ("identity", "lazy")
 RESIDUAL_UPDATES = ("delta", "add")
 STREAM_EXPANSIONS = ("repeat", "conv")
 HC_IMPLEMENTATIONS = ("fused", "reference")
-MHC_LITE_MAX_STREAMS = 6  # mhc_lite enumerates all n! permutation matrices (DESIGN §1)
 MAX_SIZE = 2**24  # sizes; beyond, the checks themselves (rotary table, per-layer cache layout) take gigabytes
 FLOAT32_TINY = torch.finfo(
     torch.float32
 ).tiny  # smallest normal float32: a smaller eps is 0 under flush-to-zero
 MAX_GATE_INIT = 1e30  # gate x dynamic term (<= ~1e7 at any size here) stays a finite float32 logit
-PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
-
-
-def _check_int(name: str, value, minimum: int, maximum: int = MAX_SIZE) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__} ({value!r})")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"`{name}` must lie in [{minimum}, {maximum}], got {value}")
-
-
-def _check_float(name: str, value, low: float, high: float, low_open: bool, high_open: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"`{name}` must be a number, got {type(value).__name__} ({value!r})")
-    interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    try:
-        number = float(value)
-    except OverflowError:
-        raise ValueError(f"`{name}` must lie in {interval}, got {value}") from None
-    too_low = number <= low if low_open else number < low
-    too_high = number >= high if high_open else number > high
-    if too_low or too_high or not math.isfinite(number):
-        raise ValueError(f"`{name}` must be finite and lie in {interval}, got {value}")
-
-
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}")
-
-
-def _check_bool(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"`{name}` must be a bool, got {type(value).__name__} ({value!r})")
 
 
 def _check_label_maps(id2label, label2id) -> None:
@@ -86,7 +55,7 @@ def _check_dtype(name: str, value) -> None:
 class DDLmHCConfig(PreTrainedConfig):
     r"""
     Decoder fields are Llama's (same names, same meaning), so a `LlamaConfig` maps field by field.
-    The DDL-mHC fields (DESIGN §2):
+    The DDL-mHC fields (docs/ddl_mhc.md, 'Hyper-connections'):
 
     hc_streams (`int`, defaults to 4): number n of residual streams; the state is X in R^{n x hidden}.
     hc_chart (`str`, defaults to `"rtbp"`): doubly-stochastic chart for H_res, one of
@@ -167,17 +136,17 @@ class DDLmHCConfig(PreTrainedConfig):
         _check_dtype("dtype", self.dtype)
         _check_dtype("torch_dtype", kwargs.get("torch_dtype"))
         if kwargs.get("num_labels") is not None:
-            _check_int("num_labels", kwargs["num_labels"], 0)
+            check_int("num_labels", kwargs["num_labels"], 0, MAX_SIZE)
         if self.rope_parameters is not None and not isinstance(self.rope_parameters, dict):
             raise TypeError(
                 f"`rope_parameters` must be a dict or None, got {type(self.rope_parameters).__name__}"
             )
-        _check_float("rope_theta", self.rope_theta, 0.0, math.inf, True, True)
+        check_float("rope_theta", self.rope_theta, 0.0, math.inf, True, True)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.rope_parameters is not None and "rope_theta" in self.rope_parameters:
             theta = self.rope_parameters["rope_theta"]
-            _check_float("rope_parameters['rope_theta']", theta, 0.0, math.inf, True, True)
+            check_float("rope_parameters['rope_theta']", theta, 0.0, math.inf, True, True)
             self.rope_theta = theta
         self._validate_decoder()  # sizes first: transformers' __post_init__ reads `layer_types`
         self._validate_hyper_connections()
@@ -187,7 +156,7 @@ class DDLmHCConfig(PreTrainedConfig):
     def __setattr__(self, name: str, value) -> None:
         """After construction, a field assignment is validated with the whole config and undone if invalid."""
         if name == "num_labels":  # transformers' property: builds `id2label` from it
-            _check_int("num_labels", value, 0)
+            check_int("num_labels", value, 0, MAX_SIZE)
         state = self.__dict__
         watched = name in self.__dataclass_fields__ or name.endswith("_token_id") or name == "head_dim"
         if not watched or not state.get("_post_init_done", False) or state.get(name, self) is value:
@@ -239,7 +208,7 @@ class DDLmHCConfig(PreTrainedConfig):
             rope = dict(rope or {})
             rope.setdefault("rope_type", rope.get("type", "default"))
             rope.setdefault("rope_theta", self.rope_theta)
-            _check_float("rope_parameters['rope_theta']", rope["rope_theta"], 0.0, math.inf, True, True)
+            check_float("rope_parameters['rope_theta']", rope["rope_theta"], 0.0, math.inf, True, True)
             self.__dict__["rope_parameters"] = rope
             self.__dict__["rope_theta"] = rope["rope_theta"]
 
@@ -263,10 +232,10 @@ class DDLmHCConfig(PreTrainedConfig):
         _check_label_maps(self.id2label, self.label2id)
         _check_dtype("dtype", self.dtype)
         for name in ("output_hidden_states", "return_dict", "is_encoder_decoder"):
-            _check_bool(name, getattr(self, name))
-        _check_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0)
+            check_bool(name, getattr(self, name))
+        check_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0, MAX_SIZE)
         if self.problem_type is not None:
-            _check_choice("problem_type", self.problem_type, PROBLEM_TYPES)
+            check_choice("problem_type", self.problem_type, PROBLEM_TYPES)
         if self.architectures is not None and (
             not isinstance(self.architectures, list)
             or not all(isinstance(a, str) for a in self.architectures)
@@ -278,7 +247,7 @@ class DDLmHCConfig(PreTrainedConfig):
             raise TypeError(
                 f"`transformers_version` must be a str or None, got {self.transformers_version!r}"
             )
-        _check_int("vocab_size", self.vocab_size, 1)
+        check_int("vocab_size", self.vocab_size, 1, MAX_SIZE)
         for name in sorted(key for key in self.__dict__ if key.endswith("_token_id")):
             token_id = self.__dict__[name]
             if token_id is None:
@@ -297,12 +266,12 @@ class DDLmHCConfig(PreTrainedConfig):
 
     def _validate_decoder(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1, MAX_SIZE)
         for name in ("num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1, MAX_SIZE)
         if "head_dim" in self.__dict__:  # optional, as in Llama; absent: hidden_size // num_attention_heads
             head_dim = self.__dict__["head_dim"]
-            _check_int("head_dim", head_dim, 2)
+            check_int("head_dim", head_dim, 2, MAX_SIZE)
             if head_dim % 2:
                 raise ValueError(f"`head_dim` must be even for rotary embeddings, got {head_dim}")
         if self.hidden_size % self.num_attention_heads != 0:
@@ -322,12 +291,12 @@ class DDLmHCConfig(PreTrainedConfig):
             )
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
             raise ValueError(f"`hidden_act` must be an ACT2FN name of transformers, got {self.hidden_act!r}")
-        _check_float("rope_theta", self.rope_theta, 0.0, math.inf, True, True)
-        _check_float("rms_norm_eps", self.rms_norm_eps, FLOAT32_TINY, math.inf, False, True)
-        _check_float("initializer_range", self.initializer_range, 0.0, 1.0, True, False)
-        _check_float("attention_dropout", self.attention_dropout, 0.0, 1.0, False, True)
+        check_float("rope_theta", self.rope_theta, 0.0, math.inf, True, True)
+        check_float("rms_norm_eps", self.rms_norm_eps, FLOAT32_TINY, math.inf, False, True)
+        check_float("initializer_range", self.initializer_range, 0.0, 1.0, True, False)
+        check_float("attention_dropout", self.attention_dropout, 0.0, 1.0, False, True)
         for name in ("use_cache", "tie_word_embeddings", "attention_bias", "mlp_bias"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
 
     def _validate_rope(self) -> None:
         """`rope_parameters` (after transformers' standardisation) must build the model's rotary embedding
@@ -343,7 +312,7 @@ class DDLmHCConfig(PreTrainedConfig):
                 f"`rope_parameters['rope_type']` must be one of {['default', *ROPE_INIT_FUNCTIONS]}, "
                 f"got {rope_type!r}"
             )
-        _check_float("rope_parameters['rope_theta']", rope.get("rope_theta"), 0.0, math.inf, True, True)
+        check_float("rope_parameters['rope_theta']", rope.get("rope_theta"), 0.0, math.inf, True, True)
         try:
             self.validate_rope()
             rotary = LlamaRotaryEmbedding(self)
@@ -367,26 +336,26 @@ class DDLmHCConfig(PreTrainedConfig):
             )
 
     def _validate_hyper_connections(self) -> None:
-        _check_int("hc_streams", self.hc_streams, 1)
-        _check_choice("hc_chart", self.hc_chart, HC_CHARTS)
+        check_int("hc_streams", self.hc_streams, 1, MAX_SIZE)
+        check_choice("hc_chart", self.hc_chart, METHODS)
         n = self.hc_streams
         if self.hc_chart == "kromhc" and n & (n - 1) != 0:
             raise ValueError(f"`hc_chart`='kromhc' needs `hc_streams` to be a power of two, got {n}")
-        if self.hc_chart == "mhc_lite" and n > MHC_LITE_MAX_STREAMS:
+        if self.hc_chart == "mhc_lite" and n > MHC_LITE_MAX_N:
             raise ValueError(
                 f"`hc_chart`='mhc_lite' enumerates n! permutations: `hc_streams` must be <= "
-                f"{MHC_LITE_MAX_STREAMS}, got {n}"
+                f"{MHC_LITE_MAX_N}, got {n}"
             )
-        _check_bool("hc_dynamic", self.hc_dynamic)
-        _check_float("hc_res_mix_init", self.hc_res_mix_init, 0.0, 1.0, True, True)
-        _check_choice("hc_res_mix", self.hc_res_mix, HC_RES_MIXES)
-        _check_float("hc_dynamic_gate_init", self.hc_dynamic_gate_init, 0.0, MAX_GATE_INIT, False, False)
-        _check_choice("residual", self.residual, RESIDUAL_UPDATES)
-        _check_float("delta_beta_init", self.delta_beta_init, 0.0, 2.0, True, True)
-        _check_float("delta_eps", self.delta_eps, math.sqrt(FLOAT32_TINY), math.inf, False, True)
-        _check_choice("stream_expansion", self.stream_expansion, STREAM_EXPANSIONS)
-        _check_int("stream_conv_kernel", self.stream_conv_kernel, 1)
-        _check_choice("hc_implementation", self.hc_implementation, HC_IMPLEMENTATIONS)
+        check_bool("hc_dynamic", self.hc_dynamic)
+        check_float("hc_res_mix_init", self.hc_res_mix_init, 0.0, 1.0, True, True)
+        check_choice("hc_res_mix", self.hc_res_mix, HC_RES_MIXES)
+        check_float("hc_dynamic_gate_init", self.hc_dynamic_gate_init, 0.0, MAX_GATE_INIT, False, False)
+        check_choice("residual", self.residual, RESIDUAL_UPDATES)
+        check_float("delta_beta_init", self.delta_beta_init, 0.0, 2.0, True, True)
+        check_float("delta_eps", self.delta_eps, math.sqrt(FLOAT32_TINY), math.inf, False, True)
+        check_choice("stream_expansion", self.stream_expansion, STREAM_EXPANSIONS)
+        check_int("stream_conv_kernel", self.stream_conv_kernel, 1, MAX_SIZE)
+        check_choice("hc_implementation", self.hc_implementation, HC_IMPLEMENTATIONS)
 
 
 __all__ = ["DDLmHCConfig"]

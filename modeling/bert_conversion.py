@@ -1,4 +1,4 @@
-"""BERT -> DDCL-INCRT conversion (issue 6, pruning-safety experiment): a pre-trained BERT's embeddings, and
+"""BERT -> DDCL-INCRT conversion (docs/ddcl_incrt.md, 'BERT conversion'): a pre-trained BERT's embeddings, and
 optionally its encoder, feed freshly initialised DDCL-INCRT layers; the BERT part is frozen.
 
 DDCL-INCRT's embeddings use BERT's module names (word/position/token-type embeddings, LayerNorm), so
@@ -68,7 +68,7 @@ def wrap_bert_embeddings(
     freeze: bool = True,
     **config_overrides,
 ) -> DDCLIncrtForSequenceClassification:
-    """A DDCL-INCRT classifier on a pre-trained BERT's embeddings (issue 6, "wrap BERT embeddings").
+    """A DDCL-INCRT classifier on a pre-trained BERT's embeddings (docs/ddcl_incrt.md, 'BERT conversion').
 
     vocab_size, hidden_size, max_position_embeddings, type_vocab_size, pad_token_id, layer_norm_eps and
     initializer_range come from the BERT config; `config_overrides` set any other `DDCLIncrtConfig` field

@@ -1,4 +1,5 @@
-"""Doubly-stochastic charts: unconstrained logits -> a matrix in the Birkhoff polytope (DESIGN §1).
+"""Doubly-stochastic charts: unconstrained logits -> a matrix in the Birkhoff polytope (docs/ddl_mhc.md,
+'Doubly-stochastic charts').
 
 B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of shape
 (..., num_logits(method, n)) to one matrix per leading index, shape (..., n, n):
@@ -34,10 +35,9 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.hooks import RemovableHandle
 
+from ..configuration.charts import METHODS, MHC_LITE_MAX_N
 from .triton_dispatch import kernels
 
-METHODS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc", "stbp", "srtbp", "mstbp", "msrtbp", "atbp")
-MHC_LITE_MAX_N = 6
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
 # |row sum - 1| grows with the logits' scale (median / max over 4,096 float32 matrices, logits N(0, s^2)):
 #     s      0.1             1               3               10
@@ -108,7 +108,7 @@ def ds_violation(matrices: torch.Tensor) -> torch.Tensor:
 #
 # Entry (i, j) reads the remaining row mass r (left neighbour), the remaining column mass c
 # (entry above) and D = mass strictly below-right of (i, j-1) (left neighbour; D[i, -1] = n-1-i).
-# Then L = max(0, c - D) (the design's r_i - sum_{j'>j} c_j', rewritten; its third term
+# Then L = max(0, c - D) (the TBP interval's r_i - sum_{j'>j} c_j', rewritten; its third term
 # c_j - sum_{i'>i} r_i' is <= 0 for unit marginals), U = min(r, c), X = L + (U - L) sigmoid(t),
 # and it passes on r - X, c - X and D - (c - X). Entries on one anti-diagonal i + j = d are
 # independent, so the (n-1)^2 steps become 2n-3 batched ones. Work arrays are batch-last in
@@ -151,7 +151,8 @@ def _from_blocks(x: torch.Tensor, dtype: torch.dtype, batch: int) -> torch.Tenso
 
 
 class _TBPFunction(torch.autograd.Function):
-    """TBP chart (DESIGN §1) as one autograd node: wavefront forward, reverse-wavefront backward.
+    """TBP chart (docs/ddl_mhc.md, 'Doubly-stochastic charts') as one autograd node: wavefront forward,
+    reverse-wavefront backward.
 
     The state (r, c, D) and X are float64; what the backward needs (sigmoid(t), U - L and the two
     branch masks) is kept in the logits' dtype, so the backward runs in float32 for float32 logits.
@@ -232,7 +233,7 @@ class _TBPFunction(torch.autograd.Function):
 
 
 def _tbp(logits: torch.Tensor, n: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """TBP (DESIGN §1) on logits (B, (n-1)^2) -> (B, n, n) in out_dtype."""
+    """TBP (docs/ddl_mhc.md, 'Doubly-stochastic charts') on logits (B, (n-1)^2) -> (B, n, n) in out_dtype."""
     return _TBPFunction.apply(logits, n, out_dtype, torch.is_grad_enabled() and logits.requires_grad)
 
 
@@ -276,8 +277,8 @@ def _split(capacities: torch.Tensor, total: torch.Tensor, s: torch.Tensor) -> to
 
 
 def _rtbp_transport(rows: torch.Tensor, cols: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """RTBP (DESIGN §1) on P square transport problems: marginals (P, n, B), sigmoids
-    (P, (n-1)^2, B) -> plans (P, n, n, B)."""
+    """RTBP (docs/ddl_mhc.md, 'Doubly-stochastic charts') on P square transport problems: marginals (P, n, B),
+    sigmoids (P, (n-1)^2, B) -> plans (P, n, n, B)."""
     p_count, n, batch = rows.shape
     if n == 1:
         return rows[:, :, None]
@@ -322,7 +323,7 @@ def _nonnegative(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rtbp(logits: torch.Tensor, n: int) -> torch.Tensor:
-    """RTBP (DESIGN §1) on logits (B, (n-1)^2) -> (B, n, n)."""
+    """RTBP (docs/ddl_mhc.md, 'Doubly-stochastic charts') on logits (B, (n-1)^2) -> (B, n, n)."""
     s = torch.sigmoid(logits).t().contiguous()[None]
     ones = s.new_ones(1, n, s.shape[-1])
     return _rtbp_transport(ones, ones, s)[0].permute(2, 0, 1)
@@ -425,7 +426,8 @@ def _check_logits(logits: torch.Tensor, n: int, method: str) -> None:
 
 
 def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> torch.Tensor:
-    """Doubly-stochastic chart (DESIGN §1): logits (..., num_logits(method, n)) -> (..., n, n).
+    """Doubly-stochastic chart (docs/ddl_mhc.md, 'Doubly-stochastic charts'):
+    logits (..., num_logits(method, n)) -> (..., n, n).
 
     Options: `iters` (sinkhorn only, default SINKHORN_DEFAULT_ITERS). Autocast is disabled
     inside; float64 logits give a float64 result, any other float dtype a float32 one.
@@ -514,8 +516,8 @@ def tbp_logits_from_matrix(
     matrices: torch.Tensor, to_logit: IntervalLogit = _logit_in_interval
 ) -> torch.Tensor:
     """Inverse TBP chart: strictly interior DS matrices (..., n, n) -> logits (..., (n-1)^2) with
-    birkhoff(logits, n, "tbp") == matrices. All intervals at once from suffix sums; `to_logit`
-    inverts the interval choice (a variant's own in `chart_variants.py`)."""
+    birkhoff(logits, n, "tbp") == matrices. All TBP intervals (docs/ddl_mhc.md, 'Doubly-stochastic charts') at
+    once from suffix sums; `to_logit` inverts the interval choice (a variant's own in `chart_variants.py`)."""
     _check_interior_ds(matrices, "tbp_logits_from_matrix")
     n = matrices.shape[-1]
     x = matrices.to(torch.float64)

@@ -1,4 +1,4 @@
-"""Plain-Python float64 references for the TBP and RTBP charts (DESIGN §1).
+"""Plain-Python float64 references for the TBP and RTBP charts (docs/ddl_mhc.md, 'Doubly-stochastic charts').
 
 One matrix at a time, explicit loops, written straight from the definitions so that the batched
 fast paths in `birkhoff.py` can be checked against them (reference beside fast path, like
@@ -23,9 +23,9 @@ def _point_in_interval(low: float, high: float, t: float) -> float:
 
 
 def tbp_reference(logits: Sequence[float], n: int) -> list[list[float]]:
-    """TBP, north-west corner (DESIGN §1): X[i, j], i, j < n-1, filled in row-major order inside
-    L = max(0, r_i - sum_{j'>j} c_j', c_j - sum_{i'>i} r_i'), U = min(r_i, c_j); the last column
-    and the last row take what is left."""
+    """TBP, north-west corner (docs/ddl_mhc.md, 'Doubly-stochastic charts'): X[i, j], i, j < n-1, filled in
+    row-major order inside L = max(0, r_i - sum_{j'>j} c_j', c_j - sum_{i'>i} r_i'), U = min(r_i, c_j); the
+    last column and the last row take what is left."""
     logits = [float(t) for t in logits]
     if len(logits) != (n - 1) ** 2:
         raise ValueError(f"tbp_reference needs (n-1)^2 = {(n - 1) ** 2} logits for n={n}, got {len(logits)}")
@@ -114,7 +114,7 @@ def _rtbp_transport(rows: list[float], cols: list[float], logits: list[float]) -
 
 
 def rtbp_reference(logits: Sequence[float], n: int) -> list[list[float]]:
-    """RTBP (DESIGN §1), one matrix. Even n: the top-left block mass in
+    """RTBP (docs/ddl_mhc.md, 'Doubly-stochastic charts'), one matrix. Even n: the top-left block mass in
     [max(0, R_top - C_right), min(R_top, C_left)], then four splits of block masses over rows/columns
     (top rows into TL/TR, bottom rows into BL/BR, left columns into TL/BL, right columns into TR/BR),
     then the four child transport problems TL, TR, BL, BR. Odd n: peel the last column (split of the

@@ -1,4 +1,4 @@
-"""DDL-mHC causal LM (DESIGN §2): a Llama decoder whose residual stream is n hyper-connection streams,
+"""DDL-mHC causal LM (docs/ddl_mhc.md): a Llama decoder whose residual stream is n hyper-connection streams,
 mixed by an exactly doubly-stochastic H_res and updated by the Deep Delta rule
 
     X' = H_res X (I - beta k k^T) + beta v k^T   (delta)    or    X' = H_res X + H_post^T h   (add, mHC)
@@ -157,8 +157,9 @@ class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, P
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """Linear/embedding/norm/rotary as transformers does; the DDL-mHC parameters start at the
-        near-identity of DESIGN §1-2: uniform read, H_res = (1 - a0) I + a0 chart(0), H_post = 1,
-        beta = delta_beta_init, dynamic gates at hc_dynamic_gate_init, identity EC, mean read-out."""
+        near-identity of docs/ddl_mhc.md, 'Hyper-connections': uniform read, H_res = (1 - a0) I + a0 chart(0),
+        H_post = 1, beta = delta_beta_init, dynamic gates at hc_dynamic_gate_init, identity EC, mean
+        read-out."""
         super()._init_weights(module)
         config = self.config
         if isinstance(module, HyperConnection):

@@ -1,4 +1,5 @@
-"""Deep Delta residual update (DDL, arXiv 2601.00417) over n hyper-connection streams (DESIGN §2).
+"""Deep Delta residual update (DDL, arXiv 2601.00417) over n hyper-connection streams (docs/ddl_mhc.md, 'The
+Deep Delta rule').
 
 Per token, with streams X in R^{n x d} and the doubly-stochastic mixing H_res of `hyper_connections.py`:
 
@@ -24,7 +25,8 @@ def upcast(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def unit_direction(output: torch.Tensor, eps: float) -> torch.Tensor:
-    """k = h / sqrt(||h||^2 + eps^2) (DESIGN §2), at least float32: unit norm up to eps, finite at h = 0."""
+    """k = h / sqrt(||h||^2 + eps^2) (docs/ddl_mhc.md, 'The Deep Delta rule'), at least float32: unit norm up
+    to eps, finite at h = 0."""
     output = upcast(output)
     return output * torch.rsqrt(output.square().sum(-1, keepdim=True) + eps * eps)
 

@@ -1,4 +1,5 @@
-"""Hyper-connection streams (mHC, arXiv 2512.24880) with exactly doubly-stochastic mixing (DESIGN §1-2).
+"""Hyper-connection streams (mHC, arXiv 2512.24880) with exactly doubly-stochastic mixing (docs/ddl_mhc.md,
+'Hyper-connections').
 
 The residual state is X in R^{n x d} per token, shape (batch, seq, n, hidden). Around every sublayer F:
 
@@ -64,8 +65,9 @@ class StreamMaps(NamedTuple):
 
 
 class StreamMixing(NamedTuple):
-    """What one sublayer's update did, returned with `output_mixing=True`: the per-token linear part of
-    X -> X' is X -> H_res X (I - beta k k^T) (DESIGN §2); beta and direction are None for "add"."""
+    """What one sublayer's update did, returned with `output_mixing=True`: the per-token linear part of X ->
+    X' is X -> H_res X (I - beta k k^T) (docs/ddl_mhc.md, 'The Deep Delta rule'); beta and direction are None
+    for "add"."""
 
     h_res: torch.Tensor | None
     beta: torch.Tensor | None
@@ -93,11 +95,11 @@ def read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
 
 
 class HyperConnection(nn.Module):
-    """Read, mix and write maps of one sublayer (DESIGN §2). Parameters: static logits `pre_bias`,
-    `res_bias`, `write_bias` (H_post for "add", beta for "delta"), the chart weight `res_mix_logit` (or the
-    three logits `res_mix_logits` of `lazy_mix` with hc_res_mix="lazy"), and,
-    with `hc_dynamic`, the fused projection `maps_proj` (a PEFT-targetable `nn.Linear`) with one gate per
-    map (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`."""
+    """Read, mix and write maps of one sublayer (docs/ddl_mhc.md, 'Hyper-connections'). Parameters: static
+    logits `pre_bias`, `res_bias`, `write_bias` (H_post for "add", beta for "delta"), the chart weight
+    `res_mix_logit` (or the three logits `res_mix_logits` of `lazy_mix` with hc_res_mix="lazy"), and, with
+    `hc_dynamic`, the fused projection `maps_proj` (a PEFT-targetable `nn.Linear`) with one gate per map
+    (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`."""
 
     def __init__(self, config: DDLmHCConfig):
         super().__init__()
@@ -222,10 +224,10 @@ class HyperConnection(nn.Module):
 
 
 class StreamExpansion(nn.Module):
-    """Embedding (batch, seq, d) -> streams (batch, seq, n, d) (DESIGN §2): "repeat" copies it n times;
-    "conv" is DDL's EC, a causal depthwise convolution over the sequence with n outputs per channel,
-    identity-initialised (every stream equals the embedding at init). Its state, the last kernel-1
-    embeddings, lives on layer 0 of the cache (a "hybrid" cache layer), never on the module."""
+    """Embedding (batch, seq, d) -> streams (batch, seq, n, d) (docs/ddl_mhc.md, 'Hyper-connections'):
+    "repeat" copies it n times; "conv" is DDL's EC, a causal depthwise convolution over the sequence with n
+    outputs per channel, identity-initialised (every stream equals the embedding at init). Its state, the last
+    kernel-1 embeddings, lives on layer 0 of the cache (a "hybrid" cache layer), never on the module."""
 
     def __init__(self, config: DDLmHCConfig):
         super().__init__()
@@ -262,7 +264,7 @@ class StreamExpansion(nn.Module):
 
 class StreamReadout(nn.Module):
     """Streams -> one hidden state before the final norm: softmax(`logits`)-weighted sum over the n
-    streams, a learned static read that starts as the mean (DESIGN §2 "reads the streams back")."""
+    streams, a learned static read that starts as the mean (docs/ddl_mhc.md, 'Hyper-connections')."""
 
     def __init__(self, num_streams: int):
         super().__init__()

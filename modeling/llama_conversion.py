@@ -1,7 +1,8 @@
-"""Llama -> DDL-mHC conversion (DESIGN §2 ablations): a `LlamaForCausalLM` becomes a `DDLmHCForCausalLM`
-with the same weights. Module names coincide, so it is a state-dict copy; with the defaults
-(`hc_streams=1, residual="add"`) the result computes exactly Llama's logits and loss. Other hyper-connection
-settings (e.g. `hc_streams=4, residual="add"`) start from the Llama weights with fresh, near-identity maps."""
+"""Llama -> DDL-mHC conversion (docs/ddl_mhc.md, 'Hyper-connections': ablations): a `LlamaForCausalLM` becomes
+a `DDLmHCForCausalLM` with the same weights. Module names coincide, so it is a state-dict copy; with the
+defaults (`hc_streams=1, residual="add"`) the result computes exactly Llama's logits and loss. Other
+hyper-connection settings (e.g. `hc_streams=4, residual="add"`) start from the Llama weights with fresh,
+near-identity maps."""
 
 from transformers import LlamaForCausalLM
 

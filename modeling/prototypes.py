@@ -1,4 +1,5 @@
-"""DDCL prototype block (DESIGN §3): soft assignment of each head output to that head's prototype bank.
+"""DDCL prototype block (docs/ddcl_incrt.md, 'Prototype FFN'): soft assignment of each head output to that
+head's prototype bank.
 
 For a head output o and prototypes p_1..p_K with temperature tau = tau_min + softplus(rho):
 
@@ -68,7 +69,8 @@ def squared_distances(points: torch.Tensor, prototypes: torch.Tensor) -> torch.T
 def prototype_block(
     head_outputs: torch.Tensor, prototypes: torch.Tensor, tau: torch.Tensor
 ) -> PrototypeOutput:
-    """DDCL prototype block for all heads of a layer at once (DESIGN §3, L_q = L_OLS + V).
+    """DDCL prototype block for all heads of a layer at once (docs/ddcl_incrt.md, 'Prototype FFN':
+    L_q = L_OLS + V).
 
     head_outputs: (B, H, T, D); prototypes: (H, K, D), one bank per head; tau: (H,), one temperature per head.
     """

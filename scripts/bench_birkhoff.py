@@ -1,4 +1,4 @@
-"""Benchmark the doubly-stochastic charts against Sinkhorn-20 (issue 2, DESIGN §1).
+"""Benchmark the doubly-stochastic charts against Sinkhorn-20 (docs/experiments.md, 'bench_birkhoff.py').
 
 For each n, a batch of matrices per method: median forward+backward seconds over --reps
 repetitions, the worst doubly-stochastic violation, the logit count and the time ratio to
@@ -30,8 +30,11 @@ from geoformers.modeling.birkhoff import (
 )
 from geoformers.modeling.chart_variants import INTERVAL_VARIANTS
 
+from harness.results import markdown_table
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The issue's targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time.
+# The project's speed targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time
+# (docs/experiments.md, 'bench_birkhoff.py').
 TARGET_RATIO = {4: 0.06, 8: 0.15, 16: 0.2}
 
 
@@ -124,31 +127,19 @@ def bench_variants(
 
 
 def variants_table(rows: list[dict]) -> str:
-    lines = [
-        "| n | variant | logits | fwd+bwd ms (median) | x Sinkhorn-20 | x the chart it varies | "
-        "max DS violation (float32) |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['n']} | {r['method']} | {r['num_logits']} | {r['seconds_median'] * 1e3:.2f} | "
-            f"{r['ratio_vs_sinkhorn20']:.3f} | {r['ratio_vs_varied']:.2f} ({r['varies']}) | "
-            f"{r['max_violation']:.1e} |"
-        )
-    return "\n".join(lines)
+    table = [[r["n"], r["method"], r["num_logits"], f"{r['seconds_median'] * 1e3:.2f}",
+              f"{r['ratio_vs_sinkhorn20']:.3f}", f"{r['ratio_vs_varied']:.2f} ({r['varies']})",
+              f"{r['max_violation']:.1e}"] for r in rows]
+    headers = ["n", "variant", "logits", "fwd+bwd ms (median)", "x Sinkhorn-20", "x the chart it varies",
+               "max DS violation (float32)"]
+    return markdown_table(headers, table, align="rlrrrrr")
 
 
-def markdown_table(results: list[dict]) -> str:
-    lines = [
-        "| n | method | logits | fwd+bwd ms (median) | x Sinkhorn-20 | max DS violation (float32) |",
-        "|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r['n']} | {r['method']} | {r['num_logits']} | {r['seconds_median'] * 1e3:.2f} | "
-            f"{r['ratio_vs_sinkhorn20']:.3f} | {r['max_violation']:.1e} |"
-        )
-    return "\n".join(lines)
+def results_table(results: list[dict]) -> str:
+    rows = [[r["n"], r["method"], r["num_logits"], f"{r['seconds_median'] * 1e3:.2f}",
+             f"{r['ratio_vs_sinkhorn20']:.3f}", f"{r['max_violation']:.1e}"] for r in results]
+    headers = ["n", "method", "logits", "fwd+bwd ms (median)", "x Sinkhorn-20", "max DS violation (float32)"]
+    return markdown_table(headers, rows, align="rlrrrr")
 
 
 def target_summary(results: list[dict]) -> str:
@@ -192,7 +183,7 @@ def main() -> None:
     variants = []
     for n in args.sizes:
         variants += bench_variants(n, args.batch, args.reps, args.logit_std, generator, args.device)
-    print(markdown_table(results))
+    print(results_table(results))
     print()
     print(target_summary(results))
     print()

@@ -43,6 +43,8 @@ from train_causal_lm import (  # noqa: E402
 
 import geoformers  # noqa: E402
 
+from harness.results import markdown_table  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LLAMA = "llama (transformers)"
 PEER = "peer mHC n=4 (hyper-connections)"
@@ -238,21 +240,20 @@ def measure(
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = [
-        "| model | width | params | train tok/s | train vs Llama | decode tok/s | decode vs Llama "
-        "| peak mem (MiB) | val loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+def results_table(rows: list[dict]) -> str:
+    headers = ["model", "width", "params", "train tok/s", "train vs Llama", "decode tok/s", "decode vs Llama",
+               "peak mem (MiB)", "val loss"]
+    cells = []
     for row in rows:
         gen = row["generation_tokens_per_second"]
-        gen_text = f"{gen:,.0f} | {row['generation_ratio']:.2f}" if gen else "- | -"
-        lines.append(
-            f"| {row['model']} | {row['hidden_size']} | {row['parameters']:,} | "
-            f"{row['train_tokens_per_second']:,.0f} | {row['train_throughput_ratio']:.2f} | {gen_text} | "
-            f"{row['peak_memory_bytes'] / 2**20:.1f} | {row['val_loss']:.4f} |"
-        )
-    return "\n".join(lines)
+        cells.append([
+            row["model"], row["hidden_size"], f"{row['parameters']:,}",
+            f"{row['train_tokens_per_second']:,.0f}", f"{row['train_throughput_ratio']:.2f}",
+            f"{gen:,.0f}" if gen else None,
+            f"{row['generation_ratio']:.2f}" if gen else None, f"{row['peak_memory_bytes'] / 2**20:.1f}",
+            f"{row['val_loss']:.4f}",
+        ])
+    return markdown_table(headers, cells, align="lrrrrrrrr")
 
 
 def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
@@ -329,16 +330,13 @@ def summarize_equal_time(per_seed: list[dict]) -> dict:
             ),
             "parameters": per_seed[0]["results"][name]["parameters"],
         }
-    lines = [
-        "| model | params | steps in Llama's time | train s | val loss (mean ± std) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, entry in summary.items():
-        lines.append(
-            f"| {name} | {entry['parameters']:,} | {entry['steps_mean']:.0f} | "
-            f"{entry['train_seconds_mean']:.0f} | "
-            f"{entry['val_loss_mean']:.4f} ± {entry['val_loss_std']:.4f} |"
-        )
+    table = markdown_table(
+        ["model", "params", "steps in Llama's time", "train s", "val loss (mean ± std)"],
+        [[name, f"{entry['parameters']:,}", f"{entry['steps_mean']:.0f}",
+          f"{entry['train_seconds_mean']:.0f}", f"{entry['val_loss_mean']:.4f} ± {entry['val_loss_std']:.4f}"]
+         for name, entry in summary.items()],
+        align="lrrrr",
+    )
     best_llama = min(summary[LLAMA]["val_loss_mean"], summary["llama param-matched"]["val_loss_mean"])
     ddl_entry = summary["ddl-mhc n=4 delta rtbp"]
     spread = max(entry["val_loss_std"] for entry in summary.values())
@@ -348,7 +346,7 @@ def summarize_equal_time(per_seed: list[dict]) -> dict:
     return {
         "summary": summary,
         "verdict": f"ddl-mhc n=4 delta rtbp {verdict} ({spread:.4f})",
-        "markdown": "\n".join(lines),
+        "markdown": table,
     }
 
 
@@ -453,7 +451,7 @@ def main() -> None:
                     args.variants, tokenizer, train_ids, val_ids, args, device, dict(SMALL_CPU_SHAPE)
                 )
             report["results"] = rows
-            report["markdown"] = markdown_table(rows)
+            report["markdown"] = results_table(rows)
             print(
                 f"\n{args.steps} steps, batch {args.batch_size} x block {args.block_size}, device {device}, "
                 f"{'compiled (train) + static cache compiled (decode)' if args.compile else 'eager'}"

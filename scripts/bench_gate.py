@@ -1,4 +1,5 @@
-"""Benchmark the INCRT gate (issue 4, DESIGN §3): training-step overhead of gate checks, tracker vs eigh.
+"""Benchmark the INCRT gate (docs/experiments.md, 'bench_gate.py'): training-step overhead of gate checks,
+tracker vs eigh.
 
 Part 1, in one process: a small DDCL-INCRT classifier trains (forward + backward + AdamW) for --steps steps
 with `model.gate_check(batch)` every k steps, and without checks; repetitions are interleaved (round robin)

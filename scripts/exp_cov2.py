@@ -1,5 +1,5 @@
-"""SARS-CoV-2 variant experiment (issue 6; DESIGN §3): one-layer DDCL-INCRT grows its heads on the synthetic
-variant task and classifies lineages from k-mers.
+"""SARS-CoV-2 variant experiment (docs/experiments.md, 'exp_cov2.py'): one-layer DDCL-INCRT grows its heads on
+the synthetic variant task and classifies lineages from k-mers.
 
 The task (`build_cov2_variant_task`, deterministic from `--data_seed`): a random reference genome, Alpha/Beta/
 Gamma/Delta/Omicron-like lineage-defining mutations, per-sample background mutations, sequencing errors and N
@@ -32,29 +32,23 @@ from sklearn.feature_extraction.text import CountVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
 from geoformers.tokenization.kmer_tokenizer import build_kmer_tokenizer  # noqa: E402
-from geoformers.training.data import LINEAGES, build_cov2_variant_task  # noqa: E402
-from geoformers.training.experiment import (  # noqa: E402
+from geoformers.training.synthetic_tasks import LINEAGES, build_cov2_variant_task  # noqa: E402
+
+from harness.analysis import head_count_law, spectrum_head_count_law, stop_summary, theta_at_growth_start  # noqa: E402
+from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.probes import evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import (  # noqa: E402
     REPO_ROOT,
-    add_experiment_arguments,
-    build_model,
-    check_experiment_arguments,
     command_line,
     environment,
-    evaluate_accuracy,
     events_table,
-    gate_spectrum,
-    head_count_law,
     markdown_table,
     parameter_count,
-    rows_as_batch,
-    run_growth_training,
-    spectrum_head_count_law,
-    stop_summary,
-    theta_at_growth_start,
     write_json,
 )
 
-PAPER_ACCURACY = 0.9947  # DDCL-INCRT, one layer (DESIGN §3)
+PAPER_ACCURACY = 0.9947  # DDCL-INCRT, one layer (reported by the DDCL-INCRT papers)
 PAPER_BERT_BASE_ACCURACY = 0.9912
 PAPER_HEAD_RATIO = 1.00  # predicted / observed heads
 

@@ -1,5 +1,6 @@
-"""Non-stationary experiment (issue 6; DESIGN §3): does the INCRT gate, with no external signal, prune heads
-that stop carrying directional energy and grow new ones after the label-generating structure switches?
+"""Non-stationary experiment (docs/experiments.md, 'exp_nonstationary.py'): does the INCRT gate, with no
+external signal, prune heads that stop carrying directional energy and grow new ones after the
+label-generating structure switches?
 
 The stream (`build_nonstationary_stream`) uses one set of planted directional relations before
 `--switch_step` and a disjoint set (other tokens) from it on; the phase-0 relation tokens no longer occur.
@@ -45,23 +46,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from geoformers.training.data import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
-from geoformers.training.experiment import (  # noqa: E402
-    REPO_ROOT,
-    PrototypeProbe,
-    add_experiment_arguments,
-    build_model,
-    check_experiment_arguments,
-    command_line,
-    environment,
-    evaluate_accuracy,
-    events_table,
-    head_energies,
-    markdown_table,
-    rows_as_batch,
-    run_growth_training,
-    write_json,
-)
+from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
+
+from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.probes import PrototypeProbe, evaluate_accuracy, head_energies, rows_as_batch  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import REPO_ROOT, command_line, environment, events_table, markdown_table, write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

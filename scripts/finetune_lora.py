@@ -1,4 +1,4 @@
-"""Adapt a saved DDL-mHC checkpoint to a new text file with LoRA (issue 7, DESIGN §4 "PEFT").
+"""Adapt a saved DDL-mHC checkpoint to a new text file with LoRA (docs/experiments.md, 'finetune_lora.py').
 
 `--checkpoint` is a folder written by `train_causal_lm.py` (or any `save_pretrained` of a DDL-mHC model
 with its tokenizer beside it). The new text is tokenised with that tokenizer (characters it does not know

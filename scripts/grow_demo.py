@@ -4,7 +4,7 @@ The task is the planted spectral task (`build_spectral_task`): a binary label ca
 token relations of decreasing strength, with a known Bayes accuracy. DDCL-INCRT starts with one head per
 layer, trains `--pre_growth_steps` steps, then `IncrtGrowthCallback` adds a head along the top eigenvector u+
 of the deflated residual A_res whenever lambda_max(A_res) > theta_w = 0.1 ||A_sym||_F, until it stops
-(`training/experiment.py` explains the recipe). Growth events are printed as they happen; at the end a
+(`scripts/harness/recipe.py` explains the recipe). Growth events are printed as they happen; at the end a
 summary (heads per layer, lambda_max at each event, validation accuracy against the Bayes accuracy) and the
 output folder: checkpoint (config.json + model.safetensors, reloads with `from_pretrained`),
 growth_history.json, growth_history.png and summary.json.
@@ -25,19 +25,18 @@ import transformers
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.data import DEFAULT_STRENGTHS, build_spectral_task, task_spec
-from geoformers.training.experiment import (
-    add_experiment_arguments,
-    build_model,
-    check_experiment_arguments,
+from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec
+
+from harness.analysis import stop_summary
+from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments
+from harness.probes import evaluate_accuracy
+from harness.recipe import run_growth_training
+from harness.results import (
     command_line,
     environment,
-    evaluate_accuracy,
     events_table,
     markdown_table,
     parameter_count,
-    run_growth_training,
-    stop_summary,
     write_json,
 )
 

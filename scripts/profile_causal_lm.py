@@ -19,6 +19,8 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from geoformers.modeling import delta, hyper_connections
 
+from harness.results import markdown_table
+
 MECHANISMS = (
     "maps projection",
     "chart",
@@ -163,14 +165,14 @@ def markdown_profile(profiles: dict[str, dict]) -> str:
     """One column per profiled model: ms per step and share of the profiled total, by mechanism, and the
     interleaved median step time without the profiler (the profiler inflates op-heavy mechanisms)."""
     names = list(profiles)
-    lines = ["| mechanism | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    rows = []
     for mechanism in MECHANISMS:
         cells = []
         for name in names:
             times = profiles[name]["mechanisms"]
             share = times[mechanism] / max(sum(times.values()), 1e-9)
             cells.append(f"{times[mechanism]:.1f} ms ({share:.0%})")
-        lines.append(f"| {mechanism} | " + " | ".join(cells) + " |")
-    steps = " | ".join(f"{profiles[name]['step_ms']:.1f} ms" for name in names)
-    lines.append(f"| step (no profiler, interleaved median) | {steps} |")
-    return "\n".join(lines)
+        rows.append([mechanism, *cells])
+    steps = [f"{profiles[name]['step_ms']:.1f} ms" for name in names]
+    rows.append(["step (no profiler, interleaved median)", *steps])
+    return markdown_table(["mechanism", *names], rows, align="l" + "r" * len(names))

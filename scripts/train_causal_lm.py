@@ -1,4 +1,4 @@
-"""Train a DDL-mHC causal LM (DESIGN §2) on a text file, character level, nanoGPT style.
+"""Train a DDL-mHC causal LM (docs/ddl_mhc.md) on a text file, character level, nanoGPT style.
 
 The text is split like nanoGPT's shakespeare_char (first 90 % train, last 10 % validation) and tokenised
 by `geoformers.tokenization.build_char_tokenizer`. Training: random (batch, block) windows, AdamW with

@@ -1,11 +1,15 @@
 """Shared pytest fixtures: the read-only data folder beside the checkout.
 
+`scripts/` goes on `sys.path`, as it is for a script run from there, so tests import the experiment
+scripts' shared `harness` package as the scripts do.
+
 Without a GPU, Triton kernels run only in Triton's interpreter, which `triton.jit` selects when a kernel
 is defined, i.e. when `modeling/triton_*.py` is first imported; setting TRITON_INTERPRET=1 here, before
 any test module imports them, makes tests/test_triton_kernels.py run them on CPU tensors.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ if not torch.cuda.is_available():
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 
 @pytest.fixture
@@ -41,5 +46,14 @@ def single_thread():
     stall on a shared CPU). Modules opt in with `pytestmark = pytest.mark.usefixtures("single_thread")`."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def restore_torch_threads():
+    """The scripts set torch's global thread count (`--threads`): restore it after each test. Modules opt in
+    with `pytestmark = pytest.mark.usefixtures("restore_torch_threads")`."""
+    previous = torch.get_num_threads()
     yield
     torch.set_num_threads(previous)

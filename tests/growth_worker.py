@@ -25,9 +25,10 @@ from transformers import Trainer, TrainingArguments
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.data import build_spectral_task
-from geoformers.training.growth import IncrtGrowthCallback, resume_growth_training
+from geoformers.training.growth import IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
+from geoformers.training.resume import resume_growth_training
+from geoformers.training.synthetic_tasks import build_spectral_task
 
 SEQ_LEN = 24
 

@@ -1,6 +1,6 @@
-"""Doubly-stochastic charts (DESIGN §1, issue 2): exactness, fp64 references, gradients, inverses,
-bad input. Independent references: the plain-Python charts in `birkhoff_reference`, explicit
-Kronecker/permutation sums, an exp-domain Sinkhorn, hand-computed values, finite differences."""
+"""Doubly-stochastic charts (docs/ddl_mhc.md, 'Doubly-stochastic charts'): exactness, fp64 references,
+gradients, inverses, bad input. Independent references: the plain-Python charts in `birkhoff_reference`,
+explicit Kronecker/permutation sums, an exp-domain Sinkhorn, hand-computed values, finite differences."""
 
 import itertools
 import math

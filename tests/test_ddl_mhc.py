@@ -1,4 +1,4 @@
-"""DDL-mHC causal LM (issue 3, DESIGN §2): Llama equivalence, the delta/mix equations against float64
+"""DDL-mHC causal LM (docs/ddl_mhc.md): Llama equivalence, the delta/mix equations against float64
 references, cached decoding, save/load, exact doubly-stochastic mixing and the non-expansive property,
 numerics (10x learning rate, bf16 autocast) and clear errors for bad input."""
 

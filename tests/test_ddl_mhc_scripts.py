@@ -1,27 +1,19 @@
-"""The DDL-mHC command-line scripts (issue 3): training saves an Auto-loadable model and tokenizer with every
-config field settable from the command line; the benchmark writes its JSON report."""
+"""The DDL-mHC command-line scripts (docs/experiments.md, 'train_causal_lm.py'): training saves an
+Auto-loadable model and tokenizer with every config field settable from the command line; the benchmark writes
+its JSON report."""
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from script_modules import SCRIPTS, load_script
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import geoformers
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monkeypatch, capsys):

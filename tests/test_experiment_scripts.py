@@ -1,66 +1,48 @@
-"""The main job and the synthetic, CoV-2 and non-stationary experiments (issue 6): tiny-budget runs of
-`scripts/grow_demo.py`, `exp_synthetic.py`, `exp_cov2.py`, `exp_nonstationary.py` write what they claim, with
-numbers checked against independent recomputations; the shared helpers of `training/experiment.py` against
-hand computations and float64 references; bad arguments."""
+"""The main job and the synthetic, CoV-2 and non-stationary experiments (docs/experiments.md): tiny-budget
+runs of `scripts/grow_demo.py`, `exp_synthetic.py`, `exp_cov2.py`, `exp_nonstationary.py` write what they
+claim, with numbers checked against independent recomputations; the shared helpers of `scripts/harness`
+against hand computations and float64 references; bad arguments."""
 
 import argparse
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from growth_worker import sign_rows, signed_row_indices
+from script_modules import load_script
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training import experiment
-from geoformers.training.data import (
+from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
     build_nonstationary_stream,
     build_spectral_task,
     task_spec,
 )
-from geoformers.training.experiment import (
-    PrototypeProbe,
-    add_experiment_arguments,
-    build_model,
-    describe_event,
-    evaluate_accuracy,
-    gate_spectrum,
+
+from harness import recipe
+from harness.analysis import (
     grow_order,
     head_count_law,
-    recent_stream_rows,
-    rows_as_batch,
-    run_growth_training,
     spectrum_head_count_law,
     stop_summary,
     temperature_split,
-    write_json,
 )
+from harness.flags import add_experiment_arguments, build_model
+from harness.printing import describe_event
+from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
+from harness.recipe import recent_stream_rows, run_growth_training
+from harness.results import markdown_table, write_json
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
               "--batch_size", "16", "--gate_num_tokens", "128"]
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The scripts set torch's global thread count (--threads, default 1): restore it afterwards."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 def tiny_args(**overrides) -> argparse.Namespace:
@@ -286,13 +268,13 @@ def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp
 def record_training_sets(monkeypatch) -> list:
     """The training set of every Trainer `run_growth_training` builds, in order."""
     seen_datasets = []
-    original = experiment.Trainer
+    original = recipe.Trainer
 
     def recording_trainer(*args, **kwargs):
         seen_datasets.append(kwargs["train_dataset"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "Trainer", recording_trainer)
+    monkeypatch.setattr(recipe, "Trainer", recording_trainer)
     return seen_datasets
 
 
@@ -487,6 +469,16 @@ def test_grow_order_stop_summary_and_temperature_split():
 def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
     write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)})
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.0, None], "c": 2.5}
+
+
+def test_markdown_table_formats_cells_and_aligns_columns():
+    rows = [["a", 0.123456, None], ["b", 12, "1,234"]]
+    table = markdown_table(["name", "value", "note"], rows, align="lrl")
+    assert table.splitlines() == ["| name | value | note |", "|---|---:|---|", "| a | 0.1235 | - |",
+                                  "| b | 12 | 1,234 |"]
+    assert markdown_table(["x"], [[1.0]]).splitlines()[1] == "|---|"
+    with pytest.raises(ValueError, match="`align` needs one 'l' or 'r' per column"):
+        markdown_table(["x", "y"], [], align="l")
 
 
 def test_evaluate_accuracy_counts_argmax_hits():

@@ -1,14 +1,12 @@
-"""The SST-2 experiment scripts (issue 6): tiny-budget runs of `exp_sst2.py` (from scratch and `--bert`) and
-`exp_pruning_safety.py` write their JSON + PNG with sane values; the history shift and the pruning helpers
-against hand-built cases; bad arguments."""
+"""The SST-2 experiment scripts (docs/experiments.md, 'exp_sst2.py'): tiny-budget runs of `exp_sst2.py` (from
+scratch and `--bert`) and `exp_pruning_safety.py` write their JSON + PNG with sane values; the history shift
+and the pruning helpers against hand-built cases; bad arguments."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from script_modules import SCRIPTS, load_script
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments
 
 import geoformers  # noqa: F401  (registers the Auto classes)
@@ -16,25 +14,12 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.data import load_sst2
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from harness.recipe import offset_history
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def load_script(name: str):
-    """The script as a module, registered in sys.modules so that its functions pickle (process pools)."""
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """The scripts' --threads sets torch's global thread count: restore it for the other tests."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +47,14 @@ def tiny_batch(size=6, length=7):
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": torch.arange(size) % 2}
 
 
-def test_shifted_history_moves_every_step_to_global_steps(exp_sst2):
+def test_offset_history_moves_every_step_to_global_steps():
     history = {"num_heads": [2], "growth_stopped_at_step": 7,
                "checks": [{"step": 5, "num_heads": [2]}, {"step": 7, "num_heads": [2]}],
                "events": [{"step": 0, "action": "calibrated"}, {"step": 5, "action": "grow"}]}
-    shifted = exp_sst2.shifted_history(history, 100)
+    shifted = offset_history(history, 100)
     assert [c["step"] for c in shifted["checks"]] == [105, 107]
     assert [e["step"] for e in shifted["events"]] == [100, 105]
-    assert (shifted["growth_started_at_step"], shifted["growth_stopped_at_step"]) == (100, 107)
+    assert shifted["growth_stopped_at_step"] == 107
     assert history["checks"][0]["step"] == 5  # the callback's own history is left alone
 
 

@@ -1,8 +1,7 @@
-"""Smoke test of `scripts/finetune_lora.py` (issue 7, PEFT): a tiny saved DDL-mHC checkpoint with its char
-tokenizer is adapted to a new text; the reported trainable-parameter count matches a hand count, the
-validation loss falls, and the saved adapter and merged model reload with the same logits."""
+"""Smoke test of `scripts/finetune_lora.py` (docs/experiments.md, 'finetune_lora.py'): a tiny saved DDL-mHC
+checkpoint with its char tokenizer is adapted to a new text; the reported trainable-parameter count matches a
+hand count, the validation loss falls, and the saved adapter and merged model reload with the same logits."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -10,22 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 from peft import AutoPeftModelForCausalLM
+from script_modules import load_script
 from transformers import AutoModelForCausalLM
 
 import geoformers
 from geoformers.tokenization import build_char_tokenizer
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 ORIGINAL_TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 NEW_TEXT = "All:\nwe proceed, we speak, hear me.\nFirst:\nSpeak further, Citizen.\n" * 30  # same characters
 HIDDEN, LAYERS, STREAMS, RANK = 32, 2, 4, 4
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,11 @@ from matplotlib.image import imread
 from torch.utils.data import IterableDataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback
 
-from geoformers.training.experiment import recent_stream_rows
 from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback
 
+from harness.recipe import recent_stream_rows
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tiny models run fastest on one thread, the more so on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -35,19 +35,15 @@ from geoformers.training.checkpoints import (
     latest_complete_checkpoint,
     write_marker,
 )
-from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback, resume_growth_training
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
+from geoformers.training.resume import resume_growth_training
 
 WORKER = Path(__file__).resolve().parent / "growth_worker.py"
 HEAD_KEY = re.compile(r"^model\.layers\.(\d+)\.attention\.heads\.(\d+)\.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

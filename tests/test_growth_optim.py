@@ -13,12 +13,7 @@ from geoformers.training.optim import growth_parameter_groups, make_optimizer, s
 LR = 1e-2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def named_groups(optimizer, model) -> dict[str, list[str]]:

@@ -3,29 +3,18 @@ package's mHC. Checked against `LlamaForCausalLM` with the same weights: exactly
 disables itself), and at n = 4 the package's init makes it a Llama whose sublayer outputs are scaled by
 H_post = 2 sigmoid(1), with the norms' epsilon rescaled for the stream sums they see."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("hyper_connections", reason="the peer needs the `hyper-connections` package (dev extra)")
 
+from script_modules import load_script  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 SHAPE = dict(vocab_size=65, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
-
-
-def load_peer():
-    spec = importlib.util.spec_from_file_location("peer_mhc", SCRIPTS / "peer_mhc.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-peer_mhc = load_peer()
+peer_mhc = load_script("peer_mhc.py")
 
 
 def llama_and_peer(num_streams: int):

@@ -1,6 +1,7 @@
-"""PEFT LoRA on both model types (issue 7, DESIGN §4 "PEFT"): `LoraConfig(target_modules=...)` reaches the
-documented projections by name; training moves only adapter tensors; the saved adapter reloads on a fresh
-base model; `merge_and_unload` and a hand-merged reference W + (alpha / r) B A give the adapted logits.
+"""PEFT LoRA on both model types (docs/ddl_mhc.md, 'Design decisions', PEFT names):
+`LoraConfig(target_modules=...)` reaches the documented projections by name; training moves only adapter
+tensors; the saved adapter reloads on a fresh base model; `merge_and_unload` and a hand-merged reference W +
+(alpha / r) B A give the adapted logits.
 
 DDL-mHC: n = 4 streams, delta update, rtbp chart, dynamic maps (so `maps_proj` and `value_proj` exist).
 DDCL-INCRT: heads grown to [2, 3] with `resize_heads`; `GrowableAttention.forward` calls every head's
@@ -146,7 +147,8 @@ def test_documented_names_reach_every_ddl_mhc_projection(variant):
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=DDL_MHC_TARGETS))
     expected = expected_ddl_mhc_targets(config, DDL_MHC_TARGETS)
     assert lora_module_names(peft_model) == expected
-    # DESIGN §4: every learned projection of a layer is reachable; only the LM head is left out.
+    # docs/ddl_mhc.md, 'Design decisions' (PEFT names): every learned projection of a layer is reachable; only
+    # the LM head is left out.
     assert linear_names - expected == {"lm_head"}
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from fake_hub import faked_hub
 
-from geoformers.training.data import build_spectral_task
+from geoformers.training.synthetic_tasks import build_spectral_task
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = {"max_steps": 4, "save_steps": 2, "eval_steps": 2, "check_every": 2}

@@ -1,4 +1,5 @@
-"""Optimizer parameter groups for DDCL-INCRT and their upkeep while heads grow and are pruned (DESIGN §3).
+"""Optimizer parameter groups for DDCL-INCRT and their upkeep while heads grow and are pruned
+(docs/ddcl_incrt.md, 'Growth and pruning').
 
 Two-timescale training (DDCL-Attention): prototypes learn at `prototype_lr_multiplier` times the encoder's
 learning rate. No weight decay on biases, LayerNorm weights, prototypes and temperatures (`rho`).

@@ -1,0 +1,212 @@
+"""The growth recipe of the DDCL-INCRT experiment scripts on the stock `Trainer`.
+
+Growth recipe (`run_growth_training`, a project choice; the papers do not say when to calibrate):
+
+1. pre-growth: the initial heads train for `pre_growth_steps` with no gate. At initialisation W_Q, W_K are
+   N(0, initializer_range^2): A_sym is a random-like matrix with many eigenvalues of similar size, and the
+   first Adam steps enlarge ||A_sym||_F about tenfold, so a gate acting from step 0 grows heads until
+   `max_heads` (with a theta_w calibrated there it also stays below every later lambda_max);
+2. growth: `IncrtGrowthCallback` checks every `check_every` steps, by default (`--gate_threshold relative`)
+   against theta_w = gate_calibration_factor x ||A_sym||_F of each check, which follows the spectrum as it
+   grows during training (`--gate_threshold calibrated`: the author's theta_w, calibrated once on the
+   trained heads and then fixed; with it the CoV-2, SST-2 and non-stationary runs grew to `max_heads`). One
+   optimizer (`make_optimizer`) serves every phase, so Adam moments carry over. With `window_steps` the
+   growth phase runs as consecutive windows, each a `Trainer` with a fresh callback that draws its gate
+   batches from the window's rows only (a time-ordered stream must not show the gate future rows) and may
+   grow again after a stop (the gate re-armed every window; the windows are fixed in time). With
+   `gate_window_steps` instead, one callback with `regrow=True` runs the whole growth phase and each check
+   draws its gate batch from the rows of the last `gate_window_steps` steps (`IncrtGrowthCallback.gate_rows`).
+
+Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.training.evaluation import classification_metrics
+from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback, plot_growth_history
+from geoformers.training.optim import make_optimizer
+
+from .printing import GrowthEventPrinter, ProgressBarOnly
+from .probes import PrototypeProbe
+from .results import write_json
+
+
+@dataclass
+class GrowthRun:
+    """What `run_growth_training` returns; `history` has global steps and `growth_started_at_step`."""
+
+    model: DDCLIncrtForSequenceClassification
+    history: dict | None  # None with `growth=False`
+    log_history: list[dict] = field(default_factory=list)
+    evaluations: list[dict] = field(default_factory=list)
+    train_time_s: float = 0.0
+    trainer: Trainer | None = None  # the last phase's, e.g. for a final `trainer.evaluate()`
+
+
+def training_arguments(args: argparse.Namespace, output_dir: str | os.PathLike, *, max_steps: int,
+                       scheduler: str, warmup_steps: int, data_seed: int, sampling: str,
+                       evaluate: bool) -> TrainingArguments:
+    """TrainingArguments of one phase: CPU, no checkpoints, no reporting; optional evaluations."""
+    return TrainingArguments(
+        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=max(256, args.batch_size), learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
+        logging_steps=min(args.eval_steps, max_steps), eval_strategy="steps" if evaluate else "no",
+        eval_steps=args.eval_steps if evaluate else None, save_strategy="no", report_to="none",
+        disable_tqdm=not args.progress, seed=args.seed, data_seed=data_seed, use_cpu=True,
+        train_sampling_strategy=sampling, dataloader_num_workers=0,
+    )
+
+
+def offset_history(history: dict, offset: int) -> dict:
+    """A callback history with its steps moved by `offset` (calibration events included)."""
+    shifted = json.loads(json.dumps(history))
+    for record in shifted["checks"] + shifted["events"]:
+        record["step"] += offset
+    if shifted["growth_stopped_at_step"] is not None:
+        shifted["growth_stopped_at_step"] += offset
+    return shifted
+
+
+def _merge_window_history(merged: dict | None, window: dict) -> dict:
+    """Concatenate the histories of consecutive growth windows (already on global steps)."""
+    if merged is None:
+        return window
+    merged["checks"].extend(window["checks"])
+    merged["events"].extend(event for event in window["events"] if event["action"] != "calibrated")
+    merged["num_heads"] = window["num_heads"]
+    merged["growing"] = window["growing"]
+    merged["verdicts"] = window["verdicts"]
+    if merged["growth_stopped_at_step"] is None:
+        merged["growth_stopped_at_step"] = window["growth_stopped_at_step"]
+    return merged
+
+
+def recent_stream_rows(window_steps: int, rows_per_step: int, step: int) -> range:
+    """Rows of a sequential stream trained in the last `window_steps` steps before `step` (at step 0: the
+    first step's rows)."""
+    return range(max(0, step - window_steps) * rows_per_step, max(step, 1) * rows_per_step)
+
+
+def run_growth_training(
+    model: DDCLIncrtForSequenceClassification,
+    args: argparse.Namespace,
+    train_dataset: Dataset,
+    *,
+    output_dir: str | os.PathLike,
+    eval_dataset: Dataset | None = None,
+    probe: PrototypeProbe | None = None,
+    print_events: bool = False,
+    sequential: bool = False,
+    window_steps: int | None = None,
+    on_window: Callable[[int, int], None] | None = None,
+    gate_window_steps: int | None = None,
+    growth: bool = True,
+    sampling: str = "random",
+    trainer_class: type[Trainer] | None = None,
+    trainer_kwargs: dict | None = None,
+) -> GrowthRun:
+    """The growth recipe of the module docstring on the stock `Trainer`; writes growth_history.json and its
+    plot (global steps) into `output_dir`.
+
+    `sequential`: `train_dataset` is a stream of `args.batch_size` rows per step (global step t trains on
+    rows [t * batch_size, (t + 1) * batch_size)). `window_steps`: run the growth phase as windows of that
+    many steps; `on_window(start, end)` is called before each (e.g. to move the probe's batch).
+    `gate_window_steps` (with `sequential`, not with `window_steps`): one growth phase whose gate checks read
+    the rows of the last that many steps. `growth=False`: the same phases with no callback (no history).
+    `sampling`: the Trainer's `train_sampling_strategy` when not `sequential`. `trainer_class` (default
+    `Trainer`) and `trainer_kwargs` (e.g. a `data_collator`) build each phase's trainer.
+    """
+    continuous = gate_window_steps is not None
+    if continuous and (window_steps is not None or not sequential or gate_window_steps < 1):
+        raise ValueError("`gate_window_steps` must be >= 1 and needs `sequential=True` and no "
+                         f"`window_steps`, got gate_window_steps={gate_window_steps}, "
+                         f"window_steps={window_steps}, sequential={sequential}")
+    output_dir = Path(output_dir)
+    optimizer = None  # one for all phases, built from the first phase's arguments
+    compute_metrics = classification_metrics() if eval_dataset is not None else None
+    growth_steps = args.max_steps - args.pre_growth_steps
+    window = window_steps or growth_steps
+    phases = [(0, args.pre_growth_steps)] if args.pre_growth_steps else []
+    phases += [(start, min(start + window, args.max_steps))
+               for start in range(args.pre_growth_steps, args.max_steps, window)]
+    run = GrowthRun(model=model, history={})
+    merged, window_stops = None, []
+    started = time.perf_counter()
+    for index, (start, end) in enumerate(phases):
+        growing = start >= args.pre_growth_steps
+        if on_window is not None:
+            on_window(start, end)
+        rows = train_dataset
+        if sequential:
+            rows = train_dataset.select(range(start * args.batch_size, end * args.batch_size))
+        last = index == len(phases) - 1
+        scheduler = args.lr_scheduler_type if growing and window_steps is None else "constant_with_warmup"
+        phase_args = training_arguments(
+            args, output_dir, max_steps=end - start, scheduler=scheduler,
+            warmup_steps=args.warmup_steps if index == 0 else 0, data_seed=args.seed + index,
+            sampling="sequential" if sequential else sampling, evaluate=eval_dataset is not None and last,
+        )
+        if optimizer is None:
+            optimizer = make_optimizer(model, phase_args,
+                                       prototype_lr_multiplier=args.prototype_lr_multiplier)
+        callbacks: list[TrainerCallback] = []
+        callback = None
+        if growing and growth:
+            gate_rows = None
+            if continuous:
+                gate_rows = partial(recent_stream_rows, gate_window_steps, args.batch_size)
+            callback = IncrtGrowthCallback(check_every=args.check_every, gate_batch_size=args.gate_batch_size,
+                                           save_plot=False, regrow=continuous, gate_rows=gate_rows)
+            callbacks.append(callback)
+        if print_events:
+            callbacks.append(GrowthEventPrinter(callback, step_offset=start))
+        if probe is not None:
+            probe.step_offset = start
+            callbacks.append(probe)
+        trainer = (trainer_class or Trainer)(
+            model=model, args=phase_args, train_dataset=rows,
+            eval_dataset=eval_dataset if phase_args.eval_strategy != "no" else None,
+            compute_metrics=compute_metrics, optimizers=(optimizer, None), callbacks=callbacks,
+            **(trainer_kwargs or {}),
+        )
+        trainer.remove_callback(PrinterCallback)
+        if args.progress:
+            trainer.remove_callback(ProgressCallback)
+            trainer.add_callback(ProgressBarOnly())
+        trainer.train()
+        for entry in trainer.state.log_history:
+            run.log_history.append({**entry, "step": entry["step"] + start} if "step" in entry else entry)
+        if callback is not None:
+            window_history = offset_history(callback.history, start)
+            window_stops.append(window_history["growth_stopped_at_step"])
+            merged = _merge_window_history(merged, window_history)
+    run.train_time_s = time.perf_counter() - started
+    run.trainer = trainer
+    run.evaluations = [{"step": entry["step"], "accuracy": entry["eval_accuracy"]}
+                       for entry in run.log_history if "eval_accuracy" in entry]
+    if not growth:
+        run.history = None
+        return run
+    merged["growth_started_at_step"] = args.pre_growth_steps
+    if window_steps is not None:
+        merged.update(window_steps=window_steps, window_stops=window_stops)
+    run.history = merged
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_json(output_dir / HISTORY_FILE, merged)
+    plot_growth_history(merged, output_dir / PLOT_FILE)
+    return run

