@@ -2,6 +2,11 @@
 logits for any number of streams, on a random and on a trained Llama; the delta update approaches them as
 O(||h||^2 / eps^2); the converted point trains."""
 
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import SHARED_DATA
@@ -13,6 +18,7 @@ from geoformers.tokenization import build_char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 VOCAB = 50
 STREAMS = [1, 2, 4, 8]
 
@@ -312,3 +318,38 @@ def test_conversion_rejects_bad_overrides_naming_them():
         convert_llama_to_ddl_mhc(random_llama(), hc_streams=4, residual="mix")
     with pytest.raises(ValueError, match="delta_eps"):
         convert_llama_to_ddl_mhc(random_llama(), hc_streams=4, residual="delta", delta_eps=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The experiment's branch (scripts/upcycle_llama.py)
+
+
+def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
+    """After the switch the upcycled arm takes the same step as Llama: same batch, same learning rate, same
+    AdamW moments for the copied weights, so its copied weights move exactly as Llama's do."""
+    spec = importlib.util.spec_from_file_location("upcycle_llama", SCRIPTS / "upcycle_llama.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    make_trainer = sys.modules["train_causal_lm"].make_trainer
+
+    args = argparse.Namespace(
+        lr=1e-2, weight_decay=0.1, beta2=0.99, warmup_steps=2, steps=10, min_lr_ratio=0.1, seed=0,
+        batch_size=2, block_size=8, grad_clip=1e9, compile=False,
+    )  # fmt: skip
+    corpus = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
+    llama = random_llama()
+    device = torch.device("cpu")
+    step = make_trainer(llama, corpus, args, device)
+    for _ in range(3):
+        step()
+    upcycled = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")
+    branch = make_trainer(upcycled, corpus, args, device)
+    script.inherit_training_state(branch, step, upcycled, llama)
+    assert [g["lr"] for g in branch.optimizer.param_groups] == [g["lr"] for g in step.optimizer.param_groups]
+    loss, _ = step()
+    branch_loss, _ = branch()
+    assert branch_loss == pytest.approx(loss, abs=1e-5)  # same batch, same function
+    weights = dict(upcycled.named_parameters())
+    for name, param in llama.named_parameters():
+        torch.testing.assert_close(weights[name], param, atol=1e-6, rtol=0)
+    assert branch.optimizer.state[weights["model.layers.0.attn_connection.write_bias"]]["step"] == 1
