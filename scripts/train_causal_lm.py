@@ -101,7 +101,8 @@ def make_trainer(model, train_ids, args, device):
     """A `step()` closure: one optimisation step on the next batch, returning (loss, wall seconds). The
     batches come from a generator seeded with `args.seed`, so every model sees the same batches. With
     `args.compile` the forward runs through `torch.compile` (the first step pays the compilation); with
-    `args.bf16` under bfloat16 autocast."""
+    `args.bf16` under bfloat16 autocast. The closure carries its `optimizer`, `schedule` and batch `generator`
+    as attributes, so a run can branch from it (`upcycle_llama.py`)."""
     optimizer, schedule = make_optimizer(
         model, args.lr, args.weight_decay, args.beta2, args.warmup_steps, args.steps, args.min_lr_ratio
     )
@@ -127,6 +128,7 @@ def make_trainer(model, train_ids, args, device):
             raise FloatingPointError(f"training loss became {loss.item()}")
         return loss.item(), seconds
 
+    step.optimizer, step.schedule, step.generator = optimizer, schedule, generator
     return step
 
 

@@ -154,20 +154,6 @@ def test_n1_add_equals_llama_logits_and_loss(tie):
     assert got.loss.item() == pytest.approx(expected.loss.item(), abs=1e-6)
 
 
-def test_llama_conversion_to_four_streams_starts_as_llama():
-    """Upcycling: repeat-expanded streams stay equal when H_post = 1 and the read is a convex mean."""
-    llama = llama_reference(tie=False)
-    model = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add", hc_dynamic_gate_init=0.0).eval()
-    ids = token_ids(2, 10)
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, llama(ids).logits, atol=1e-5, rtol=0)
-
-
-def test_llama_conversion_rejects_other_models():
-    with pytest.raises(TypeError, match="llama_model"):
-        convert_llama_to_ddl_mhc(small_model())
-
-
 # ----------------------------------------------------------------------------------------------
 # The update equations against float64 references
 

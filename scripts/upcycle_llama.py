@@ -1,0 +1,283 @@
+"""Upcycle a trained Llama into DDL-mHC with n = 4 streams (docs/upcycling.md, "Experiment").
+
+transformers' Llama of `bench_causal_lm.py`'s shape (4 layers, 4 heads, width 128, block 64, batch 12)
+trains `--switch_step` steps on character-level tiny-shakespeare (`train_causal_lm.py`'s loop: AdamW lr 1e-3,
+warm-up and cosine decay over the whole `--steps`). Then the run branches:
+
+- "llama": the same model, optimizer and batch generator, trained on to `--steps`;
+- "upcycled": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, whose logits equal Llama's
+  at the switch. It inherits the optimizer state of every copied weight (AdamW moments and step count), the
+  place in the learning-rate schedule and the batch generator's state, so both arms see the same batches
+  and the same learning rates; the new hyper-connection maps start with fresh moments.
+
+Both arms train round robin (one step of each in turn, so machine load slows both alike). The train-split
+and validation losses (fixed windows, `estimate_loss`) are measured every `--eval_interval` steps. Writes
+`<output_dir>/summary.json` (the losses around the switch, the final losses, step times, the whole history)
+and `<output_dir>/losses.png`.
+
+    python scripts/upcycle_llama.py --threads 1        # -> results/upcycle_llama/{summary.json,losses.png}
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_causal_lm import LLAMA, build_model, train_round_robin  # noqa: E402
+from train_causal_lm import (  # noqa: E402
+    SMALL_CPU_SHAPE,
+    add_training_arguments,
+    estimate_loss,
+    get_batch,
+    load_corpus,
+    make_trainer,
+)
+
+import geoformers  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ARMS = ("llama", "upcycled")
+
+
+def inherit_training_state(step, source_step, model, source_model) -> None:
+    """Give `step` (a fresh `make_trainer` closure of `model`) the state of `source_step` at the switch:
+    AdamW state of the parameters both models share by name, the schedule's position (and so the current
+    learning rates) and the batch generator's state."""
+    source_names = {id(param): name for name, param in source_model.named_parameters()}
+    source_state = {source_names[id(param)]: state for param, state in source_step.optimizer.state.items()}
+    for name, param in model.named_parameters():
+        if name in source_state:
+            step.optimizer.state[param] = {key: value.clone() for key, value in source_state[name].items()}
+    step.schedule.load_state_dict(source_step.schedule.state_dict())
+    for group, source_group in zip(
+        step.optimizer.param_groups, source_step.optimizer.param_groups, strict=True
+    ):
+        group["lr"] = source_group["lr"]
+    step.generator.set_state(source_step.generator.get_state())
+
+
+def evaluate(models: dict, train_ids, val_ids, args, device) -> dict:
+    """{arm: {"train": loss, "val": loss}} on fixed windows of both splits."""
+    return {
+        arm: {
+            split: estimate_loss(model, ids, args.batch_size, args.block_size, args.eval_batches, 0, device)
+            for split, ids in (("train", train_ids), ("val", val_ids))
+        }
+        for arm, model in models.items()
+    }
+
+
+@torch.no_grad()
+def logit_gap(model, reference, val_ids, args, device) -> float:
+    """Max |logits - reference logits| on one validation batch: the conversion's exactness at the switch."""
+    batch = get_batch(val_ids, args.batch_size, args.block_size, torch.Generator().manual_seed(1)).to(device)
+    model.eval()
+    reference.eval()
+    gap = (model(batch).logits - reference(batch).logits).abs().max().item()
+    model.train()
+    reference.train()
+    return gap
+
+
+@torch.no_grad()
+def stream_spread(model, val_ids, args, device) -> float:
+    """How far the upcycled streams have moved apart: ||X - mean_i X_i|| / ||X|| of the last layer's streams
+    on one validation batch (0 at the switch, where every stream is Llama's hidden state)."""
+    batch = get_batch(val_ids, args.batch_size, args.block_size, torch.Generator().manual_seed(1)).to(device)
+    model.eval()
+    streams = model(batch, output_stream_states=True).stream_states[-1]
+    model.train()
+    return ((streams - streams.mean(-2, keepdim=True)).norm() / streams.norm()).item()
+
+
+def run(args, device) -> dict:
+    """Both phases; returns the per-step training losses and seconds, the evaluations and the switch gap."""
+    tokenizer, train_ids, val_ids = load_corpus(args.data)
+    torch.manual_seed(args.seed)
+    llama = build_model(LLAMA, tokenizer, args.block_size, dict(SMALL_CPU_SHAPE)).to(device)
+    models = {"llama": llama}
+    trainers = {"llama": make_trainer(llama, train_ids, args, device)}
+    losses = {arm: [] for arm in ARMS}  # per-step training loss of each arm, in step order
+    seconds = {arm: [] for arm in ARMS}
+    history = [{"step": 0, **evaluate(models, train_ids, val_ids, args, device)}]
+    switch_gap = None
+    for step in range(args.eval_interval, args.steps + 1, args.eval_interval):
+        timed = train_round_robin(models, trainers, dict.fromkeys(models, args.eval_interval), 10**9)
+        for arm in models:
+            losses[arm].extend(timed["losses"][arm])
+            seconds[arm].extend(timed["seconds"][arm])
+        if step == args.switch_step:
+            upcycled = geoformers.convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual="add")
+            trainers["upcycled"] = make_trainer(upcycled, train_ids, args, device)
+            inherit_training_state(trainers["upcycled"], trainers["llama"], upcycled, llama)
+            models["upcycled"] = upcycled
+            switch_gap = logit_gap(upcycled, llama, val_ids, args, device)
+            print(f"switch at step {step}: max |logit difference| {switch_gap:.2e}", flush=True)
+        history.append({"step": step, **evaluate(models, train_ids, val_ids, args, device)})
+        if "upcycled" in models:
+            history[-1]["upcycled"]["stream_spread"] = stream_spread(
+                models["upcycled"], val_ids, args, device
+            )
+        report = ", ".join(f"{arm} val {history[-1][arm]['val']:.4f}" for arm in models)
+        print(f"step {step}: {report}", flush=True)
+    parameters = {arm: model.num_parameters() for arm, model in models.items()}
+    return {
+        "losses": losses,
+        "seconds": seconds,
+        "history": history,
+        "switch_gap": switch_gap,
+        "parameters": parameters,
+    }
+
+
+def summarize(args, result: dict) -> dict:
+    """The numbers of docs/upcycling.md: losses around the switch, final losses, step times."""
+    switch, losses, history = args.switch_step, result["losses"], result["history"]
+    after = {arm: losses[arm][-(args.steps - switch) :] for arm in ARMS}  # steps switch + 1 .. steps
+    difference = [up - base for up, base in zip(after["upcycled"], after["llama"], strict=True)]
+    window = args.spike_window
+    at_switch = next(entry for entry in history if entry["step"] == switch)
+    final = history[-1]
+    return {
+        "switch_step": switch,
+        "steps": args.steps,
+        "hc_streams": args.hc_streams,
+        "parameters": result["parameters"],
+        "max_abs_logit_difference_at_switch": result["switch_gap"],
+        "val_loss_at_switch": {arm: at_switch[arm]["val"] for arm in ARMS},
+        "train_loss_last_step_before_switch": losses["llama"][switch - 1],
+        "train_loss_first_step_after_switch": {arm: after[arm][0] for arm in ARMS},
+        f"train_loss_difference_first_{window}_steps_after_switch": {
+            "max": max(difference[:window]),
+            "mean": statistics.mean(difference[:window]),
+        },
+        f"train_loss_difference_last_{window}_steps": statistics.mean(difference[-window:]),
+        "final_val_loss": {arm: final[arm]["val"] for arm in ARMS},
+        "final_stream_spread": final["upcycled"]["stream_spread"],
+        "final_train_split_loss": {arm: final[arm]["train"] for arm in ARMS},
+        "median_step_seconds": {
+            "llama before switch": statistics.median(result["seconds"]["llama"][:switch]),
+            **{
+                f"{arm} after switch": statistics.median(result["seconds"][arm][-len(after[arm]) :])
+                for arm in ARMS
+            },
+        },
+        "history": history,
+    }
+
+
+def running_mean(values: list[float], width: int) -> list[float]:
+    return [statistics.mean(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
+
+
+def plot(args, result: dict, path: Path) -> None:
+    """Left: per-step training losses of both arms around the switch (same batches); middle: their
+    difference after the switch; right: the whole run (running mean of the training loss, validation every
+    --eval_interval)."""
+    from matplotlib.figure import Figure
+
+    switch, losses, history = args.switch_step, result["losses"], result["history"]
+    steps = {"llama": list(range(1, args.steps + 1)), "upcycled": list(range(switch + 1, args.steps + 1))}
+    colours = {"llama": "tab:blue", "upcycled": "tab:orange"}
+    labels = {"llama": "Llama", "upcycled": f"upcycled DDL-mHC n={args.hc_streams} (add)"}
+    figure = Figure(figsize=(15, 4.2))
+    near, gap, whole = figure.subplots(1, 3)
+    low, high = switch - args.zoom, switch + args.zoom
+    for arm, style in (("upcycled", "-"), ("llama", ":")):
+        shown = [index for index, step in enumerate(steps[arm]) if low < step <= high]
+        near.plot(
+            [steps[arm][i] for i in shown],
+            [losses[arm][i] for i in shown],
+            style,
+            color=colours[arm],
+            lw=1.0,
+            label=labels[arm],
+        )
+    difference = [up - base for up, base in zip(losses["upcycled"], losses["llama"][switch:], strict=True)]
+    gap.plot(steps["upcycled"], difference, color="grey", lw=0.5, label="per step")
+    gap.plot(steps["upcycled"], running_mean(difference, 50), color="black", lw=1.2, label="running mean 50")
+    gap.axhline(0.0, color="tab:blue", lw=0.8)
+    # The upcycled arm's running mean continues Llama's, whose steps it shares up to the switch.
+    smoothed = {
+        "llama": running_mean(losses["llama"], 25),
+        "upcycled": running_mean(losses["llama"][:switch] + losses["upcycled"], 25)[switch:],
+    }
+    for arm in ARMS:
+        whole.plot(
+            steps[arm],
+            smoothed[arm],
+            color=colours[arm],
+            lw=0.8,
+            alpha=0.6,
+            label=f"{labels[arm]}, train (running mean 25)",
+        )
+        evaluated = [entry for entry in history if arm in entry]
+        whole.plot(
+            [entry["step"] for entry in evaluated],
+            [entry[arm]["val"] for entry in evaluated],
+            "o-",
+            color=colours[arm],
+            ms=3,
+            label=f"{labels[arm]}, validation",
+        )
+    for axis in (near, whole):
+        axis.axvline(switch, color="grey", ls="--", lw=0.8)
+        axis.set_ylabel("loss (nats / char)")
+    for axis in (near, gap, whole):
+        axis.set_xlabel("step")
+    near.set_title(f"per-step training loss, steps {low + 1}-{high} (same batches)")
+    near.legend(fontsize=8)
+    gap.set_title("upcycled - Llama, per-step training loss")
+    gap.set_ylabel("loss difference")
+    gap.legend(fontsize=8)
+    whole.set_title("whole run")
+    whole.set_ylim(top=max(entry["llama"]["val"] for entry in history[len(history) // 10 :]) + 0.2)
+    whole.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_training_arguments(parser, steps=2000)
+    parser.add_argument("--switch_step", type=int, default=1000, help="Llama steps before the conversion")
+    parser.add_argument("--hc_streams", type=int, default=4)
+    parser.add_argument("--eval_interval", type=int, default=50)
+    parser.add_argument("--spike_window", type=int, default=50, help="steps after the switch summarised")
+    parser.add_argument("--zoom", type=int, default=100, help="half width of the figure's switch panel")
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "upcycle_llama"))
+    args = parser.parse_args()
+    if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.steps:
+        parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --steps")
+    if args.steps % args.eval_interval:
+        parser.error("--steps must be a multiple of --eval_interval")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    result = run(args, device)
+    summary = {
+        "command": "python scripts/upcycle_llama.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": {key: value for key, value in vars(args).items() if key != "output_dir"},
+        "wall_seconds": time.perf_counter() - start,
+        **summarize(args, result),
+    }
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(args, result, output_dir / "losses.png")
+    shown = {key: value for key, value in summary.items() if key not in ("history", "settings")}
+    print(json.dumps(shown, indent=2))
+
+
+if __name__ == "__main__":
+    main()

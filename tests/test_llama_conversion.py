@@ -1,0 +1,355 @@
+"""Llama -> DDL-mHC upcycling (docs/upcycling.md): with `residual="add"` the converted model computes Llama's
+logits for any number of streams, on a random and on a trained Llama; the delta update approaches them as
+O(||h||^2 / eps^2); the converted point trains."""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SHARED_DATA
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
+from geoformers.modeling.hyper_connections import HyperConnection
+from geoformers.tokenization import build_char_tokenizer
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+VOCAB = 50
+STREAMS = [1, 2, 4, 8]
+
+
+def random_llama() -> LlamaForCausalLM:
+    """3 layers, grouped key/value heads, norm gains away from 1 (a dropped or swapped norm would show)."""
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+    )
+    llama = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in llama.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.3 * torch.randn_like(param))
+    return llama
+
+
+@pytest.fixture(scope="module")
+def trained_llama() -> LlamaForCausalLM:
+    """A width-32 Llama trained 300 AdamW steps on character-level tiny-shakespeare (a few seconds): trained
+    weights have larger sublayer outputs and less symmetric activations than an initialisation."""
+    path = SHARED_DATA / "tinyshakespeare" / "input.txt"
+    if not path.is_file():
+        pytest.skip(f"tiny-shakespeare ({path}) is absent: the trained-Llama tests need the real data folder")
+    text = path.read_text(encoding="utf-8")[:100_000]
+    tokenizer = build_char_tokenizer(text)
+    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False, verbose=False))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    llama = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(llama.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(300):
+        starts = torch.randint(len(ids) - 32, (8,), generator=generator).tolist()
+        batch = torch.stack([ids[start : start + 32] for start in starts])
+        loss = llama(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert sum(losses[-20:]) / 20 < losses[0] - 1.0  # it learned: ln(vocab) ~ 4 -> ~2.5 nats / char
+    return llama.eval()
+
+
+def llama_for(kind: str, request) -> LlamaForCausalLM:
+    return random_llama() if kind == "random" else request.getfixturevalue("trained_llama")
+
+
+def token_ids(llama: LlamaForCausalLM, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, llama.config.vocab_size, (batch, length), generator=generator)
+
+
+def padded_inputs(llama: LlamaForCausalLM) -> dict:
+    ids = token_ids(llama, 3, 12)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+# ----------------------------------------------------------------------------------------------
+# "add": exact for any n
+
+
+@pytest.mark.parametrize("kind", ["random", "trained"])
+@pytest.mark.parametrize("implementation", ["fused", "reference"])
+@pytest.mark.parametrize("dynamic", [True, False])
+@pytest.mark.parametrize("n", STREAMS)
+def test_add_conversion_has_llamas_logits(n, dynamic, implementation, kind, request):
+    llama = llama_for(kind, request)
+    model = convert_llama_to_ddl_mhc(
+        llama, hc_streams=n, residual="add", hc_dynamic=dynamic, hc_implementation=implementation
+    ).eval()
+    inputs = padded_inputs(llama)
+    with torch.no_grad():
+        expected = llama(**inputs).logits
+        got = model(**inputs).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    if n > 1:  # not vacuous: the maps are not the identity
+        connection = model.model.layers[0].attn_connection
+        weights = torch.softmax(connection.pre_bias, -1)
+        assert weights.max() - weights.min() > 0.05
+        if dynamic:
+            assert connection.maps_proj.weight[:n].abs().max() > 0  # dynamic read rows are kept
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"hc_chart": "tbp"},
+        {"hc_chart": "sinkhorn"},
+        {"hc_chart": "mhc_lite"},
+        {"hc_chart": "kromhc"},
+        {"stream_expansion": "conv"},
+        {"hc_res_mix_init": 0.9, "hc_dynamic_gate_init": 1.0},  # far from the identity
+        {"hc_dynamic_gate_init": 0.0},
+    ],
+)
+def test_add_conversion_is_exact_for_every_chart_and_expansion(overrides, trained_llama):
+    """Positions of real tokens (the EC expansion zeroes padded embeddings, Llama does not)."""
+    model = convert_llama_to_ddl_mhc(trained_llama, hc_streams=4, residual="add", **overrides).eval()
+    inputs = padded_inputs(trained_llama)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        got, expected = model(**inputs).logits[real], trained_llama(**inputs).logits[real]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_add_conversion_streams_stay_equal_and_the_write_is_one(trained_llama):
+    """The mechanism: every stream equals Llama's hidden state at every layer boundary, H_post = 1."""
+    model = convert_llama_to_ddl_mhc(trained_llama, hc_streams=4, residual="add").eval()
+    ids = token_ids(trained_llama, 2, 10)
+    with torch.no_grad():
+        expected = trained_llama(ids, output_hidden_states=True).hidden_states
+        streams = model(ids, output_stream_states=True).stream_states
+    for state, hidden in zip(streams[:-1], expected[:-1], strict=True):
+        torch.testing.assert_close(state, hidden.unsqueeze(-2).expand_as(state), atol=1e-5, rtol=0)
+    for module in model.modules():
+        if isinstance(module, HyperConnection):
+            _, maps = module.read(streams[0])
+            assert torch.equal(2.0 * torch.sigmoid(maps.write_logit), torch.ones_like(maps.write_logit))
+
+
+def test_greedy_generation_equals_llamas(trained_llama):
+    model = convert_llama_to_ddl_mhc(trained_llama, hc_streams=4, residual="add").eval()
+    prompt = token_ids(trained_llama, 2, 5, seed=4)
+    settings = {"max_new_tokens": 24, "do_sample": False, "pad_token_id": 0}
+    expected = trained_llama.generate(prompt, **settings)
+    got = model.generate(prompt, **settings)
+    assert torch.equal(got, expected)
+    assert len(set(expected[0, 5:].tolist())) > 1  # not a constant continuation
+
+
+def test_converted_model_round_trips_through_save_pretrained(tmp_path):
+    llama = random_llama()
+    model = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add").eval()
+    model.save_pretrained(tmp_path)
+    loaded = DDLmHCForCausalLM.from_pretrained(tmp_path).eval()
+    ids = token_ids(llama, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, llama(ids).logits, atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training from the converted point
+
+
+def map_gradients(model: DDLmHCForCausalLM) -> dict[str, float]:
+    """Largest |grad| of every hyper-connection parameter kind, over all sublayers."""
+    largest = {}
+    for name, param in model.named_parameters():
+        if "_connection." in name:
+            kind = name.split("_connection.")[1]
+            largest[kind] = max(largest.get(kind, 0.0), param.grad.abs().max().item())
+    return largest
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_converted_model_trains_its_maps(dynamic):
+    """At the converted point the streams are equal, so the loss does not depend on H_pre or H_res (their
+    gradients vanish) and the write gets gradients; once the streams have diverged every map does."""
+    llama = random_llama()
+    model = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add", hc_dynamic=dynamic).train()
+    ids = token_ids(llama, 4, 16)
+    model(input_ids=ids, labels=ids).loss.backward()
+    first = map_gradients(model)
+    assert first["write_bias"] > 1e-5
+    if dynamic:  # the zeroed write rows get gradients through their nonzero gate
+        assert model.model.layers[0].attn_connection.maps_proj.weight.grad[8:].abs().max() > 1e-7
+    invariant = [kind for kind in first if kind.startswith(("pre_", "res_"))]
+    assert all(first[kind] < 1e-9 for kind in invariant), first  # float rounding only
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        optimizer.step()
+        optimizer.zero_grad()
+        batch = torch.randint(0, VOCAB, (4, 16), generator=generator)
+        model(input_ids=batch, labels=batch).loss.backward()
+    later = map_gradients(model)
+    assert set(later) == set(first)
+    assert all(later[kind] > 1e-9 for kind in later), later
+    assert all(later[kind] > 100 * first[kind] for kind in invariant), later
+    streams = model(ids, output_stream_states=True).stream_states[-1]
+    assert (streams - streams.mean(-2, keepdim=True)).abs().max() > 1e-4 * streams.abs().max()
+
+
+def test_zero_dynamic_gate_keeps_its_rows_so_the_gate_gets_gradients():
+    llama = random_llama()
+    model = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add", hc_dynamic_gate_init=0.0)
+    connection = model.model.layers[0].attn_connection
+    assert connection.maps_proj.weight[8:].abs().min() > 0  # the write rows stay random
+    ids = token_ids(llama, 2, 8)
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert connection.write_gate.grad.abs() > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# "delta": O(||h||^2 / eps^2)
+
+
+def test_delta_write_of_equal_streams_is_the_add_up_to_the_bound():
+    """One converted delta sublayer on equal streams X = 1 x^T, float64. With rho = sqrt(||h||^2 + eps^2)
+    every stream's error is exactly e = (eps / rho - 1) h - beta (x . h) / rho^2 h, so
+    ||e|| <= ||h||^3 / (2 eps^2) + beta ||x|| ||h||^2 / eps^2 (docs/upcycling.md, "The delta update")."""
+    llama = random_llama()
+    for eps in (1.0, 10.0, 100.0):
+        model = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="delta", delta_eps=eps).double()
+        connection = model.model.layers[1].mlp_connection
+        torch.manual_seed(0)
+        x = 3.0 * torch.randn(64, 32, dtype=torch.float64)
+        h = 2.0 * torch.randn(64, 32, dtype=torch.float64)
+        streams = x.unsqueeze(-2).expand(64, 4, 32)
+        with torch.no_grad():
+            read, maps = connection.read(streams)
+            updated, _ = connection(streams, h, maps)
+        torch.testing.assert_close(read, x, atol=1e-12, rtol=0)
+        beta = model.config.delta_beta_init
+        rho_squared = h.square().sum(-1, keepdim=True) + eps**2
+        error = (eps / rho_squared.sqrt() - 1) * h - beta * (x * h).sum(-1, keepdim=True) / rho_squared * h
+        torch.testing.assert_close(updated - (x + h).unsqueeze(-2), error.unsqueeze(-2).expand_as(updated))
+        h_norm, x_norm = h.norm(dim=-1), x.norm(dim=-1)
+        bound = h_norm**3 / (2 * eps**2) + beta * x_norm * h_norm**2 / eps**2
+        assert (error.norm(dim=-1) <= bound).all()
+    assert error.norm(dim=-1).max() > 0.1 * bound.max()  # at eps >> ||h|| the bound is tight to ~sqrt(d)
+
+
+@pytest.mark.parametrize("kind", ["random", "trained"])
+def test_delta_conversion_approaches_llama_as_eps_grows(kind, request):
+    llama = llama_for(kind, request)
+    inputs = padded_inputs(llama)
+    with torch.no_grad():
+        expected = llama(**inputs).logits
+        errors = []
+        for eps in (10.0, 100.0, 1e4):
+            model = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="delta", delta_eps=eps).eval()
+            errors.append((model(**inputs).logits - expected).abs().max().item())
+    assert errors[1] < errors[0] / 30  # O(1 / eps^2): 100x per decade, less where rounding takes over
+    assert errors[2] < 1e-5
+
+
+def test_delta_conversion_at_a_small_eps_warns(caplog):
+    from transformers.utils import logging
+
+    logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            convert_llama_to_ddl_mhc(random_llama(), hc_streams=2, residual="delta")
+    finally:
+        logging.disable_propagation()
+    assert "delta_eps" in caplog.text
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_conversion_rejects_other_models():
+    model = DDLmHCForCausalLM(
+        DDLmHCConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4
+        )
+    )
+    for other in (model, "llama", None):
+        with pytest.raises(TypeError, match="llama_model"):
+            convert_llama_to_ddl_mhc(other)
+
+
+@pytest.mark.parametrize(
+    "streams, error",
+    [(0, ValueError), (-2, ValueError), (2.0, TypeError), ("4", TypeError), (True, TypeError)],
+)
+def test_conversion_rejects_bad_stream_counts_naming_them(streams, error):
+    with pytest.raises(error, match="hc_streams"):
+        convert_llama_to_ddl_mhc(random_llama(), hc_streams=streams, residual="add")
+
+
+def test_conversion_rejects_bad_overrides_naming_them():
+    with pytest.raises(ValueError, match="residual"):
+        convert_llama_to_ddl_mhc(random_llama(), hc_streams=4, residual="mix")
+    with pytest.raises(ValueError, match="delta_eps"):
+        convert_llama_to_ddl_mhc(random_llama(), hc_streams=4, residual="delta", delta_eps=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The experiment's branch (scripts/upcycle_llama.py)
+
+
+def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
+    """After the switch the upcycled arm takes the same step as Llama: same batch, same learning rate, same
+    AdamW moments for the copied weights, so its copied weights move exactly as Llama's do."""
+    spec = importlib.util.spec_from_file_location("upcycle_llama", SCRIPTS / "upcycle_llama.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    make_trainer = sys.modules["train_causal_lm"].make_trainer
+
+    args = argparse.Namespace(
+        lr=1e-2, weight_decay=0.1, beta2=0.99, warmup_steps=2, steps=10, min_lr_ratio=0.1, seed=0,
+        batch_size=2, block_size=8, grad_clip=1e9, compile=False,
+    )  # fmt: skip
+    corpus = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
+    llama = random_llama()
+    device = torch.device("cpu")
+    step = make_trainer(llama, corpus, args, device)
+    for _ in range(3):
+        step()
+    upcycled = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")
+    branch = make_trainer(upcycled, corpus, args, device)
+    script.inherit_training_state(branch, step, upcycled, llama)
+    assert [g["lr"] for g in branch.optimizer.param_groups] == [g["lr"] for g in step.optimizer.param_groups]
+    loss, _ = step()
+    branch_loss, _ = branch()
+    assert branch_loss == pytest.approx(loss, abs=1e-5)  # same batch, same function
+    weights = dict(upcycled.named_parameters())
+    for name, param in llama.named_parameters():
+        torch.testing.assert_close(weights[name], param, atol=1e-6, rtol=0)
+    assert branch.optimizer.state[weights["model.layers.0.attn_connection.write_bias"]]["step"] == 1
