@@ -31,6 +31,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.hooks import RemovableHandle
 
+from .rtbp_function import rtbp
 from .triton_dispatch import kernels
 
 METHODS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
@@ -315,11 +316,12 @@ def _nonnegative(x: torch.Tensor) -> torch.Tensor:
     return x + (x.clamp_min(0) - x).detach()
 
 
-def _rtbp(logits: torch.Tensor, n: int) -> torch.Tensor:
-    """RTBP (DESIGN §1) on logits (B, (n-1)^2) -> (B, n, n)."""
+def _rtbp_autograd(logits: torch.Tensor, n: int) -> torch.Tensor:
+    """RTBP on float64 logits (B, (n-1)^2) -> (B, n, n) with plain autograd (docs/rtbp_backward.md): the
+    reference of `rtbp_function.RTBPFunction`, which `birkhoff` runs."""
     s = torch.sigmoid(logits).t().contiguous()[None]
     ones = s.new_ones(1, n, s.shape[-1])
-    return _rtbp_transport(ones, ones, s)[0].permute(2, 0, 1)
+    return _nonnegative(_rtbp_transport(ones, ones, s)[0].permute(2, 0, 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,7 +442,7 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
         if method == "tbp":
             x = _tbp(flat, n, out_dtype)
         elif method == "rtbp":
-            x = _nonnegative(_rtbp(flat.double(), n))
+            x = rtbp(flat, n, out_dtype)
         elif method == "sinkhorn":
             x = _sinkhorn(flat, n, iters)
         elif method == "mhc_lite":
