@@ -139,10 +139,22 @@ def _schedule(n: int) -> tuple:
     return slot_logit, tuple(levels), _terms([form for row in matrix for form in row], renumber)
 
 
-def _table(terms: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Terms -> (form (T,) int64, slot (T,) int64, coefficient (T, 1) float64) on `device`."""
+# A table is evaluated as one dense (F, S) GEMM when at least 1/_DENSE_FILL of its entries are terms
+# (every table at n <= 8), else term by term (gather, scale, index_add): the GEMM is one op and streams
+# no (terms, B) temporary, the term lists keep the work O(terms) at large n.
+_DENSE_FILL = 16
+
+
+def _table(terms: tuple, count: int, width: int, device: torch.device) -> tuple:
+    """`count` forms over the first `width` slots as (dense (count, width) float64 or None, form (T,),
+    slot (T,), coefficient (T, 1) float64)."""
     rows, slots, values = terms
+    if len(values) * _DENSE_FILL >= count * width:
+        dense = torch.zeros(count, width, dtype=torch.float64)
+        dense[list(rows), list(slots)] = torch.tensor(values, dtype=torch.float64)
+        return dense.to(device), None, None, None
     return (
+        None,
         torch.tensor(rows, dtype=torch.long, device=device),
         torch.tensor(slots, dtype=torch.long, device=device),
         torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1),
@@ -152,60 +164,65 @@ def _table(terms: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tens
 @cache
 def _plan(n: int, device: torch.device) -> tuple:
     """`_schedule(n)` as tensors: (logit of each slot (K,), slot of each logit (K,), levels as
-    (start, stop, table), entry table)."""
+    (start, stop, table), entry table); level l's table reads the slots before `start`."""
     slot_logit, levels, entries = _schedule(n)
     logit_slot = sorted(range(len(slot_logit)), key=slot_logit.__getitem__)
     return (
         torch.tensor(slot_logit, dtype=torch.long, device=device),
         torch.tensor(logit_slot, dtype=torch.long, device=device),
-        tuple((start, stop, _table(terms, device)) for start, stop, terms in levels),
-        _table(entries, device),
+        tuple(
+            (start, stop, _table(terms, 3 * (stop - start), start, device)) for start, stop, terms in levels
+        ),
+        _table(entries, n * n, len(slot_logit) + 1, device),
     )
 
 
 def _evaluate(values: torch.Tensor, table: tuple, count: int) -> torch.Tensor:
     """The `count` forms of a table at the slots `values` (S, B) -> (count, B)."""
-    rows, slots, coefficient = table
+    dense, rows, slots, coefficient = table
+    if dense is not None:
+        return torch.mm(dense, values[: dense.shape[1]])
     terms = values.index_select(0, slots).mul_(coefficient)
     return values.new_zeros(count, values.shape[1]).index_add_(0, rows, terms)
 
 
 def _scatter(grad_values: torch.Tensor, table: tuple, grad_forms: torch.Tensor) -> None:
-    """Backward of `_evaluate`: grad_values[slot] += coefficient * grad_forms[form], term by term."""
-    rows, slots, coefficient = table
-    grad_values.index_add_(0, slots, grad_forms.index_select(0, rows).mul_(coefficient))
+    """Backward of `_evaluate`: grad_values += table^T grad_forms."""
+    dense, rows, slots, coefficient = table
+    if dense is not None:
+        grad_values[: dense.shape[1]].addmm_(dense.t(), grad_forms)
+    else:
+        grad_values.index_add_(0, slots, grad_forms.index_select(0, rows).mul_(coefficient))
 
 
 def _forward(logits: torch.Tensor, n: int, out_dtype: torch.dtype, keep_for_backward: bool) -> tuple:
-    """The chart (B, n, n) in out_dtype and, with keep_for_backward, the (jacobian, dx/dt) tape."""
+    """The chart (B, n, n) in out_dtype and, with keep_for_backward, the tape (s, U - L, [a1 > 0, a2 > 0])."""
     slot_logit, _, levels, entries = _plan(n, logits.device)
     batch = logits.shape[0]
     s = torch.sigmoid(logits.to(torch.float64)).t()[slot_logit]  # (K, B), slot order
     values = s.new_empty(s.shape[0] + 1, batch)
     values[0] = 1
-    jacobian = s.new_empty(3, s.shape[0], batch) if keep_for_backward else None
+    if keep_for_backward:
+        width, positive = torch.empty_like(s), s.new_empty(2, *s.shape, dtype=torch.bool)
     for start, stop, table in levels:
         m = stop - start
         forms = _evaluate(values, table, 3 * m)
         total, ramps = forms[:m], forms[m:].relu()
         high, low = total - ramps[:m], ramps[m:]
-        s_level = s[start - 1 : stop - 1]
-        values[start:stop] = torch.lerp(low, high, s_level)
+        values[start:stop] = torch.lerp(low, high, s[start - 1 : stop - 1])
         if keep_for_backward:
-            jacobian[:, start - 1 : stop - 1] = torch.stack(
-                [s_level, -s_level * (forms[m : 2 * m] > 0), (1 - s_level) * (forms[2 * m :] > 0)]
-            )
-            s_level.mul_(1 - s_level).mul_(high - low)  # s becomes dx/dt = (U - L) s (1 - s)
+            width[start - 1 : stop - 1] = high - low
+            positive[:, start - 1 : stop - 1] = (forms[m:] > 0).view(2, m, batch)
     x = _evaluate(values, entries, n * n).clamp_min_(0)  # remainders of -1e-16 -> 0
-    return x.t().to(out_dtype).reshape(batch, n, n), (jacobian, s) if keep_for_backward else None
+    return x.t().to(out_dtype).reshape(batch, n, n), (s, width, positive) if keep_for_backward else None
 
 
 class RTBPFunction(torch.autograd.Function):
     """RTBP chart (docs/rtbp_backward.md): logits (B, (n-1)^2) -> (B, n, n) in `out_dtype`.
 
-    Saved for the backward (float64, (K, B) each): dx/dT = s, dx/da1 = -s [a1 > 0],
-    dx/da2 = (1 - s) [a2 > 0] and dx/dt = (U - L) s (1 - s). Double backward is not supported
-    (`once_differentiable` raises)."""
+    Saved for the backward: s and U - L (float64) and the ramp masks [a1 > 0], [a2 > 0] per point; then
+    dx/dT = s, dx/da1 = -s [a1 > 0], dx/da2 = (1 - s) [a2 > 0], dx/dt = (U - L) s (1 - s). Double backward
+    is not supported (`once_differentiable` raises)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, n: int, out_dtype: torch.dtype):
@@ -217,16 +234,24 @@ class RTBPFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple:
-        jacobian, dx_dt = ctx.saved_tensors
-        _, logit_slot, levels, entries = _plan(ctx.n, dx_dt.device)
+        s, width, positive = ctx.saved_tensors
+        _, logit_slot, levels, entries = _plan(ctx.n, s.device)
         batch = grad_output.shape[0]
-        grad_values = dx_dt.new_zeros(dx_dt.shape[0] + 1, batch)
-        grad_entries = grad_output.reshape(batch, ctx.n * ctx.n).t().to(torch.float64)
-        _scatter(grad_values, entries, grad_entries)
+        grad_values = s.new_zeros(s.shape[0] + 1, batch)
+        _scatter(grad_values, entries, grad_output.reshape(batch, ctx.n * ctx.n).t().to(torch.float64))
         for start, stop, table in reversed(levels):
-            grad_x = grad_values[start:stop]
-            _scatter(grad_values, table, (jacobian[:, start - 1 : stop - 1] * grad_x).flatten(0, 1))
-        grad_logits = (grad_values[1:] * dx_dt)[logit_slot].t()
+            grad_x, s_level = grad_values[start:stop], s[start - 1 : stop - 1]
+            grad_total = grad_x * s_level
+            grad_low = grad_x - grad_total  # dx/dL = 1 - s
+            grad_forms = torch.cat(
+                [
+                    grad_total,
+                    -grad_total * positive[0, start - 1 : stop - 1],
+                    grad_low * positive[1, start - 1 : stop - 1],
+                ]
+            )
+            _scatter(grad_values, table, grad_forms)
+        grad_logits = (grad_values[1:] * width).mul_(s).mul_(1 - s)[logit_slot].t()
         return grad_logits.to(ctx.in_dtype), None, None
 
 
