@@ -181,7 +181,7 @@ def _evaluate(values: torch.Tensor, table: tuple, count: int) -> torch.Tensor:
     """The `count` forms of a table at the slots `values` (S, B) -> (count, B)."""
     dense, rows, slots, coefficient = table
     if dense is not None:
-        return torch.mm(dense, values[: dense.shape[1]])
+        return torch.mm(dense, values if dense.shape[1] == values.shape[0] else values[: dense.shape[1]])
     terms = values.index_select(0, slots).mul_(coefficient)
     return values.new_zeros(count, values.shape[1]).index_add_(0, rows, terms)
 
@@ -204,17 +204,19 @@ def _forward(logits: torch.Tensor, n: int, out_dtype: torch.dtype, keep_for_back
     values[0] = 1
     if keep_for_backward:
         width, positive = torch.empty_like(s), s.new_empty(2, *s.shape, dtype=torch.bool)
-    for start, stop, table in levels:
+    s_levels = s.split([stop - start for start, stop, _ in levels])
+    for (start, stop, table), s_level in zip(levels, s_levels, strict=True):
         m = stop - start
         forms = _evaluate(values, table, 3 * m)
-        total, ramps = forms[:m], forms[m:].relu()
-        high, low = total - ramps[:m], ramps[m:]
-        values[start:stop] = torch.lerp(low, high, s[start - 1 : stop - 1])
+        total, ramp_forms = forms.split([m, 2 * m])
+        over_first, low = ramp_forms.relu().chunk(2)
+        high = total - over_first
+        values[start:stop] = torch.lerp(low, high, s_level)
         if keep_for_backward:
             width[start - 1 : stop - 1] = high - low
-            positive[:, start - 1 : stop - 1] = (forms[m:] > 0).view(2, m, batch)
-    x = _evaluate(values, entries, n * n).clamp_min_(0)  # remainders of -1e-16 -> 0
-    return x.t().to(out_dtype).reshape(batch, n, n), (s, width, positive) if keep_for_backward else None
+            positive[:, start - 1 : stop - 1] = ramp_forms.view(2, m, batch) > 0
+    matrix = _evaluate(values, entries, n * n).clamp_min_(0)  # remainders of -1e-16 -> 0
+    return matrix.t().to(out_dtype).reshape(batch, n, n), (s, width, positive) if keep_for_backward else None
 
 
 class RTBPFunction(torch.autograd.Function):
