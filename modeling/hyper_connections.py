@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 from ..configuration.ddl_mhc import DDLmHCConfig
 from .birkhoff import birkhoff, num_logits
 from .delta import DeltaWrite, delta_amplitudes, upcast
-from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
+from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
 from .triton_dispatch import kernels
 
 
@@ -123,7 +123,8 @@ class HyperConnection(nn.Module):
             return streams.squeeze(-2), StreamMaps(None, write_logit)
         # PEFT wraps maps_proj in a module of its own: then the maps take the reference path through it.
         if self.fused and type(self.maps_proj) is nn.Linear:
-            terms, hidden = StreamMapsRead.apply(
+            terms, hidden = run_node(
+                StreamMapsRead,
                 streams, self.maps_proj.weight, self.pre_bias, self.pre_gate, self.eps
             )
             _, res_logit, write_logit = self._gated(terms)
@@ -134,7 +135,7 @@ class HyperConnection(nn.Module):
             if triton is not None:
                 hidden = triton.triton_read_streams(weights, streams)
             elif self.fused:
-                hidden = StreamRead.apply(weights.expand(*streams.shape[:-2], -1), streams)
+                hidden = run_node(StreamRead, weights.expand(*streams.shape[:-2], -1), streams)
             else:
                 hidden = read_streams(weights, streams)
         if self.maps_proj is None:
@@ -145,8 +146,9 @@ class HyperConnection(nn.Module):
         """H_res = (1 - a) I + a chart(t_res), a = sigmoid(res_mix_logit)."""
         chart = birkhoff(res_logit, self.num_streams, self.chart)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
-        identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
-        return (1.0 - mix) * identity + mix * chart
+        h_res = mix * chart
+        h_res.diagonal(dim1=-2, dim2=-1).add_(1.0 - mix)  # + (1 - a) I, without an identity matrix
+        return h_res
 
     def _static_h_res(self, res_logit: torch.Tensor) -> torch.Tensor:
         """The static H_res (`hc_dynamic=False`) does not depend on the token: without autograd (decoding,
@@ -175,7 +177,7 @@ class HyperConnection(nn.Module):
             if triton is not None and streams.dtype != torch.float64:
                 updated = triton.triton_delta_write(h_res, streams, direction, beta, value)
             elif self.fused:
-                updated, _ = DeltaMixWrite.apply(h_res, streams, direction, beta, value)
+                updated, _ = run_node(DeltaMixWrite, h_res, streams, direction, beta, value)
             else:
                 amplitudes = delta_amplitudes(h_res, streams, direction, beta, value)
                 updated = mix_and_write(h_res, streams, amplitudes, direction)
@@ -186,7 +188,7 @@ class HyperConnection(nn.Module):
         if triton is not None and streams.dtype != torch.float64:
             updated = triton.triton_mix_and_write(h_res, streams, amplitudes, sublayer_output)
         elif self.fused:
-            updated = AddMixWrite.apply(h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
+            updated = run_node(AddMixWrite, h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
         else:
             updated = mix_and_write(h_res, streams, amplitudes, sublayer_output)
         return updated, StreamMixing(maps.h_res, None, None)
