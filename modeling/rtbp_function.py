@@ -8,11 +8,11 @@ reads is affine in the earlier interval points x_1, ..., x_K (K = (n-1)^2, one p
 with T the total, a1 = T - C1 and a2 = T - C2 (capacities C1, C2 of the two halves) affine forms over the
 slots v = [1, x_1, ..., x_K], and every matrix entry affine in v too (docs/rtbp_backward.md). `_schedule`
 records that recursion once per n as sparse forms and puts each point at the first level after the points
-it reads (n = 4: 3 levels, n = 16: 7); `_plan` holds each level's forms as a list of terms (form, slot,
-coefficient). The forward is then a fixed sequence of batched ops, 8 per level (gather the terms, scale,
-index_add them into forms, two ramps, lerp, store); the backward sweeps the levels in reverse with the
-transposed index_add (docs/rtbp_backward.md, "Backward"). Without a gradient the node is skipped and only
-the forward runs (decoding).
+it reads (n = 4: 3 levels, n = 16: 7); `_plan` holds each level's forms as one table, a dense matrix or
+a list of (form, slot, coefficient) terms. The forward is then a fixed sequence of batched ops per level
+(the table product, two ramps, a subtraction, a lerp, a store); the backward sweeps the levels in reverse
+with the transposed tables (docs/rtbp_backward.md, "Backward"). Without a gradient the node is skipped and
+only the forward runs (decoding).
 
 Arithmetic is float64 with the slots batch-last, (K+1, B); the finished matrix is clamped at 0 (float64
 remainders of about -1e-16; straight through in the backward, like TBP) and rounded once. Ties follow the
