@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.hooks import RemovableHandle
 
 from ..configuration.charts import METHODS, MHC_LITE_MAX_N
+from .rtbp_function import rtbp
 from .triton_dispatch import kernels
 
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
@@ -322,11 +323,12 @@ def _nonnegative(x: torch.Tensor) -> torch.Tensor:
     return x + (x.clamp_min(0) - x).detach()
 
 
-def _rtbp(logits: torch.Tensor, n: int) -> torch.Tensor:
-    """RTBP (docs/ddl_mhc.md, 'Doubly-stochastic charts') on logits (B, (n-1)^2) -> (B, n, n)."""
+def _rtbp_autograd(logits: torch.Tensor, n: int) -> torch.Tensor:
+    """RTBP on float64 logits (B, (n-1)^2) -> (B, n, n) with plain autograd (docs/rtbp_backward.md): the
+    reference of `rtbp_function.RTBPFunction`, which `birkhoff` runs."""
     s = torch.sigmoid(logits).t().contiguous()[None]
     ones = s.new_ones(1, n, s.shape[-1])
-    return _rtbp_transport(ones, ones, s)[0].permute(2, 0, 1)
+    return _nonnegative(_rtbp_transport(ones, ones, s)[0].permute(2, 0, 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,7 +461,7 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
         elif method == "tbp":
             x = _tbp(flat, n, out_dtype)
         elif method == "rtbp":
-            x = _nonnegative(_rtbp(flat.double(), n))
+            x = rtbp(flat, n, out_dtype)
         elif method == "sinkhorn":
             x = _sinkhorn(flat, n, iters)
         elif method == "mhc_lite":

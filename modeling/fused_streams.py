@@ -39,6 +39,24 @@ def _contiguous_transpose(matrices: torch.Tensor) -> torch.Tensor:
     return matrices.transpose(-1, -2).contiguous()
 
 
+class _NoTape:
+    """Stands in for the autograd context when a node's forward runs alone: nothing is saved."""
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        pass
+
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:
+        pass
+
+
+def run_node(node: type[torch.autograd.Function], *args):
+    """`node.apply(*args)`, or its forward alone when no input needs a gradient (decoding, evaluation): the
+    same outputs without building an autograd node (about 20 us per call on a CPU)."""
+    if torch.is_grad_enabled() and any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
+        return node.apply(*args)
+    return node.forward(_NoTape(), *args)
+
+
 class StreamRead(torch.autograd.Function):
     """x_in = H_pre X with per-token read weights (..., n): dX = w g^T, dw = X g."""
 

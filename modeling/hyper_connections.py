@@ -32,7 +32,7 @@ from ..configuration.ddl_mhc import DDLmHCConfig
 from .birkhoff import birkhoff, num_logits
 from .chart_variants import INTERVAL_VARIANTS  # noqa: F401 (registers the chart variants with `birkhoff`)
 from .delta import DeltaWrite, delta_amplitudes, upcast
-from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
+from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
 from .triton_dispatch import kernels
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
@@ -152,7 +152,8 @@ class HyperConnection(nn.Module):
             return streams.squeeze(-2), StreamMaps(None, write_logit)
         # PEFT wraps maps_proj in a module of its own: then the maps take the reference path through it.
         if self.fused and type(self.maps_proj) is nn.Linear:
-            terms, hidden = StreamMapsRead.apply(
+            terms, hidden = run_node(
+                StreamMapsRead,
                 streams, self.maps_proj.weight, self.pre_bias, self.pre_gate, self.eps
             )
             _, res_logit, write_logit = self._gated(terms)
@@ -163,7 +164,7 @@ class HyperConnection(nn.Module):
             if triton is not None:
                 hidden = triton.triton_read_streams(weights, streams)
             elif self.fused:
-                hidden = StreamRead.apply(weights.expand(*streams.shape[:-2], -1), streams)
+                hidden = run_node(StreamRead, weights.expand(*streams.shape[:-2], -1), streams)
             else:
                 hidden = read_streams(weights, streams)
         if self.maps_proj is None:
@@ -176,8 +177,9 @@ class HyperConnection(nn.Module):
         if self.res_mix_logits is not None:
             return lazy_mix(chart, self.res_mix_logits)
         mix = torch.sigmoid(upcast(self.res_mix_logit))
-        identity = torch.eye(self.num_streams, device=chart.device, dtype=chart.dtype)
-        return (1.0 - mix) * identity + mix * chart
+        h_res = mix * chart
+        h_res.diagonal(dim1=-2, dim2=-1).add_(1.0 - mix)  # + (1 - a) I, without an identity matrix
+        return h_res
 
     def _static_h_res(self, res_logit: torch.Tensor) -> torch.Tensor:
         """The static H_res (`hc_dynamic=False`) does not depend on the token: without autograd (decoding,
@@ -206,7 +208,7 @@ class HyperConnection(nn.Module):
             if triton is not None and streams.dtype != torch.float64:
                 updated = triton.triton_delta_write(h_res, streams, direction, beta, value)
             elif self.fused:
-                updated, _ = DeltaMixWrite.apply(h_res, streams, direction, beta, value)
+                updated, _ = run_node(DeltaMixWrite, h_res, streams, direction, beta, value)
             else:
                 amplitudes = delta_amplitudes(h_res, streams, direction, beta, value)
                 updated = mix_and_write(h_res, streams, amplitudes, direction)
@@ -217,7 +219,7 @@ class HyperConnection(nn.Module):
         if triton is not None and streams.dtype != torch.float64:
             updated = triton.triton_mix_and_write(h_res, streams, amplitudes, sublayer_output)
         elif self.fused:
-            updated = AddMixWrite.apply(h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
+            updated = run_node(AddMixWrite, h_res, streams, amplitudes.expand(*batch, -1), sublayer_output)
         else:
             updated = mix_and_write(h_res, streams, amplitudes, sublayer_output)
         return updated, StreamMixing(maps.h_res, None, None)

@@ -9,6 +9,8 @@ Prints markdown tables and writes a JSON file.
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
+    python scripts/bench_birkhoff.py --rtbp-function --sizes 4 8 16 --batch 1536 --threads 1
+        # RTBP: the autograd reference vs the one-node chart (rtbp_function.py), fwd and fwd+bwd
 """
 
 import argparse
@@ -24,11 +26,13 @@ from geoformers.modeling.birkhoff import (
     CHART_VARIANTS,
     METHODS,
     MHC_LITE_MAX_N,
+    _rtbp_autograd,
     birkhoff,
     ds_violation,
     num_logits,
 )
 from geoformers.modeling.chart_variants import INTERVAL_VARIANTS
+from geoformers.modeling.rtbp_function import rtbp
 
 from harness.results import markdown_table
 
@@ -126,6 +130,67 @@ def bench_variants(
     ]
 
 
+def bench_rtbp_function(
+    n: int, batch: int, reps: int, generator: torch.Generator, device: str = "cpu"
+) -> list[dict]:
+    """RTBP from float32 logits, the plain-autograd reference (`birkhoff._rtbp_autograd`, then rounded)
+    against the one-node chart (`rtbp_function.rtbp`): median seconds of the forward (no grad) and of
+    forward + backward of sum(X * G), the four timings interleaved."""
+    logits = torch.randn(batch, (n - 1) ** 2, generator=generator).to(device).requires_grad_()
+    upstream = torch.randn(batch, n, n, generator=generator).to(device)
+    charts = {
+        "rtbp autograd": lambda t: _rtbp_autograd(t.double(), n).float(),
+        "rtbp function": lambda t: rtbp(t, n, torch.float32),
+    }
+
+    def forward(chart) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            chart(logits)
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def forward_backward(chart) -> float:
+        logits.grad = None
+        start = time.perf_counter()
+        (chart(logits) * upstream).sum().backward()
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    timers = {"fwd": forward, "fwd+bwd": forward_backward}
+    cases = [(name, kind) for kind in timers for name in charts]
+    for name, kind in cases:  # warm-up: the plan cache, the allocator
+        timers[kind](charts[name])
+    seconds = {case: [] for case in cases}
+    for _ in range(reps):
+        for name, kind in cases:
+            seconds[name, kind].append(timers[kind](charts[name]))
+    rows = []
+    for kind in timers:
+        reference, function = (statistics.median(seconds[name, kind]) for name in charts)
+        rows.append(
+            {
+                "n": n,
+                "batch": batch,
+                "pass": kind,
+                "rtbp_autograd_seconds_median": reference,
+                "rtbp_function_seconds_median": function,
+                "function_vs_autograd": function / reference,
+            }
+        )
+    return rows
+
+
+def rtbp_function_table(results: list[dict]) -> str:
+    rows = [[r["n"], r["batch"], r["pass"], f"{r['rtbp_autograd_seconds_median'] * 1e3:.3f}",
+             f"{r['rtbp_function_seconds_median'] * 1e3:.3f}", f"{r['function_vs_autograd']:.2f}"]
+            for r in results]
+    headers = ["n", "batch", "pass", "rtbp autograd ms", "rtbp function ms", "function / autograd"]
+    return markdown_table(headers, rows, align="rrlrrr")
+
+
 def variants_table(rows: list[dict]) -> str:
     table = [[r["n"], r["method"], r["num_logits"], f"{r['seconds_median'] * 1e3:.2f}",
               f"{r['ratio_vs_sinkhorn20']:.3f}", f"{r['ratio_vs_varied']:.2f} ({r['varies']})",
@@ -169,7 +234,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors take the Triton charts)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / "birkhoff.json")
+    parser.add_argument("--output", type=Path, default=None, help="default benchmarks/birkhoff.json")
+    parser.add_argument(
+        "--rtbp-function",
+        action="store_true",
+        help="only RTBP autograd reference vs one-node chart (default output benchmarks/rtbp_function.json)",
+    )
     args = parser.parse_args()
     if args.reps < 5:
         parser.error("--reps must be >= 5 (medians of at least five repetitions)")
@@ -177,6 +247,10 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(args.seed)
+    if args.rtbp_function:
+        run_rtbp_function(args, generator)
+        return
+    args.output = args.output or REPO_ROOT / "benchmarks" / "birkhoff.json"
     results = []
     for n in args.sizes:
         results += bench_size(n, args.batch, args.reps, args.logit_std, generator, args.device)
@@ -208,6 +282,33 @@ def main() -> None:
     report = {"config": config, "results": results, "variants": variants}
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.output}")
+
+
+def run_rtbp_function(args, generator: torch.Generator) -> None:
+    results = []
+    for n in args.sizes:
+        results += bench_rtbp_function(n, args.batch, args.reps, generator, args.device)
+    print(rtbp_function_table(results))
+    output = args.output or REPO_ROOT / "benchmarks" / "rtbp_function.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    config = {
+        "batch": args.batch,
+        "reps": args.reps,
+        "sizes": args.sizes,
+        "logits": "N(0, 1), float32",
+        "timing": "forward (no grad) and forward + backward of sum(X * G), G ~ N(0, 1); medians over "
+        "interleaved repetitions of the four timings",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "command": (
+            f"python scripts/bench_birkhoff.py --rtbp-function --sizes {' '.join(map(str, args.sizes))} "
+            f"--batch {args.batch} --reps {args.reps} --seed {args.seed}"
+            + ("" if args.threads is None else f" --threads {args.threads}")
+        ),
+    }
+    output.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
+    print(f"\nwrote {output}")
 
 
 if __name__ == "__main__":

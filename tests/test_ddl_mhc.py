@@ -18,7 +18,7 @@ from transformers import (
 
 import geoformers
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, DDLmHCModel, convert_llama_to_ddl_mhc
-from geoformers.modeling.birkhoff import ds_violation
+from geoformers.modeling.birkhoff import birkhoff, ds_violation
 from geoformers.modeling.delta import unit_direction
 from geoformers.modeling.fused_streams import AddMixWrite
 from geoformers.modeling.hyper_connections import HyperConnection, StreamExpansion
@@ -200,6 +200,9 @@ def test_stream_update_matches_matrix_formula(residual):
 
     read_weights = torch.softmax(block._map_logits(x)[0], -1)
     torch.testing.assert_close(hidden, torch.einsum("btn,btnd->btd", read_weights, x))
+    mix, chart = torch.sigmoid(block.res_mix_logit), birkhoff(block._map_logits(x)[1], 4, "rtbp")
+    identity = torch.eye(4, dtype=torch.float64)
+    torch.testing.assert_close(maps.h_res, (1 - mix) * identity + mix * chart, atol=0, rtol=0)
     for b in range(2):
         for t in range(3):
             mixing = maps.h_res[b, t]

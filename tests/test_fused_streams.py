@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead
+from geoformers.modeling.fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
 from geoformers.modeling.hyper_connections import mix_and_write, read_streams
 
 SMALL = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2)
@@ -146,6 +146,35 @@ def test_static_maps_and_peft_take_the_reference_path_with_equal_results():
     fused, reference = get_peft_model(fused, lora), get_peft_model(reference, lora)
     reference.load_state_dict(fused.state_dict())
     torch.testing.assert_close(fused(ids).logits, reference(ids).logits, atol=1e-6, rtol=0)
+
+
+def test_run_node_skips_the_autograd_node_only_when_no_gradient_is_needed():
+    """Without a gradient (decoding) each node's forward runs alone: the same outputs, no graph; with one,
+    the node itself (its backward is the one the finite-difference test checks)."""
+    generator = torch.Generator().manual_seed(2)
+    streams = _random(2, 3, 4, 5, generator=generator)
+    h_res = _random(2, 3, 4, 4, generator=generator, positive=True)
+    direction, value = _random(2, 3, 5, generator=generator), _random(2, 3, 4, generator=generator)
+    beta = _random(2, 3, 1, generator=generator, positive=True)
+    weights = _random(2, 3, 4, generator=generator)
+    weight, gate = _random(14, 20, generator=generator), _random((), generator=generator)
+    cases = [
+        (DeltaMixWrite, (h_res, streams, direction, beta, value)),
+        (AddMixWrite, (h_res, streams, value, direction)),
+        (StreamRead, (weights, streams)),
+        (StreamMapsRead, (streams, weight, weights[0, 0], gate, 1e-3)),
+    ]
+    for node, args in cases:
+        with torch.no_grad():
+            alone = run_node(node, *args)
+        attached = run_node(node, *args)
+        alone, attached = ((out,) if isinstance(out, torch.Tensor) else out for out in (alone, attached))
+        assert type(attached[0].grad_fn).__name__ == f"{node.__name__}Backward"
+        for plain, tracked in zip(alone, attached, strict=True):
+            assert plain.grad_fn is None and not plain.requires_grad
+            torch.testing.assert_close(plain, tracked.detach(), rtol=0, atol=0)
+    detached = [arg.detach() if isinstance(arg, torch.Tensor) else arg for arg in cases[1][1]]
+    assert run_node(AddMixWrite, *detached).grad_fn is None  # grad mode on, but no input needs a gradient
 
 
 def test_invalid_implementation_is_refused():
