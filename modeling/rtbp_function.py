@@ -199,7 +199,7 @@ def _forward(logits: torch.Tensor, n: int, out_dtype: torch.dtype, keep_for_back
     """The chart (B, n, n) in out_dtype and, with keep_for_backward, the tape (s, U - L, [a1 > 0, a2 > 0])."""
     slot_logit, _, levels, entries = _plan(n, logits.device)
     batch = logits.shape[0]
-    s = torch.sigmoid(logits.to(torch.float64)).t()[slot_logit]  # (K, B), slot order
+    s = torch.sigmoid(logits.to(torch.float64)).index_select(1, slot_logit).t().contiguous()  # (K, B), slot order
     values = s.new_empty(s.shape[0] + 1, batch)
     values[0] = 1
     if keep_for_backward:
@@ -253,7 +253,7 @@ class RTBPFunction(torch.autograd.Function):
                 ]
             )
             _scatter(grad_values, table, grad_forms)
-        grad_logits = (grad_values[1:] * width).mul_(s).mul_(1 - s)[logit_slot].t()
+        grad_logits = (grad_values[1:] * width).mul_(s).mul_(1 - s).index_select(0, logit_slot).t()
         return grad_logits.to(ctx.in_dtype), None, None
 
 
