@@ -7,7 +7,7 @@ Growth recipe (`run_growth_training`, a project choice; the papers do not say wh
    N(0, initializer_range^2): A_sym is a random-like matrix with many eigenvalues of similar size, and the
    first Adam steps enlarge ||A_sym||_F about tenfold, so a gate acting from step 0 grows heads until
    `max_heads` (with a theta_w calibrated there it also stays below every later lambda_max);
-2. growth: `IncrtGrowthCallback` checks every `check_every` steps, by default (`--gate_threshold relative`)
+2. growth: `IncrtGrowthCallback` checks every `check_every` steps, by default (the config's relative rule)
    against theta_w = gate_calibration_factor x ||A_sym||_F of each check, which follows the spectrum as it
    grows during training (`--gate_threshold calibrated`: the author's theta_w, calibrated once on the
    trained heads and then fixed; with it the CoV-2, SST-2 and non-stationary runs grew to `max_heads`). One
@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..configuration.ddcl_incrt import DDCLIncrtConfig
+from ..configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from ..modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtPreTrainedModel
 from ..modeling.incrt import deflate, directional_matrix, head_directional_energy, interaction_matrix
 from .evaluation import classification_metrics
@@ -80,9 +80,13 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
                              "nearly the same spectrum; training between checks inflates lambda_max)")
     growth.add_argument("--gate_batch_size", type=int, default=64, help="training rows per gate check")
     growth.add_argument("--gate_num_tokens", type=int, default=512, help="tokens per gate check")
-    growth.add_argument("--gate_threshold", choices=("calibrated", "relative"), default="relative",
+    growth.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, default=None,
                         help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once on "
-                             "the first checks and then fixed (calibrated, the author's rule)")
+                             "the first checks and then fixed (calibrated, the author's rule); default: the "
+                             "config's (relative)")
+    growth.add_argument("--gate_rule", choices=GATE_RULES, default=None,
+                        help="grow on lambda_max > theta_w (max_only) or the author's bidirectional rule "
+                             "(docs/growth_gate.md); default: the config's")
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.0, help="phi_g / theta_w; 0: no pruning")
     growth.add_argument("--gate_prune_patience", type=int, default=3)
@@ -123,6 +127,12 @@ def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.N
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
 
 
+def gate_choices(args: argparse.Namespace) -> dict:
+    """`--gate_threshold` / `--gate_rule` as config fields, only where given (else the config's defaults)."""
+    return {name: getattr(args, name) for name in ("gate_threshold", "gate_rule")
+            if getattr(args, name, None) is not None}
+
+
 def build_model(args: argparse.Namespace, *, vocab_size: int, max_position_embeddings: int,
                 num_labels: int, pad_token_id: int = 0) -> DDCLIncrtForSequenceClassification:
     """DDCL-INCRT classifier from the flags of `add_experiment_arguments`, initialised from `args.seed`."""
@@ -133,10 +143,9 @@ def build_model(args: argparse.Namespace, *, vocab_size: int, max_position_embed
         prototype_loss_weight=args.prototype_loss_weight, pooling=args.pooling,
         hidden_dropout_prob=args.dropout, classifier_dropout=args.dropout, type_vocab_size=0,
         max_position_embeddings=max_position_embeddings, num_labels=num_labels, pad_token_id=pad_token_id,
-        gate_num_tokens=args.gate_num_tokens, gate_threshold=args.gate_threshold,
-        gate_calibration_factor=args.gate_calibration_factor,
+        gate_num_tokens=args.gate_num_tokens, gate_calibration_factor=args.gate_calibration_factor,
         gate_prune_factor=args.gate_prune_factor, gate_prune_patience=args.gate_prune_patience,
-        gate_check_every=args.check_every,
+        gate_check_every=args.check_every, **gate_choices(args),
     )
     set_seed(args.seed)
     return DDCLIncrtForSequenceClassification(config)
@@ -629,7 +638,7 @@ def parameter_count(model: torch.nn.Module) -> int:
 __all__ = [
     "GrowthEventPrinter", "GrowthRun", "ProgressBarOnly", "PrototypeProbe", "add_experiment_arguments",
     "build_model", "check_experiment_arguments", "command_line", "describe_event", "environment",
-    "evaluate_accuracy", "events_table", "gate_spectrum", "grow_order", "head_count_law", "markdown_table",
-    "parameter_count", "recent_stream_rows", "rows_as_batch", "run_growth_training",
+    "evaluate_accuracy", "events_table", "gate_choices", "gate_spectrum", "grow_order", "head_count_law",
+    "markdown_table", "parameter_count", "recent_stream_rows", "rows_as_batch", "run_growth_training",
     "spectrum_head_count_law", "stop_summary", "temperature_split", "training_arguments", "write_json",
 ]

@@ -223,7 +223,8 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         history["num_heads"] = list(model.config.num_heads)
         history["checks"].append({
             "step": step, "num_heads": list(model.config.num_heads),
-            "lambda_max": [d.lambda_max for d in decisions], "theta_w": [d.theta_w for d in decisions],
+            "lambda_max": [d.lambda_max for d in decisions], "lambda_min": [d.lambda_min for d in decisions],
+            "theta_w": [d.theta_w for d in decisions],
             "action": [d.action for d in decisions],
         })
         history["events"].extend(events)
