@@ -24,7 +24,8 @@ def script():
 def history(actions_per_check, events):
     """Two layers; check k at step k + 1 with lambda_max k / 10 and theta_w 1 / 4 on both layers."""
     checks = [{"step": k + 1, "lambda_max": [k / 10, k / 10], "theta_w": [0.25, 0.25],
-               "action": list(actions), "num_heads": [1 + k, 2]} for k, actions in enumerate(actions_per_check)]
+               "action": list(actions), "num_heads": [1 + k, 2]}
+              for k, actions in enumerate(actions_per_check)]
     return {"num_heads": [len(checks), 2], "checks": checks, "events": events}
 
 
