@@ -7,6 +7,10 @@ the cap is not what ends growth, and reports per rule the fraction of layer-runs
 (the cap) or none (still growing or dwelling when training ended). For every layer-run that did not stop,
 the lambda_max and theta_w trajectory of its gate checks (at most `--trajectory_points` of them) is kept.
 
+Task "trainer" is the library's own set-up instead of a recipe: the stock `Trainer` with
+`IncrtGrowthCallback(check_every=100)` (the README's) on the planted task, a config with no gate field but
+the rule's, no pre-growth phase (`trainer_defaults`).
+
 Rules: relative (lambda_max > theta_w, theta_w = 0.1 ||A_sym||_F at each check; the default), bidirectional
 (the author's rule on the relative theta_w), calibrated (lambda_max > theta_w with the author's theta_w,
 calibrated once), author (bidirectional on the calibrated theta_w).
@@ -32,7 +36,12 @@ sys.path.insert(0, str(SCRIPTS))
 import exp_cov2  # noqa: E402
 import exp_sst2  # noqa: E402
 import exp_synthetic  # noqa: E402
+import torch  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
 
+from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig  # noqa: E402
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
+from geoformers.training.data import build_spectral_task, task_spec  # noqa: E402
 from geoformers.training.experiment import (  # noqa: E402
     REPO_ROOT,
     command_line,
@@ -40,7 +49,8 @@ from geoformers.training.experiment import (  # noqa: E402
     markdown_table,
     write_json,
 )
-from geoformers.training.growth import HISTORY_FILE  # noqa: E402
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback  # noqa: E402
+from geoformers.training.optim import make_optimizer  # noqa: E402
 
 RULES = {
     "relative": ["--gate_threshold", "relative", "--gate_rule", "max_only"],
@@ -48,11 +58,48 @@ RULES = {
     "calibrated": ["--gate_threshold", "calibrated", "--gate_rule", "max_only"],
     "author": ["--gate_threshold", "calibrated", "--gate_rule", "bidirectional"],
 }
+
+
+def trainer_defaults(argv: list[str]) -> None:
+    """The stock Trainer and `IncrtGrowthCallback` with the library's defaults on the planted task: only the
+    shape, `max_heads` and the rule's two gate fields are set; growth_history.json lands in --output_dir."""
+    parser = argparse.ArgumentParser(prog="trainer_defaults")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, required=True)
+    parser.add_argument("--gate_rule", choices=GATE_RULES, required=True)
+    parser.add_argument("--max_heads", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--max_steps", type=int, default=1000)
+    parser.add_argument("--check_every", type=int, default=100)
+    parser.add_argument("--learning_rate", type=float, default=3e-3)
+    parser.add_argument("--batch_size", type=int, default=32)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    task = build_spectral_task(num_train=4000, num_validation=64, seed=0)
+    spec = task_spec(task)
+    torch.manual_seed(args.seed)
+    model = DDCLIncrtForSequenceClassification(DDCLIncrtConfig(
+        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=args.max_heads,
+        max_position_embeddings=spec["seq_len"], num_labels=2, type_vocab_size=0,
+        gate_threshold=args.gate_threshold, gate_rule=args.gate_rule))
+    training = TrainingArguments(
+        output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed,
+        learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.batch_size, save_strategy="no", report_to=[], use_cpu=True,
+        disable_tqdm=True, logging_steps=args.max_steps,
+    )
+    Trainer(model=model, args=training, train_dataset=task["train"],
+            optimizers=(make_optimizer(model, training, prototype_lr_multiplier=10.0), None),
+            callbacks=[IncrtGrowthCallback(check_every=args.check_every, save_plot=False)]).train()
+
+
 # Each task's script, its per-seed flags and where it leaves the growth history of a run in its output folder.
 TASKS = {
     "planted": (exp_synthetic.main, lambda seed: ["--seeds", str(seed), "--no-ablation"], "seed{seed}"),
     "cov2": (exp_cov2.main, lambda seed: ["--seed", str(seed)], ""),
     "sst2": (exp_sst2.main, lambda seed: ["--seed", str(seed), "--batch_size", "32"], ""),
+    "trainer": (trainer_defaults, lambda seed: ["--seed", str(seed)], ""),
 }
 
 
@@ -101,8 +148,11 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     main(argv)
     history = json.loads((folder / history_folder.format(seed=seed) / HISTORY_FILE).read_text())
-    return {"task": task, "rule": rule, "seed": seed, "command": f"python scripts/{main.__module__}.py "
-            + " ".join(argv), "layers": layer_endings(history, args.trajectory_points),
+    # the recipe script's command line, or the arguments of `trainer_defaults` in this script
+    program = main.__name__ if task == "trainer" else f"python scripts/{main.__module__}.py"
+    command = " ".join([program, *argv])
+    return {"task": task, "rule": rule, "seed": seed, "command": command,
+            "layers": layer_endings(history, args.trajectory_points),
             "wall_time_s": time.perf_counter() - started}
 
 
