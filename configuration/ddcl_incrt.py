@@ -3,6 +3,8 @@ gate."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import BertConfig, PreTrainedConfig
 
@@ -10,6 +12,7 @@ from .validation import PROBLEM_TYPES, check_float, check_int
 
 POOLING_MODES = ("cls", "mean")
 GATE_THRESHOLDS = ("calibrated", "relative")
+GATE_RULES = ("max_only", "bidirectional")
 # tau enters the prototype block as -||o - p_k||^2 / tau with gradient ||o - p_k||^2 / tau^2 (float32): a
 # floor of 1e-6 keeps both finite for squared distances up to 1e26; the ceiling keeps rho = softplus^-1(tau)
 # finite.
@@ -53,11 +56,23 @@ class DDCLIncrtConfig(PreTrainedConfig):
         prototype_loss_weight (`float`): lambda in loss = task loss + lambda * mean L_q, in [0, 1e6].
         pooling (`"cls" | "mean"`): first token or masked mean over tokens.
         classifier_dropout (`float`): dropout before the classifier.
-        gate_theta_w (`float | None`): fixed growth threshold theta_w; None = calibrate it.
-        gate_threshold (`"calibrated" | "relative"`): how theta_w is set when `gate_theta_w` is None.
-            "calibrated" (the author's): once, theta_w = factor * median ||A_res||_F over the first checks,
-            then fixed. "relative": at every check, theta_w = factor * ||A_sym||_F of the current undeflated
+        gate_theta_w (`float | None`): fixed growth threshold theta_w (then `gate_threshold` is not read);
+            None = set it by `gate_threshold`.
+        gate_threshold (`"relative" | "calibrated"`): how theta_w is set when `gate_theta_w` is None.
+            "relative" (default): at every check, theta_w = factor * ||A_sym||_F of the current undeflated
             matrix, so the test does not depend on the scale of X, W_Q, W_K, which drift during training.
+            "calibrated" (the author's): once, theta_w = factor * median ||A_res||_F over the first checks,
+            then fixed; with it growth runs to `max_heads` once training scales the spectrum up
+            (docs/growth_gate.md).
+        gate_rule (`"max_only" | "bidirectional"`): "max_only" (default) grows when lambda_max(A_res) >
+            theta_w; "bidirectional" (the author's rule) also needs lambda_min(A_res) < phi_w and T_d checks
+            since the layer's last growth, and couples the trackers (docs/growth_gate.md). The four fields
+            below are read by "bidirectional" only.
+        gate_phi_w_factor (`float`): phi_w = factor * theta_w (the author's 0.5).
+        gate_dwell_kappa, gate_dwell_eps (`float`): kappa_T > 0 and eps in (0, 1) of the dwell
+            T_d = ceil(kappa_T / (eta Delta+^2) log(1 / eps)) (the author's 2 and 0.05).
+        gate_use_lambda_min_test, gate_use_dwell, gate_couple_trackers (`bool`): ablations of the
+            bidirectional rule's ingredients (all True: the author's rule).
         gate_calibration_factor (`float`): the factor of `gate_threshold`.
         gate_calibration_checks (`int`): number of checks whose ||A_res||_F calibrate theta_w ("calibrated").
         gate_prune_factor (`float`): prune threshold phi_g = factor * theta_w (0 disables pruning).
@@ -102,7 +117,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     pad_token_id: int | None = 0
     gate_theta_w: float | None = None
-    gate_threshold: str = "calibrated"
+    gate_threshold: str = "relative"
+    gate_rule: str = "max_only"
+    gate_phi_w_factor: float = 0.5
+    gate_dwell_kappa: float = 2.0
+    gate_dwell_eps: float = 0.05
+    gate_use_lambda_min_test: bool = True
+    gate_use_dwell: bool = True
+    gate_couple_trackers: bool = True
     gate_calibration_factor: float = 0.1
     gate_calibration_checks: int = 3
     gate_prune_factor: float = 0.05
@@ -193,15 +215,20 @@ class DDCLIncrtConfig(PreTrainedConfig):
             )
         if self.gate_theta_w is not None:
             check_float("gate_theta_w", self.gate_theta_w, low=0.0, low_open=True)
-            if self.gate_threshold == "relative":
-                raise ValueError("`gate_theta_w` fixes theta_w, which contradicts "
-                                 "`gate_threshold='relative'`: set one of them")
         check_float("gate_calibration_factor", self.gate_calibration_factor, low=0.0, low_open=True)
+        if self.gate_rule not in GATE_RULES:
+            raise ValueError(f"`gate_rule` must be one of {GATE_RULES}, got {self.gate_rule!r}")
+        check_float("gate_phi_w_factor", self.gate_phi_w_factor, low=-math.inf)
+        check_float("gate_dwell_kappa", self.gate_dwell_kappa, low=0.0, low_open=True)
+        check_float("gate_dwell_eps", self.gate_dwell_eps, low=0.0, high=1.0, low_open=True,
+                    high_open=True)
         check_float("gate_prune_factor", self.gate_prune_factor, low=0.0)
         for name in ("gate_oja_step", "gate_mca_step", "gate_tracker_tolerance"):
             check_float(name, getattr(self, name), low=0.0, high=1.0, low_open=True)
-        if not isinstance(self.gate_use_exact_eigh, bool):
-            raise TypeError(f"`gate_use_exact_eigh` must be a bool, got {self.gate_use_exact_eigh!r}")
+        flags = ("gate_use_exact_eigh", "gate_use_lambda_min_test", "gate_use_dwell", "gate_couple_trackers")
+        for name in flags:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
         if self.bert_config is not None:
             self._validate_bert_config(self.bert_config)
 

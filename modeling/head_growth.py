@@ -158,5 +158,6 @@ class HeadGrowthMixin:
                     for layer, moment in zip(layers, second_moments, strict=True)]
         except ValueError:  # a later layer's check failed: no layer keeps a half-done check
             for gate, state in zip(gates, saved, strict=True):
-                gate.load_state_dict(state)
+                for name, buffer in gate.named_buffers():  # non-persistent ones too (`IncrtGate`)
+                    buffer.copy_(state[name])
             raise

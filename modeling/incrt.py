@@ -25,6 +25,18 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .bidirectional_gate import (
+    DWELL_STATE,
+    NO_GROWTH_YET,
+    TrackedPair,
+    bidirectional_action,
+    coupling_weight,
+    dwell_checks,
+    exact_spectral_gaps,
+    track_coupled_pair,
+    tracked_spectral_gaps,
+)
+
 EPS = 1e-12
 RESTART_NORM = 1e-3  # a warm start shorter than this after deflation is replaced by a seeded vector
 
@@ -203,15 +215,19 @@ class IncrtGate(nn.Module):
     basis_owner (m, head index or -1) and basis_size: the deflation basis Q, one row per head grown along
     a direction; theta_w (the latest one under the "relative" threshold) and calibrated; calibration_norms
     (||A_res||_F of the first checks) and num_checks; prune_counters (m): consecutive checks each head spent
-    below phi_g = gate_prune_factor * theta_w.
+    below phi_g = gate_prune_factor * theta_w. Under `gate_rule="bidirectional"` also last_growth_check (the
+    check that grew the layer last) and spectral_gaps (Delta+ / b, Delta- / b of the last check), saved in
+    checkpoints only under that rule (docs/growth_gate.md).
     """
 
     def __init__(self, config, layer_index: int):
         super().__init__()
         self.config = config
         self.layer_index = layer_index
+        bidirectional = config.gate_rule == "bidirectional"
         for name, value in self.initial_state().items():
-            self.register_buffer(name, value)
+            self.register_buffer(name, value,
+                                 persistent=bidirectional or name not in DWELL_STATE)
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         """Buffer values of a fresh gate (used by the constructor and by `_init_weights`)."""
@@ -230,6 +246,8 @@ class IncrtGate(nn.Module):
             "calibration_norms": torch.zeros(config.gate_calibration_checks),
             "num_checks": torch.tensor(0, dtype=torch.long),
             "prune_counters": torch.zeros(capacity, dtype=torch.long),
+            "last_growth_check": torch.tensor(NO_GROWTH_YET, dtype=torch.long),
+            "spectral_gaps": torch.zeros(2),
         }
 
     def active_basis(self) -> torch.Tensor:
@@ -271,8 +289,10 @@ class IncrtGate(nn.Module):
     @torch.no_grad()
     def check(self, second_moment: torch.Tensor, directional: torch.Tensor,
               head_energies: torch.Tensor) -> GateDecision:
-        """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision."""
+        """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision; under
+        `gate_rule="bidirectional"` the rule of `bidirectional_gate` (docs/growth_gate.md)."""
         config = self.config
+        bidirectional = config.gate_rule == "bidirectional"
         with torch.autocast(device_type=second_moment.device.type, enabled=False):
             symmetric = interaction_matrix(second_moment.float(), directional.float())
             residual = deflate(symmetric, self.active_basis())
@@ -283,7 +303,7 @@ class IncrtGate(nn.Module):
                 raise ValueError("the gate's matrices A_sym / A_res overflow float32 (C = X^T X / N or the "
                                  "query/key weights are too large); the gate state is left unchanged")
             self.num_checks += 1
-            if config.gate_threshold == "relative":
+            if config.gate_theta_w is None and config.gate_threshold == "relative":
                 self.theta_w.fill_(config.gate_calibration_factor * scale)
             elif not bool(self.calibrated):
                 self._calibrate(residual_norm)
@@ -293,14 +313,27 @@ class IncrtGate(nn.Module):
                 minor = TrackedEigenpair(exact.minor, exact.lambda_min, 0.0, 0)
             else:
                 seed = 1000 * (self.layer_index + 1) + int(self.basis_size)
+                rates = (config.gate_oja_step / max(spectral_bound, EPS),
+                         config.gate_mca_step / max(spectral_bound, EPS))
                 tracker = {
                     "max_steps": config.gate_tracker_steps, "tolerance": config.gate_tracker_tolerance,
                     "floor": float(self.theta_w), "spectral_bound": spectral_bound,
                 }
-                top = track_eigenvector(residual, self._warm_start(self.u_plus, seed),
-                                        step=config.gate_oja_step, **tracker)
-                minor = track_eigenvector(residual, self._warm_start(self.u_minus, seed + 500),
-                                          step=config.gate_mca_step, minor=True, **tracker)
+                starts = (self._warm_start(self.u_plus, seed), self._warm_start(self.u_minus, seed + 500))
+                if bidirectional and config.gate_couple_trackers:
+                    pair = track_coupled_pair(
+                        residual, *starts, rates=rates, gamma=coupling_weight(*self.spectral_gaps.tolist()),
+                        max_steps=tracker["max_steps"], tolerance=tracker["tolerance"],
+                        floor=tracker["floor"])
+                    top = TrackedEigenpair(pair.top, pair.lambda_max, pair.top_residual, pair.steps)
+                    minor = TrackedEigenpair(pair.minor, pair.lambda_min, pair.minor_residual, pair.steps)
+                else:
+                    top = track_eigenvector(residual, starts[0], step=config.gate_oja_step, **tracker)
+                    minor = track_eigenvector(residual, starts[1], step=config.gate_mca_step, minor=True,
+                                              **tracker)
+            if bidirectional:
+                gaps = self._spectral_gaps(residual, top, minor, spectral_bound)
+                self.spectral_gaps.copy_(torch.tensor(gaps))
             self.u_plus.copy_(top.vector)
             self.u_minus.copy_(minor.vector)
         theta_w = float(self.theta_w)
@@ -309,8 +342,17 @@ class IncrtGate(nn.Module):
             action = "calibrating"
         else:
             prune = self._update_prune_counters(head_energies.float())
-            if top.residual > config.gate_tracker_tolerance:
+            phi_w = config.gate_phi_w_factor * theta_w
+            # u-'s Rayleigh quotient bounds lambda_min from above: rho- < phi_w settles the test unconverged
+            minor_unsettled = (bidirectional and config.gate_use_lambda_min_test and minor.eigenvalue >= phi_w
+                               and minor.residual > config.gate_tracker_tolerance)
+            if top.residual > config.gate_tracker_tolerance or minor_unsettled:
                 action = "pending"
+            elif bidirectional:
+                action = bidirectional_action(
+                    top.eigenvalue, minor.eigenvalue, theta_w=theta_w, phi_w=phi_w,
+                    use_lambda_min=config.gate_use_lambda_min_test, in_dwell=self._in_dwell(),
+                    full=head_energies.shape[0] >= config.max_heads)
             elif top.eigenvalue > theta_w:
                 action = "full" if head_energies.shape[0] >= config.max_heads else "grow"
             else:
@@ -321,11 +363,39 @@ class IncrtGate(nn.Module):
             direction=top.vector.clone(), head_energies=head_energies.tolist(), prune=prune,
         )
 
+    def _spectral_gaps(self, residual: torch.Tensor, top: TrackedEigenpair, minor: TrackedEigenpair,
+                       bound: float) -> tuple[float, float]:
+        """(Delta+, Delta-) / b of A_res: exact with `gate_use_exact_eigh`, else from the trackers."""
+        if self.config.gate_use_exact_eigh:
+            return exact_spectral_gaps(residual, bound)
+        config = self.config
+        seed = 1000 * (self.layer_index + 1) + int(self.basis_size) + 250
+        starts = tuple(project_out(seeded_unit_vector(residual.shape[0], seed + k).to(residual),
+                                   self.active_basis()) for k in (0, 1))
+        pair = TrackedPair(top.vector, top.eigenvalue, top.residual, minor.vector, minor.eigenvalue,
+                           minor.residual, top.steps)
+        rates = (config.gate_oja_step / max(bound, EPS), config.gate_mca_step / max(bound, EPS))
+        return tracked_spectral_gaps(residual, pair, starts, bound=bound, rates=rates,
+                                     max_steps=config.gate_tracker_steps)
+
+    def _in_dwell(self) -> bool:
+        """Fewer than T_d checks since the layer's last growth (`gate_use_dwell`; docs/growth_gate.md)."""
+        last = int(self.last_growth_check)
+        if not self.config.gate_use_dwell or last == NO_GROWTH_YET:
+            return False
+        config = self.config
+        dwell = dwell_checks(
+            config.gate_oja_step, float(self.spectral_gaps[0]), kappa_t=config.gate_dwell_kappa,
+            eps=config.gate_dwell_eps, iterations_per_check=config.gate_tracker_steps)
+        return int(self.num_checks) - last < dwell
+
     @torch.no_grad()
     def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:
         """A head was appended at `head_index`; a direction it was given joins the deflation basis Q
-        (Gram-Schmidt, twice for stability; a direction already inside span(Q) adds no row)."""
+        (Gram-Schmidt, twice for stability; a direction already inside span(Q) adds no row). The dwell of
+        the bidirectional rule counts from the current check."""
         self.prune_counters[head_index] = 0
+        self.last_growth_check.fill_(int(self.num_checks))
         if direction is None:
             return
         basis = self.active_basis()

@@ -199,7 +199,8 @@ def _forward(logits: torch.Tensor, n: int, out_dtype: torch.dtype, keep_for_back
     """The chart (B, n, n) in out_dtype and, with keep_for_backward, the tape (s, U - L, [a1 > 0, a2 > 0])."""
     slot_logit, _, levels, entries = _plan(n, logits.device)
     batch = logits.shape[0]
-    s = torch.sigmoid(logits.to(torch.float64)).index_select(1, slot_logit).t().contiguous()  # (K, B), slot order
+    # (K, B) in slot order, gathered along the contiguous logit dimension
+    s = torch.sigmoid(logits.to(torch.float64)).index_select(1, slot_logit).t().contiguous()
     values = s.new_empty(s.shape[0] + 1, batch)
     values[0] = 1
     if keep_for_backward:

@@ -5,7 +5,7 @@ A WordPiece vocabulary is trained on the SST-2 training split and DDCL-INCRT sta
 heads per layer. Training follows the experiments' shared growth recipe (`harness.recipe`): the initial
 heads first train `--pre_growth_steps` steps with no gate (a gate acting on untrained weights grows heads
 until max_heads), then `IncrtGrowthCallback` grows (and prunes) heads every `--check_every` steps until the
-end, by default against the relative threshold theta_w = 0.1 ||A_sym||_F of each check (`--gate_threshold`);
+end, by default against the relative threshold theta_w = 0.1 ||A_sym||_F of each check (the config's default);
 one optimizer (`make_optimizer`, prototypes at `--prototype_lr_multiplier` times the learning rate) serves
 both phases, and each phase draws its own shuffled order of the training rows. A TF-IDF + logistic
 regression baseline (scikit-learn) is fitted on the same rows. `--bert` runs the same on a pre-trained BERT's
@@ -46,7 +46,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from transformers import DataCollatorWithPadding, Trainer, set_seed  # noqa: E402
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig  # noqa: E402
+from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig  # noqa: E402
 from geoformers.modeling.bert_conversion import wrap_bert_embeddings  # noqa: E402
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer, train_wordpiece  # noqa: E402
@@ -59,6 +59,7 @@ from harness.analysis import (  # noqa: E402
     stop_summary,
     temperature_split,
 )
+from harness.flags import gate_choices  # noqa: E402
 from harness.probes import gate_spectrum  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import (  # noqa: E402
@@ -117,8 +118,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="steps the initial heads train before theta_w is calibrated and growth starts")
     growth.add_argument("--check_every", type=int, default=10, help="optimizer steps between gate checks")
     growth.add_argument("--gate_batch_size", type=int, default=256, help="training rows per gate check")
-    growth.add_argument("--gate_threshold", choices=("calibrated", "relative"), default="relative",
-                        help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once")
+    growth.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, default=None,
+                        help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once; "
+                             "default: the config's (relative)")
+    growth.add_argument("--gate_rule", choices=GATE_RULES, default=None,
+                        help="max_only or bidirectional (docs/growth_gate.md); default: the config's")
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.05, help="0 disables pruning")
     optimisation = parser.add_argument_group("optimisation")
@@ -207,7 +211,7 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
         "prototype_loss_weight": args.prototype_loss_weight, "pooling": args.pooling,
         "hidden_dropout_prob": args.hidden_dropout, "classifier_dropout": args.classifier_dropout,
         "gate_calibration_factor": args.gate_calibration_factor, "gate_prune_factor": args.gate_prune_factor,
-        "gate_check_every": args.check_every, "gate_threshold": args.gate_threshold,
+        "gate_check_every": args.check_every, **gate_choices(args),
     }
     if args.bert:
         return wrap_bert_embeddings(args.bert_path or default_bert_path(),

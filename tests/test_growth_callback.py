@@ -127,7 +127,7 @@ def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task,
 def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_path, monkeypatch, regrow):
     """gate_rows(step) = the rows of the last 3 steps of a sequential stream of 8 rows per step: every gate
     batch (the calibration at step 0 and each check) holds only those rows, gate_batch_size of them."""
-    model = tiny_model(gate_prune_factor=0.0)
+    model = tiny_model(gate_prune_factor=0.0, gate_threshold="calibrated")
     seen = []
     measure = model.gate_second_moments
 
@@ -157,9 +157,10 @@ def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_p
      (lambda step: [0, 10_000], "outside the training set")],
 )
 def test_gate_rows_that_name_no_row_or_a_missing_row_are_refused(task, tmp_path, gate_rows, message):
-    trainer = Trainer(model=tiny_model(), args=training_args(tmp_path, max_steps=2),
+    model = tiny_model(gate_threshold="calibrated")
+    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=2),
                       train_dataset=task["train"], callbacks=[IncrtGrowthCallback(gate_rows=gate_rows)])
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message):  # the calibration's gate batch at step 0 is drawn first
         trainer.train()
 
 
@@ -167,7 +168,7 @@ def test_gate_rows_that_name_no_row_or_a_missing_row_are_refused(task, tmp_path,
 def planted_task_run(task, tmp_path_factory):
     """40 steps of real training on the planted task, gate every 5 steps (theta_w calibrated at step 0)."""
     output_dir = tmp_path_factory.mktemp("growth_run")
-    model = tiny_model()
+    model = tiny_model(gate_threshold="calibrated")
     trainer = growth_trainer(model, training_args(output_dir, max_steps=40), task["train"], check_every=5)
     trainer.train()
     return trainer, output_dir
@@ -224,7 +225,7 @@ def test_three_seeds_reach_head_counts_within_one_per_layer(task, tmp_path):
     (pytest -s) and compared, not claimed to measure the task."""
     counts = []
     for seed in range(3):
-        model = tiny_model(seed=seed, max_heads=6)
+        model = tiny_model(seed=seed, max_heads=6, gate_threshold="calibrated")
         args = training_args(tmp_path / f"seed{seed}", max_steps=24, seed=seed, logging_steps=24)
         trainer = growth_trainer(model, args, task["train"], check_every=3)
         trainer.train()

@@ -177,7 +177,8 @@ def test_exact_eigh_path_gives_the_planted_eigenvalues():
 
 
 def test_theta_w_is_calibrated_from_the_median_residual_norm():
-    config = gate_config(gate_theta_w=None, gate_calibration_checks=3, gate_calibration_factor=0.1)
+    config = gate_config(gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=3,
+                         gate_calibration_factor=0.1)
     gate = IncrtGate(config, 0)
     assert not bool(gate.calibrated)
     norms = []
@@ -189,7 +190,8 @@ def test_theta_w_is_calibrated_from_the_median_residual_norm():
     assert decision.theta_w == pytest.approx(0.1 * sorted(norms)[1], rel=1e-6)
     assert bool(gate.calibrated)
     assert decision.action in ("grow", "pending")  # the third check already decides
-    fresh = IncrtGate(gate_config(gate_theta_w=None, gate_calibration_checks=2), 0)
+    fresh = IncrtGate(gate_config(gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=2),
+                      0)
     assert fresh.check(second_moment, directional, torch.ones(1)).action == "calibrating"
 
 
@@ -272,7 +274,7 @@ def test_calibrated_threshold_cascades_when_the_spectrum_grows_and_relative_does
     pair_values = [8.0, 6.0, 4.0, 3.0, 1.0, 0.5, 0.3, 0.2]
     second_moment, directional, _ = planted_problem(pair_values)
     settings = {"gate_theta_w": None, "gate_calibration_factor": 0.2, "gate_calibration_checks": 1}
-    calibrated = IncrtGate(gate_config(**settings), 0)
+    calibrated = IncrtGate(gate_config(**settings, gate_threshold="calibrated"), 0)
     relative = IncrtGate(gate_config(**settings, gate_threshold="relative"), 0)
     # calibrated on the first check: theta_w = 0.2 ||A_sym||_F = 0.2 sqrt(2 sum a^2) = 3.18, then fixed
     first = calibrated.check(second_moment, directional, torch.ones(1))
@@ -288,8 +290,24 @@ def test_calibrated_threshold_cascades_when_the_spectrum_grows_and_relative_does
 @pytest.mark.parametrize(
     ("settings", "message"),
     [({"gate_threshold": "adaptive"}, "`gate_threshold` must be one of"),
-     ({"gate_threshold": "relative", "gate_theta_w": 1.0}, "`gate_theta_w` fixes theta_w")],
+     ({"gate_rule": "both"}, "`gate_rule` must be one of"),
+     ({"gate_phi_w_factor": math.nan}, "`gate_phi_w_factor` must lie in"),
+     ({"gate_dwell_kappa": 0.0}, "`gate_dwell_kappa` must lie in"),
+     ({"gate_dwell_eps": 1.0}, "`gate_dwell_eps` must lie in"),
+     ({"gate_use_dwell": 1}, "`gate_use_dwell` must be a bool"),
+     ({"gate_use_lambda_min_test": "yes"}, "`gate_use_lambda_min_test` must be a bool"),
+     ({"gate_couple_trackers": None}, "`gate_couple_trackers` must be a bool")],
 )
 def test_bad_gate_threshold_settings_are_rejected(settings, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         DDCLIncrtConfig(hidden_size=DIM, head_dim=2, **settings)
+
+
+def test_defaults_are_the_relative_threshold_and_a_fixed_theta_w_overrides_it():
+    config = DDCLIncrtConfig(hidden_size=DIM, head_dim=2)
+    assert (config.gate_threshold, config.gate_rule, config.gate_theta_w) == ("relative", "max_only", None)
+    second_moment, directional, _ = planted_problem([8.0, 6.0, 4.0])
+    fixed = IncrtGate(DDCLIncrtConfig(hidden_size=DIM, head_dim=2, gate_theta_w=7.0), 0)
+    decision = fixed.check(second_moment, directional, torch.ones(1))
+    assert (decision.action, decision.theta_w) == ("grow", 7.0)  # not 0.1 ||A_sym||_F = 1.70
+    assert fixed.check(second_moment, directional * 0.5, torch.ones(1)).theta_w == 7.0

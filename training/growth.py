@@ -4,9 +4,11 @@ refused.
 
 `IncrtGrowthCallback` drives a `DDCLIncrtPreTrainedModel` through the model's growth API:
 
-* theta_w is calibrated at the start of training on the first `gate_calibration_checks` gate batches
-  (INCRT: gate_calibration_factor x median ||A_res||_F), unless the config fixes it or the gates are already
-  calibrated (a resumed or pre-trained model); those checks only calibrate, nothing grows at step 0;
+* under `gate_threshold="calibrated"`, theta_w is calibrated at the start of training on the first
+  `gate_calibration_checks` gate batches (INCRT: gate_calibration_factor x median ||A_res||_F), unless the
+  config fixes it or the gates are already calibrated (a resumed or pre-trained model); those checks only
+  calibrate, nothing grows at step 0 (the default "relative" threshold needs no calibration;
+  docs/growth_gate.md);
 * every `check_every` optimizer steps, in `on_step_end` (after the optimizer and scheduler steps, gradients
   zeroed), each layer's gate checks C = X^T X / N of a gate batch: heads the gate lists are pruned, and a
   layer still growing gets a head along u+ when lambda_max(A_res) > theta_w. A layer stops growing for good
@@ -177,7 +179,8 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         history["num_heads"] = list(model.config.num_heads)
         history["checks"].append({
             "step": step, "num_heads": list(model.config.num_heads),
-            "lambda_max": [d.lambda_max for d in decisions], "theta_w": [d.theta_w for d in decisions],
+            "lambda_max": [d.lambda_max for d in decisions], "lambda_min": [d.lambda_min for d in decisions],
+            "theta_w": [d.theta_w for d in decisions],
             "action": [d.action for d in decisions],
         })
         history["events"].extend(events)

@@ -7,7 +7,7 @@ import argparse
 
 from transformers import set_seed
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 
 
@@ -33,9 +33,13 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
                              "nearly the same spectrum; training between checks inflates lambda_max)")
     growth.add_argument("--gate_batch_size", type=int, default=64, help="training rows per gate check")
     growth.add_argument("--gate_num_tokens", type=int, default=512, help="tokens per gate check")
-    growth.add_argument("--gate_threshold", choices=("calibrated", "relative"), default="relative",
+    growth.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, default=None,
                         help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once on "
-                             "the first checks and then fixed (calibrated, the author's rule)")
+                             "the first checks and then fixed (calibrated, the author's rule); default: the "
+                             "config's (relative)")
+    growth.add_argument("--gate_rule", choices=GATE_RULES, default=None,
+                        help="grow on lambda_max > theta_w (max_only) or the author's bidirectional rule "
+                             "(docs/growth_gate.md); default: the config's")
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.0, help="phi_g / theta_w; 0: no pruning")
     growth.add_argument("--gate_prune_patience", type=int, default=3)
@@ -76,6 +80,12 @@ def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.N
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
 
 
+def gate_choices(args: argparse.Namespace) -> dict:
+    """`--gate_threshold` / `--gate_rule` as config fields, only where given (else the config's defaults)."""
+    return {name: getattr(args, name) for name in ("gate_threshold", "gate_rule")
+            if getattr(args, name, None) is not None}
+
+
 def build_model(args: argparse.Namespace, *, vocab_size: int, max_position_embeddings: int,
                 num_labels: int, pad_token_id: int = 0) -> DDCLIncrtForSequenceClassification:
     """DDCL-INCRT classifier from the flags of `add_experiment_arguments`, initialised from `args.seed`."""
@@ -86,10 +96,9 @@ def build_model(args: argparse.Namespace, *, vocab_size: int, max_position_embed
         prototype_loss_weight=args.prototype_loss_weight, pooling=args.pooling,
         hidden_dropout_prob=args.dropout, classifier_dropout=args.dropout, type_vocab_size=0,
         max_position_embeddings=max_position_embeddings, num_labels=num_labels, pad_token_id=pad_token_id,
-        gate_num_tokens=args.gate_num_tokens, gate_threshold=args.gate_threshold,
-        gate_calibration_factor=args.gate_calibration_factor,
+        gate_num_tokens=args.gate_num_tokens, gate_calibration_factor=args.gate_calibration_factor,
         gate_prune_factor=args.gate_prune_factor, gate_prune_patience=args.gate_prune_patience,
-        gate_check_every=args.check_every,
+        gate_check_every=args.check_every, **gate_choices(args),
     )
     set_seed(args.seed)
     return DDCLIncrtForSequenceClassification(config)

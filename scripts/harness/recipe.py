@@ -6,7 +6,7 @@ Growth recipe (`run_growth_training`, a project choice; the papers do not say wh
    N(0, initializer_range^2): A_sym is a random-like matrix with many eigenvalues of similar size, and the
    first Adam steps enlarge ||A_sym||_F about tenfold, so a gate acting from step 0 grows heads until
    `max_heads` (with a theta_w calibrated there it also stays below every later lambda_max);
-2. growth: `IncrtGrowthCallback` checks every `check_every` steps, by default (`--gate_threshold relative`)
+2. growth: `IncrtGrowthCallback` checks every `check_every` steps, by default (the config's relative rule)
    against theta_w = gate_calibration_factor x ||A_sym||_F of each check, which follows the spectrum as it
    grows during training (`--gate_threshold calibrated`: the author's theta_w, calibrated once on the
    trained heads and then fixed; with it the CoV-2, SST-2 and non-stationary runs grew to `max_heads`). One

@@ -1,0 +1,190 @@
+"""Stop fraction of the INCRT growth rules (docs/growth_gate.md, "Measured stop fractions").
+
+Runs the growth recipes of `exp_synthetic.py` (planted task), `exp_cov2.py` (synthetic CoV-2) and
+`exp_sst2.py` (SST-2 from scratch) unchanged, once per seed and growth rule, with `--max_heads` raised so
+the cap is not what ends growth, and reports per rule the fraction of layer-runs whose growth ended with a
+"stop" verdict (lambda_max <= theta_w, or lambda_min >= phi_w under the bidirectional rule), against "full"
+(the cap) or none (still growing or dwelling when training ended). For every layer-run that did not stop,
+the lambda_max and theta_w trajectory of its gate checks (at most `--trajectory_points` of them) is kept.
+
+Task "trainer" is the library's own set-up instead of a recipe: the stock `Trainer` with
+`IncrtGrowthCallback(check_every=100)` (the README's) on the planted task, a config with no gate field but
+the rule's, no pre-growth phase (`trainer_defaults`).
+
+Rules: relative (lambda_max > theta_w, theta_w = 0.1 ||A_sym||_F at each check; the default), bidirectional
+(the author's rule on the relative theta_w), calibrated (lambda_max > theta_w with the author's theta_w,
+calibrated once), author (bidirectional on the calibrated theta_w).
+
+Writes `<output_dir>/growth_stop.json` (summary, trajectories of the failures) and each run's files under
+`<runs_dir>/<task>/<rule>/seed<k>/`.
+
+    python scripts/exp_growth_stop.py --tasks planted cov2 --seeds 0 1 2
+    python scripts/exp_growth_stop.py --tasks sst2 --seeds 0 --rules relative bidirectional
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+
+import exp_cov2  # noqa: E402
+import exp_sst2  # noqa: E402
+import exp_synthetic  # noqa: E402
+import torch  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig  # noqa: E402
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback  # noqa: E402
+from geoformers.training.optim import make_optimizer  # noqa: E402
+from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  # noqa: E402
+
+from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
+
+RULES = {
+    "relative": ["--gate_threshold", "relative", "--gate_rule", "max_only"],
+    "bidirectional": ["--gate_threshold", "relative", "--gate_rule", "bidirectional"],
+    "calibrated": ["--gate_threshold", "calibrated", "--gate_rule", "max_only"],
+    "author": ["--gate_threshold", "calibrated", "--gate_rule", "bidirectional"],
+}
+
+
+def trainer_defaults(argv: list[str]) -> None:
+    """The stock Trainer and `IncrtGrowthCallback` with the library's defaults on the planted task: only the
+    shape, `max_heads` and the rule's two gate fields are set; growth_history.json lands in --output_dir."""
+    parser = argparse.ArgumentParser(prog="trainer_defaults")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, required=True)
+    parser.add_argument("--gate_rule", choices=GATE_RULES, required=True)
+    parser.add_argument("--max_heads", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--max_steps", type=int, default=1000)
+    parser.add_argument("--check_every", type=int, default=100)
+    parser.add_argument("--learning_rate", type=float, default=3e-3)
+    parser.add_argument("--batch_size", type=int, default=32)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    task = build_spectral_task(num_train=4000, num_validation=64, seed=0)
+    spec = task_spec(task)
+    torch.manual_seed(args.seed)
+    model = DDCLIncrtForSequenceClassification(DDCLIncrtConfig(
+        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=args.max_heads,
+        max_position_embeddings=spec["seq_len"], num_labels=2, type_vocab_size=0,
+        gate_threshold=args.gate_threshold, gate_rule=args.gate_rule))
+    training = TrainingArguments(
+        output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed,
+        learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.batch_size, save_strategy="no", report_to=[], use_cpu=True,
+        disable_tqdm=True, logging_steps=args.max_steps,
+    )
+    Trainer(model=model, args=training, train_dataset=task["train"],
+            optimizers=(make_optimizer(model, training, prototype_lr_multiplier=10.0), None),
+            callbacks=[IncrtGrowthCallback(check_every=args.check_every, save_plot=False)]).train()
+
+
+# Each task's script, its per-seed flags and where it leaves the growth history of a run in its output folder.
+TASKS = {
+    "planted": (exp_synthetic.main, lambda seed: ["--seeds", str(seed), "--no-ablation"], "seed{seed}"),
+    "cov2": (exp_cov2.main, lambda seed: ["--seed", str(seed)], ""),
+    "sst2": (exp_sst2.main, lambda seed: ["--seed", str(seed), "--batch_size", "32"], ""),
+    "trainer": (trainer_defaults, lambda seed: ["--seed", str(seed)], ""),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["planted", "cov2"])
+    parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max_heads", type=int, default=16,
+                        help="cap on heads, at least twice the heads the relative rule ends with")
+    parser.add_argument("--trajectory_points", type=int, default=40)
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
+                        help="flags passed on to every task script (e.g. a smaller scale)")
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "growth_stop"))
+    parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "growth_stop"))
+    args = parser.parse_args(argv)
+    if args.max_heads < 2 or args.trajectory_points < 2:
+        parser.error("--max_heads and --trajectory_points must be >= 2")
+    return args
+
+
+def layer_endings(history: dict, points: int) -> list[dict]:
+    """Per layer: the heads, how growth ended ("stop", "full" or None) and, unless it stopped, the gate's
+    lambda_max / theta_w trajectory (evenly thinned to `points` checks, the last one kept)."""
+    endings = []
+    for layer, heads in enumerate(history["num_heads"]):
+        ends = [e for e in history["events"] if e["layer"] == layer and e["action"] in ("stop", "full")]
+        ending = {"layer": layer, "heads": heads, "verdict": ends[0]["action"] if ends else None,
+                  "step": ends[0]["step"] if ends else None}
+        if ending["verdict"] != "stop":
+            checks = history["checks"]
+            stride = max(1, -(-len(checks) // points))
+            kept = checks[::stride] + ([checks[-1]] if checks and (len(checks) - 1) % stride else [])
+            ending["trajectory"] = [{"step": c["step"], "lambda_max": c["lambda_max"][layer],
+                                     "theta_w": c["theta_w"][layer], "action": c["action"][layer],
+                                     "heads": c["num_heads"][layer]} for c in kept]
+        endings.append(ending)
+    return endings
+
+
+def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
+    main, seed_flags, history_folder = TASKS[task]
+    folder = Path(args.runs_dir) / task / rule / f"seed{seed}"
+    argv = [*seed_flags(seed), *RULES[rule], "--max_heads", str(args.max_heads), "--threads", "1",
+            "--output_dir", str(folder), *args.extra]
+    started = time.perf_counter()
+    main(argv)
+    history = json.loads((folder / history_folder.format(seed=seed) / HISTORY_FILE).read_text())
+    # the recipe script's command line, or the arguments of `trainer_defaults` in this script
+    program = main.__name__ if task == "trainer" else f"python scripts/{main.__module__}.py"
+    command = " ".join([program, *argv])
+    return {"task": task, "rule": rule, "seed": seed, "command": command,
+            "layers": layer_endings(history, args.trajectory_points),
+            "wall_time_s": time.perf_counter() - started}
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """Per task and rule: layer-runs, how many ended with stop / full / neither, the stop fraction, heads."""
+    rows = []
+    for task in dict.fromkeys(r["task"] for r in runs):
+        for rule in dict.fromkeys(r["rule"] for r in runs if r["task"] == task):
+            layers = [layer for r in runs if (r["task"], r["rule"]) == (task, rule) for layer in r["layers"]]
+            verdicts = [layer["verdict"] for layer in layers]
+            rows.append({"task": task, "rule": rule, "layer_runs": len(layers),
+                         "stop": verdicts.count("stop"), "full": verdicts.count("full"),
+                         "neither": verdicts.count(None),
+                         "stop_fraction": verdicts.count("stop") / len(layers),
+                         "heads": [layer["heads"] for layer in layers]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / f"growth_stop_{'_'.join(args.tasks)}.json"
+    runs = []
+    for task in args.tasks:
+        for rule in args.rules:
+            for seed in args.seeds:
+                runs.append(run(task, rule, seed, args))
+                result = {"experiment": "growth_stop", "command": command_line("exp_growth_stop.py", argv),
+                          "max_heads": args.max_heads, "summary": summarise(runs), "runs": runs,
+                          "environment": environment()}
+                write_json(path, result)  # after every run: a partial sweep still leaves its numbers
+    columns = ("task", "rule", "layer_runs", "stop", "full", "neither", "stop_fraction", "heads")
+    print(markdown_table(["task", "rule", "layer-runs", "stop", "full (cap)", "neither", "stop fraction",
+                          "final heads"], [[row[name] for name in columns] for row in result["summary"]]))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""`scripts/exp_growth_stop.py`: how each layer-run's growth ended, the stop fractions, the trajectories kept
+for the runs that did not stop (hand-made histories), and one tiny sweep end to end."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def script():
+    sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location("exp_growth_stop", SCRIPTS / "exp_growth_stop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(SCRIPTS))
+
+
+def history(actions_per_check, events):
+    """Two layers; check k at step k + 1 with lambda_max k / 10 and theta_w 1 / 4 on both layers."""
+    checks = [{"step": k + 1, "lambda_max": [k / 10, k / 10], "theta_w": [0.25, 0.25],
+               "action": list(actions), "num_heads": [1 + k, 2]}
+              for k, actions in enumerate(actions_per_check)]
+    return {"num_heads": [len(checks), 2], "checks": checks, "events": events}
+
+
+def test_layer_endings_keep_the_first_verdict_and_trajectories_only_for_failures(script):
+    actions = [("grow", "grow"), ("grow", "stop"), ("grow", "stop"), ("full", "stop"), ("full", "stop")]
+    events = [{"step": 2, "layer": 1, "action": "stop"}, {"step": 4, "layer": 0, "action": "full"},
+              {"step": 5, "layer": 1, "action": "stop"}]
+    endings = script.layer_endings(history(actions, events), points=2)
+    assert [(e["verdict"], e["step"], e["heads"]) for e in endings] == [("full", 4, 5), ("stop", 2, 2)]
+    assert "trajectory" not in endings[1]
+    # 5 checks thinned to every 3rd (steps 1 and 4), plus the last one (step 5)
+    assert [(p["step"], p["lambda_max"], p["theta_w"], p["action"]) for p in endings[0]["trajectory"]] == [
+        (1, 0.0, 0.25, "grow"), (4, 0.3, 0.25, "full"), (5, 0.4, 0.25, "full")]
+    neither = script.layer_endings(history([("grow", "dwell")], []), points=40)
+    assert [e["verdict"] for e in neither] == [None, None] and len(neither[1]["trajectory"]) == 1
+
+
+def test_summary_counts_stop_full_and_neither_per_task_and_rule(script):
+    def run(rule, verdicts):
+        return {"task": "planted", "rule": rule, "layers": [{"verdict": v, "heads": 3} for v in verdicts]}
+
+    rows = script.summarise([run("relative", ["stop", "stop"]), run("calibrated", ["full", None]),
+                             run("relative", ["full", "stop"])])
+    assert [(r["rule"], r["layer_runs"], r["stop"], r["full"], r["neither"], r["stop_fraction"])
+            for r in rows] == [("relative", 4, 3, 1, 0, 0.75), ("calibrated", 2, 0, 1, 1, 0.0)]
+
+
+def test_bad_arguments_are_refused(script):
+    with pytest.raises(SystemExit):
+        script.parse_args(["--max_heads", "1"])
+    with pytest.raises(SystemExit):
+        script.parse_args(["--rules", "fixed"])
+
+
+@pytest.mark.slow
+def test_a_tiny_planted_sweep_writes_the_summary_of_every_rule(script, tmp_path):
+    result = script.main(["--tasks", "planted", "--seeds", "0", "--rules", "relative", "calibrated",
+                          "--max_heads", "6", "--output_dir", str(tmp_path),
+                          "--runs_dir", str(tmp_path / "runs"),
+                          "--extra", "--max_steps", "30", "--pre_growth_steps", "10", "--num_train", "128",
+                          "--num_validation", "32", "--probe_rows", "16", "--eval_steps", "30"])
+    saved = json.loads((tmp_path / "growth_stop_planted.json").read_text())
+    assert saved["summary"] == json.loads(json.dumps(result["summary"]))
+    assert [row["rule"] for row in saved["summary"]] == ["relative", "calibrated"]
+    for run in saved["runs"]:
+        history = json.loads((tmp_path / "runs" / "planted" / run["rule"] / "seed0" / "seed0" /
+                              "growth_history.json").read_text())
+        assert [layer["heads"] for layer in run["layers"]] == history["num_heads"]
+        assert "--max_heads 6" in run["command"]
