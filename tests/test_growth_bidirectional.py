@@ -12,8 +12,8 @@ from transformers import TrainerCallback
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.data import task_spec
-from geoformers.training.growth import resume_growth_training
+from geoformers.training.resume import resume_growth_training
+from geoformers.training.synthetic_tasks import task_spec
 
 
 @pytest.fixture(scope="module")

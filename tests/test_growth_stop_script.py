@@ -1,24 +1,15 @@
 """`scripts/exp_growth_stop.py`: how each layer-run's growth ended, the stop fractions, the trajectories kept
 for the runs that did not stop (hand-made histories), and one tiny sweep end to end."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("exp_growth_stop", SCRIPTS / "exp_growth_stop.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(SCRIPTS))
+    return load_script("exp_growth_stop.py")
 
 
 def history(actions_per_check, events):
