@@ -1,7 +1,7 @@
 """geoformers.configuration"""
 
-from .ddcl_incrt import DDCLIncrtConfig
-from .ddl_mhc import DDLmHCConfig
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.configuration.ddl_mhc import DDLmHCConfig
 
 __all__ = [
     "DDCLIncrtConfig",

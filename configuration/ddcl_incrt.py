@@ -8,7 +8,7 @@ import math
 import torch
 from transformers import BertConfig, PreTrainedConfig
 
-from .validation import PROBLEM_TYPES, check_float, check_int
+from geoformers.configuration.validation import PROBLEM_TYPES, check_float, check_int
 
 POOLING_MODES = ("cls", "mean")
 GATE_THRESHOLDS = ("calibrated", "relative")

@@ -11,8 +11,14 @@ from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from .charts import METHODS, MHC_LITE_MAX_N
-from .validation import PROBLEM_TYPES, check_bool, check_choice, check_float, check_int
+from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
+from geoformers.configuration.validation import (
+    PROBLEM_TYPES,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+)
 
 HC_RES_MIXES = ("identity", "lazy")
 RESIDUAL_UPDATES = ("delta", "add")

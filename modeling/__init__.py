@@ -1,9 +1,13 @@
 """geoformers.modeling"""
 
-from .bert_conversion import wrap_bert_embeddings
-from .ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel, DDCLIncrtPreTrainedModel
-from .ddl_mhc import DDLmHCForCausalLM, DDLmHCModel, DDLmHCPreTrainedModel
-from .llama_conversion import convert_llama_to_ddl_mhc
+from geoformers.modeling.bert_conversion import wrap_bert_embeddings
+from geoformers.modeling.ddcl_incrt import (
+    DDCLIncrtForSequenceClassification,
+    DDCLIncrtModel,
+    DDCLIncrtPreTrainedModel,
+)
+from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel, DDLmHCPreTrainedModel
+from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
 __all__ = [
     "DDCLIncrtForSequenceClassification",

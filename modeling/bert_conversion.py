@@ -16,8 +16,8 @@ from pathlib import Path
 from torch import nn
 from transformers import AutoConfig, BertModel
 
-from ..configuration.ddcl_incrt import DDCLIncrtConfig
-from .ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 
 # DDCL-INCRT config fields that must match the BERT checkpoint (its weights are copied into them).
 BERT_SHAPED_FIELDS = (

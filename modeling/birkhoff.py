@@ -35,9 +35,9 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.hooks import RemovableHandle
 
-from ..configuration.charts import METHODS, MHC_LITE_MAX_N
-from .rtbp_function import rtbp
-from .triton_dispatch import kernels
+from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
+from geoformers.modeling.rtbp_function import rtbp
+from geoformers.modeling.triton_dispatch import kernels
 
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
 # |row sum - 1| grows with the logits' scale (median / max over 4,096 float32 matrices, logits N(0, s^2)):

@@ -26,7 +26,7 @@ from functools import cache, partial
 import torch
 from torch.autograd.function import once_differentiable
 
-from .birkhoff import (
+from geoformers.modeling.birkhoff import (
     CHART_VARIANTS,
     ChartVariant,
     _check_interior_ds,

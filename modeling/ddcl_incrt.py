@@ -26,14 +26,19 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
-from ..configuration.ddcl_incrt import DDCLIncrtConfig
-from .atomic_save import AtomicSaveMixin
-from .growable_attention import AttentionOutput, GrowableAttention
-from .head_growth import HeadGrowthMixin
-from .hub_code import HubCodeMixin
-from .incrt import IncrtGate
-from .prototypes import PrototypeBank, assignment_perplexity, min_pairwise_distance, rho_for_temperature
-from .strict_loading import StrictLoadingMixin
+from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.modeling.atomic_save import AtomicSaveMixin
+from geoformers.modeling.growable_attention import AttentionOutput, GrowableAttention
+from geoformers.modeling.head_growth import HeadGrowthMixin
+from geoformers.modeling.hub_code import HubCodeMixin
+from geoformers.modeling.incrt import IncrtGate
+from geoformers.modeling.prototypes import (
+    PrototypeBank,
+    assignment_perplexity,
+    min_pairwise_distance,
+    rho_for_temperature,
+)
+from geoformers.modeling.strict_loading import StrictLoadingMixin
 
 
 @dataclass

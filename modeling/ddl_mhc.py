@@ -32,13 +32,19 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from ..configuration.ddl_mhc import DDLmHCConfig
-from .atomic_save import AtomicSaveMixin
-from .causal_lm_loss import causal_lm_loss
-from .delta import beta_bias_for
-from .hub_code import HubCodeMixin
-from .hyper_connections import HyperConnection, StreamExpansion, StreamMixing, StreamReadout, lazy_mix_logits
-from .input_checks import (
+from geoformers.configuration.ddl_mhc import DDLmHCConfig
+from geoformers.modeling.atomic_save import AtomicSaveMixin
+from geoformers.modeling.causal_lm_loss import causal_lm_loss
+from geoformers.modeling.delta import beta_bias_for
+from geoformers.modeling.hub_code import HubCodeMixin
+from geoformers.modeling.hyper_connections import (
+    HyperConnection,
+    StreamExpansion,
+    StreamMixing,
+    StreamReadout,
+    lazy_mix_logits,
+)
+from geoformers.modeling.input_checks import (
     check_attention_mask,
     check_cache,
     check_inputs_embeds,
@@ -47,7 +53,7 @@ from .input_checks import (
     check_token_ids,
     embeds_bound,
 )
-from .strict_loading import StrictLoadingMixin
+from geoformers.modeling.strict_loading import StrictLoadingMixin
 
 
 class DDLmHCRMSNorm(LlamaRMSNorm):

@@ -18,7 +18,7 @@ Per-token maps (H_res, s, k, beta, v) enter in float32; the big tensors stay in 
 
 import torch
 
-from .delta import upcast
+from geoformers.modeling.delta import upcast
 
 
 def weighted_stream_sum(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:

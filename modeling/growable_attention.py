@@ -11,8 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .incrt import GateDecision, IncrtGate, directional_matrix, head_directional_energy
-from .prototypes import PrototypeBank, PrototypeOutput, prototype_block, temperature_from_rho
+from geoformers.modeling.incrt import GateDecision, IncrtGate, directional_matrix, head_directional_energy
+from geoformers.modeling.prototypes import (
+    PrototypeBank,
+    PrototypeOutput,
+    prototype_block,
+    temperature_from_rho,
+)
 
 
 class AttentionHead(nn.Module):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .growable_attention import AttentionHead, GrowableAttention
-from .incrt import GateDecision
+from geoformers.modeling.growable_attention import AttentionHead, GrowableAttention
+from geoformers.modeling.incrt import GateDecision
 
 
 class HeadGrowthMixin:

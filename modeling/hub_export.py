@@ -13,9 +13,9 @@ from pathlib import Path
 
 from huggingface_hub import HfApi
 
-from .atomic_save import replace_folder, staging_folder
-from .hub_code import _is_internal
-from .model_card import model_card
+from geoformers.modeling.atomic_save import replace_folder, staging_folder
+from geoformers.modeling.hub_code import _is_internal
+from geoformers.modeling.model_card import model_card
 
 
 def export_for_hub(model, tokenizer, folder: str | os.PathLike,

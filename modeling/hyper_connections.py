@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
-from ..configuration.ddl_mhc import DDLmHCConfig
-from .birkhoff import birkhoff, num_logits
-from .chart_variants import INTERVAL_VARIANTS  # noqa: F401 (registers the chart variants with `birkhoff`)
-from .delta import DeltaWrite, delta_amplitudes, upcast
-from .fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
-from .triton_dispatch import kernels
+from geoformers.configuration.ddl_mhc import DDLmHCConfig
+from geoformers.modeling.birkhoff import birkhoff, num_logits
+from geoformers.modeling.chart_variants import INTERVAL_VARIANTS  # noqa: F401 (registers the chart variants with `birkhoff`)
+from geoformers.modeling.delta import DeltaWrite, delta_amplitudes, upcast
+from geoformers.modeling.fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
+from geoformers.modeling.triton_dispatch import kernels
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .bidirectional_gate import (
+from geoformers.modeling.bidirectional_gate import (
     DWELL_STATE,
     NO_GROWTH_YET,
     TrackedPair,

@@ -16,9 +16,9 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.utils import logging
 
-from ..configuration.ddl_mhc import DDLmHCConfig
-from .ddl_mhc import DDLmHCForCausalLM
-from .hyper_connections import HyperConnection
+from geoformers.configuration.ddl_mhc import DDLmHCConfig
+from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM
+from geoformers.modeling.hyper_connections import HyperConnection
 
 logger = logging.get_logger(__name__)
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from .birkhoff import _check_logits, num_logits
+from geoformers.modeling.birkhoff import _check_logits, num_logits
 
 CHARTS = ("tbp", "rtbp")
 

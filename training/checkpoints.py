@@ -23,7 +23,7 @@ from pathlib import Path
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from ..modeling.atomic_save import link_or_copy, replace_folder, staging_folder
+from geoformers.modeling.atomic_save import link_or_copy, replace_folder, staging_folder
 
 logger = logging.get_logger(__name__)
 

@@ -55,15 +55,15 @@ from transformers.trainer_callback import ExportableState, TrainerControl, Train
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from ..modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from .checkpoints import (
+from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from geoformers.training.checkpoints import (
     drop_kept_copies,
     keep_complete_copy,
     write_json_atomically,
     write_marker,
 )
-from .optim import sync_optimizer_with_model
-from .resume import follow_saved_head_counts
+from geoformers.training.optim import sync_optimizer_with_model
+from geoformers.training.resume import follow_saved_head_counts
 
 # A child of transformers' library logger, so `transformers.logging.set_verbosity_info()` and
 # `TrainingArguments(log_level="info")` show the growth events (a "geoformers.*" logger ignores both).

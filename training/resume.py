@@ -18,9 +18,9 @@ from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
-from ..modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from .checkpoints import checkpoint_problem, latest_complete_checkpoint, read_marker
-from .optim import sync_optimizer_with_model
+from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from geoformers.training.checkpoints import checkpoint_problem, latest_complete_checkpoint, read_marker
+from geoformers.training.optim import sync_optimizer_with_model
 
 # A child of transformers' library logger, as in growth.py.
 logger = logging.get_logger(f"transformers.{__name__}")

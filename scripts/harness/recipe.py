@@ -40,9 +40,9 @@ from geoformers.training.evaluation import classification_metrics
 from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback, plot_growth_history
 from geoformers.training.optim import make_optimizer
 
-from .printing import GrowthEventPrinter, ProgressBarOnly
-from .probes import PrototypeProbe
-from .results import write_json
+from harness.printing import GrowthEventPrinter, ProgressBarOnly
+from harness.probes import PrototypeProbe
+from harness.results import write_json
 
 
 @dataclass
