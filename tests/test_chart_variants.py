@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from test_birkhoff import random_interior_ds
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
 from geoformers.modeling import birkhoff_reference
@@ -57,17 +58,6 @@ def scalar_point(rho: float):
 def normal_logits(method: str, n: int, count: int, seed: int, scale: float = 3.0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(count, num_logits(method, n), generator=generator, dtype=torch.float64) * scale
-
-
-def random_interior_ds(n: int, count: int, seed: int) -> torch.Tensor:
-    """Convex combinations of four random permutation matrices and J/n (every entry > 0)."""
-    generator = torch.Generator().manual_seed(seed)
-    eye = torch.eye(n, dtype=torch.float64)
-    perms = torch.stack([eye[torch.randperm(n, generator=generator)] for _ in range(count * 4)])
-    weights = torch.rand(count, 5, generator=generator, dtype=torch.float64) + 0.05
-    weights = weights / weights.sum(-1, keepdim=True)
-    mix = torch.einsum("bk,bkij->bij", weights[:, :4], perms.view(count, 4, n, n))
-    return mix + weights[:, 4, None, None] / n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +282,7 @@ def test_rtbp_is_the_authors_rtbp2n_for_powers_of_two(n):
 @pytest.mark.parametrize("method", ("stbp", "srtbp"))
 @pytest.mark.parametrize("n", (2, 3, 4, 5, 8))
 def test_scaled_inverse_reaches_every_interior_matrix(method, n):
-    matrices = random_interior_ds(n, 16, seed=n)
+    matrices = random_interior_ds(n, 16, torch.Generator().manual_seed(n))
     logits = variant_logits_from_matrix(matrices, method)
     assert logits.shape == (16, (n - 1) ** 2) and logits.dtype == torch.float64
     torch.testing.assert_close(birkhoff(logits, n, method), matrices, atol=1e-10, rtol=0)
@@ -313,7 +303,7 @@ def test_inverse_round_trip_from_logits(method, n):
 
 
 def test_inverse_bad_input():
-    matrices = random_interior_ds(4, 2, seed=0)
+    matrices = random_interior_ds(4, 2, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="`method`.*atbp.*no inverse"):
         variant_logits_from_matrix(matrices, "atbp")
     with pytest.raises(ValueError, match=r"variant_logits_from_matrix\(method='stbp'\).*interior"):
