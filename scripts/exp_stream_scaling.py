@@ -14,7 +14,7 @@ For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (d
 - `ds_error`: the worst max |row/column sum - 1| (`birkhoff.ds_violation`) over every H_res of every sublayer
   and token of a fixed validation probe batch after training, and `min_entry`, the smallest entry;
 - `gain_forward` / `gain_backward`: the largest composite Amax gain of `hc_diagnostics` (products
-  H_res^(k) ... H_res^(1) over the sublayers, mHC arXiv 2512.24880 eq. 7) on the same probe.
+  H_res^(k) ... H_res^(1) over the sublayers, mHC arXiv 2512.24880) on the same probe.
 
 A Llama of the same shape also trains `--steps` steps per seed: the val-loss reference of the figure.
 After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart, n) and a
