@@ -1,0 +1,356 @@
+"""How the doubly-stochastic charts scale with the number of streams n (docs/stream_scaling.md).
+
+For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (delta residual, the defaults of
+`DDLmHCConfig`) trains on character-level tiny-shakespeare with the recipe and shape of
+`bench_causal_lm.py` (AdamW lr 1e-3, warm-up + cosine, 4 layers, width 128, block 64, batch 12;
+`train_causal_lm.make_trainer`). Per run:
+
+- `val_loss`: `estimate_loss` on `--eval_batches` fixed validation windows after `--steps` steps;
+- `train_tokens_per_second`: tokens per step / median step time of the run;
+- `train_throughput_ratio`: Llama's median step time / the model's, from `--timing_steps` steps of fresh
+  copies of both run round robin (one step each in turn) just before the run, the first two left out;
+- `peak_memory_bytes`: `bench_causal_lm.training_memory_bytes` (parameters + gradients + AdamW state + the
+  tensors autograd saves for one step, counted once per storage; CUDA: peak allocated) and its ratio to Llama;
+- `ds_error`: the worst max |row/column sum - 1| (`birkhoff.ds_violation`) over every H_res of every sublayer
+  and token of a fixed validation probe batch after training, and `min_entry`, the smallest entry;
+- `gain_forward` / `gain_backward`: the largest composite Amax gain of `hc_diagnostics` (products
+  H_res^(k) ... H_res^(1) over the sublayers, mHC arXiv 2512.24880) on the same probe.
+
+A Llama of the same shape also trains `--steps` steps per seed: the val-loss reference of the figure.
+After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart, n) and a
+markdown table), after every n `stream_scaling.png` (val loss and throughput ratio against n, one line per
+chart), so an interrupted grid keeps the runs it finished. `--calibrate` only times the interleaved steps of
+every (n, chart) and prints the projected cost of the grid.
+
+    python scripts/exp_stream_scaling.py --threads 1                       # the full design: 2,000 steps
+    python scripts/exp_stream_scaling.py --threads 1 --calibrate           # s/step per (n, chart)
+    python scripts/exp_stream_scaling.py --steps 300 --warmup_steps 15 --seeds 0 --streams 4 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_causal_lm import LLAMA, shape_for, train_round_robin, training_memory_bytes  # noqa: E402
+from train_causal_lm import (  # noqa: E402
+    SMALL_CPU_SHAPE,
+    add_training_arguments,
+    estimate_loss,
+    get_batch,
+    load_corpus,
+    make_trainer,
+)
+
+import geoformers  # noqa: E402
+from geoformers.configuration.charts import METHODS  # noqa: E402
+from geoformers.modeling.birkhoff import ds_violation, num_logits  # noqa: E402
+from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics  # noqa: E402
+
+from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
+
+# msrtbp: the margined scaled RTBP of the TBP authors (docs/chart_variants.md), the variant whose changes
+# address what grows with n: the depth of RTBP's splits (narrow intervals, vanishing gradients) and the
+# number of entries that can collapse to an interval end.
+DEFAULT_CHARTS = ("sinkhorn", "kromhc", "tbp", "rtbp", "msrtbp")
+DEFAULT_STREAMS = (4, 8, 16)
+PROBE_SEED = 0  # the validation windows of the DS-error / gain probe (estimate_loss uses seed 0 too)
+SUMMARY_FILE = "summary.json"
+FIGURE_FILE = "stream_scaling.png"
+
+
+def model_fields(tokenizer, shape: dict, block_size: int) -> dict:
+    """Decoder fields shared by the DDL-mHC models and their Llama: `shape` plus the tokenizer's ids."""
+    return dict(
+        shape,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=block_size,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+
+def build_ddl(tokenizer, shape: dict, block_size: int, n: int, chart: str):
+    fields = model_fields(tokenizer, shape, block_size)
+    return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**fields, hc_streams=n, hc_chart=chart))
+
+
+def build_llama(tokenizer, shape: dict, block_size: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**model_fields(tokenizer, shape, block_size)))
+
+
+def probe_batch(val_ids: torch.Tensor, args) -> torch.Tensor:
+    """The fixed validation windows on which the mixing matrices and gains are read."""
+    return get_batch(val_ids, args.batch_size, args.block_size, torch.Generator().manual_seed(PROBE_SEED))
+
+
+@torch.no_grad()
+def mixing_metrics(model, probe: torch.Tensor, device: torch.device) -> dict:
+    """Worst DS error and smallest entry of every H_res on `probe`, and the largest composite gains."""
+    was_training = model.training
+    model.eval()
+    try:
+        records = model(input_ids=probe.to(device), output_mixing=True, use_cache=False).mixing
+    finally:
+        model.train(was_training)
+    matrices = [record.h_res for record in records if record.h_res is not None]
+    diagnostics = hc_diagnostics(model, probe)
+    gains = {"gain_forward": [], "gain_backward": []}
+    for key, value in diagnostics.items():
+        metric = KEY_PATTERN.match(key)["metric"]
+        if metric in gains:
+            gains[metric].append(value)
+    return {
+        "ds_error": max(float(ds_violation(h).max()) for h in matrices),
+        "min_entry": min(float(h.detach().min()) for h in matrices),
+        "gain_forward": max(gains["gain_forward"]),
+        "gain_backward": max(gains["gain_backward"]),
+    }
+
+
+def interleaved_step_seconds(models: dict, train_ids, args, device) -> dict:
+    """Median step seconds of fresh copies of `models` trained round robin for `args.timing_steps` steps
+    (the first two, warm-up of the allocator and caches, left out)."""
+    timing_args = copy.copy(args)
+    timing_args.steps = args.timing_steps
+    trainers = {
+        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
+        for name, model in models.items()
+    }
+    run = train_round_robin(models, trainers, dict.fromkeys(models, args.timing_steps), 10**9)
+    return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
+
+
+def train(model, train_ids, val_ids, args, device) -> dict:
+    """`args.steps` steps of `make_trainer`'s recipe; the validation loss and median step time."""
+    step = make_trainer(model, train_ids, args, device)
+    seconds = [step()[1] for _ in range(args.steps)]
+    median = statistics.median(seconds)
+    loss = estimate_loss(model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device)
+    return {
+        "val_loss": loss,
+        "train_seconds": sum(seconds),
+        "median_step_seconds": median,
+        "train_tokens_per_second": args.batch_size * args.block_size / median,
+    }
+
+
+def run_one(seed: int, n: int, chart: str, data, shape: dict, llama_memory: int, args, device) -> dict:
+    """One (seed, n, chart) run: interleaved timing against Llama, training, the end-of-training metrics."""
+    tokenizer, train_ids, val_ids = data
+    run_args = copy.copy(args)
+    run_args.seed = seed
+    torch.manual_seed(seed)
+    model = build_ddl(tokenizer, shape, args.block_size, n, chart).to(device)
+    torch.manual_seed(seed)
+    llama = build_llama(tokenizer, shape, args.block_size).to(device)
+    timing = interleaved_step_seconds({"ddl": model, LLAMA: llama}, train_ids, run_args, device)
+    memory = training_memory_bytes(model, probe_batch(train_ids, args).to(device), device)
+    record = {
+        "chart": chart,
+        "n": n,
+        "seed": seed,
+        "parameters": model.num_parameters(),
+        "chart_logits_per_matrix": num_logits(chart, n),
+        **train(model, train_ids, val_ids, run_args, device),
+        "timing_median_step_seconds": timing["ddl"],
+        "timing_llama_median_step_seconds": timing[LLAMA],
+        "train_throughput_ratio": timing[LLAMA] / timing["ddl"],
+        "peak_memory_bytes": memory,
+        "memory_ratio": memory / llama_memory,
+        **mixing_metrics(model, probe_batch(val_ids, args), device),
+    }
+    if args.save_models:
+        model.save_pretrained(Path(args.output_dir) / "models" / f"{chart}_n{n}_seed{seed}")
+    print(
+        f"seed {seed} n={n} {chart}: val loss {record['val_loss']:.4f}, "
+        f"{record['train_tokens_per_second']:,.0f} tok/s ({record['train_throughput_ratio']:.2f} x Llama), "
+        f"DS error {record['ds_error']:.2e}, gains {record['gain_forward']:.6f} / "
+        f"{record['gain_backward']:.6f}, {record['train_seconds']:.0f} s",
+        flush=True,
+    )
+    return record
+
+
+def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str]:
+    """Mean over seeds per (chart, n) (std of the val loss; the worst DS error and gains) and its table."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["chart"], run["n"]), []).append(run)
+    summary = []
+    for (chart, n), group in groups.items():
+        losses = [run["val_loss"] for run in group]
+        summary.append({
+            "chart": chart,
+            "n": n,
+            "seeds": [run["seed"] for run in group],
+            "parameters": group[0]["parameters"],
+            "val_loss_mean": statistics.mean(losses),
+            "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+            **{key: statistics.mean(run[key] for run in group) for key in (
+                "train_tokens_per_second", "train_throughput_ratio", "peak_memory_bytes", "memory_ratio")},
+            **{key: max(run[key] for run in group) for key in ("ds_error", "gain_forward", "gain_backward")},
+            "min_entry": min(run["min_entry"] for run in group),
+        })
+    rows = [[
+        "llama (transformers)", 1, f"{llama_runs[0]['parameters']:,}",
+        f"{statistics.mean(run['val_loss'] for run in llama_runs):.4f}",
+        f"{statistics.mean(run['train_tokens_per_second'] for run in llama_runs):,.0f}", "1", "1",
+        None, None, None,
+    ]] if llama_runs else []
+    rows += [[
+        entry["chart"], entry["n"], f"{entry['parameters']:,}",
+        f"{entry['val_loss_mean']:.4f}"
+        + (f" ± {entry['val_loss_std']:.4f}" if len(entry["seeds"]) > 1 else ""),
+        f"{entry['train_tokens_per_second']:,.0f}", f"{entry['train_throughput_ratio']:.2f}",
+        f"{entry['memory_ratio']:.2f}", f"{entry['ds_error']:.1e}", f"{entry['min_entry']:.1e}",
+        f"{entry['gain_forward'] - 1:+.1e} / {entry['gain_backward'] - 1:+.1e}",
+    ] for entry in sorted(summary, key=lambda entry: (entry["n"], entry["chart"]))]
+    table = markdown_table(
+        ["chart", "n", "params", "val loss", "train tok/s", "tok/s vs Llama", "memory vs Llama",
+         "worst DS error", "min entry", "gain - 1 (fwd / bwd)"],
+        rows, align="lrrrrrrrrr",
+    )
+    return summary, table
+
+
+def plot(summary: list[dict], llama_runs: list[dict], path: Path) -> None:
+    """Val loss and throughput ratio against n, one line per chart (Llama's val loss dashed)."""
+    figure = Figure(figsize=(10, 4))
+    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.96, wspace=0.25)
+    loss_axes, ratio_axes = figure.subplots(1, 2)
+    for chart in dict.fromkeys(entry["chart"] for entry in summary):
+        entries = sorted((entry for entry in summary if entry["chart"] == chart), key=lambda e: e["n"])
+        ns = [entry["n"] for entry in entries]
+        loss_axes.errorbar(ns, [entry["val_loss_mean"] for entry in entries],
+                           yerr=[entry["val_loss_std"] for entry in entries], marker="o", capsize=3,
+                           label=chart)
+        ratio_axes.plot(ns, [entry["train_throughput_ratio"] for entry in entries], marker="o", label=chart)
+    if llama_runs:
+        llama_loss = statistics.mean(run["val_loss"] for run in llama_runs)
+        loss_axes.axhline(llama_loss, color="gray", linestyle="--", label="llama")
+    ratio_axes.axhline(1.0, color="gray", linestyle="--", label="llama")
+    for axes, label in ((loss_axes, "validation loss"), (ratio_axes, "train tok/s / Llama's")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("streams n")
+        axes.set_ylabel(label)
+        axes.grid(alpha=0.3)
+    loss_axes.legend()
+    figure.savefig(path, dpi=120)
+
+
+def calibrate(data, shape: dict, args, device) -> None:
+    """Interleaved s/step of every (n, chart) against Llama and the projected cost of the grid."""
+    tokenizer, train_ids, _ = data
+    total = 0.0
+    for n in args.streams:
+        for chart in args.charts:
+            torch.manual_seed(args.seeds[0])
+            models = {chart: build_ddl(tokenizer, shape, args.block_size, n, chart).to(device),
+                      LLAMA: build_llama(tokenizer, shape, args.block_size).to(device)}
+            seconds = interleaved_step_seconds(models, train_ids, args, device)
+            total += seconds[chart] * (args.steps + args.timing_steps) + seconds[LLAMA] * args.timing_steps
+            print(f"n={n} {chart}: {seconds[chart]:.4f} s/step, Llama {seconds[LLAMA]:.4f} s/step "
+                  f"(ratio {seconds[LLAMA] / seconds[chart]:.2f})", flush=True)
+    total += seconds[LLAMA] * args.steps
+    hours = total * len(args.seeds) / 3600
+    print(f"projected: {hours:.2f} h for {len(args.seeds)} seed(s) x {args.steps} steps")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """parser.error naming the flag for values the grid would reject late or silently."""
+    for name in ("steps", "timing_steps", "batch_size", "block_size", "eval_batches", "width", "layers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.timing_steps < 3:
+        parser.error(f"--timing_steps must be >= 3 (the first two are left out), got {args.timing_steps}")
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    if not args.seeds or not args.streams or not args.charts:
+        parser.error("--seeds, --streams and --charts each need at least one value")
+    for n in args.streams:
+        if n < 2:
+            parser.error(f"--streams must all be >= 2 (n = 1 has no H_res), got {n}")
+    for chart in args.charts:
+        for n in args.streams:
+            try:
+                num_logits(chart, n)
+            except ValueError as error:
+                parser.error(f"--charts {chart} with --streams {n}: {error}")
+    if args.width % SMALL_CPU_SHAPE["num_attention_heads"]:
+        parser.error(f"--width must be a multiple of {SMALL_CPU_SHAPE['num_attention_heads']} (heads), "
+                     f"got {args.width}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    add_training_arguments(parser, steps=2000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--streams", type=int, nargs="+", default=list(DEFAULT_STREAMS))
+    parser.add_argument("--charts", nargs="+", default=list(DEFAULT_CHARTS), choices=METHODS)
+    parser.add_argument("--width", type=int, default=SMALL_CPU_SHAPE["hidden_size"])
+    parser.add_argument("--layers", type=int, default=SMALL_CPU_SHAPE["num_hidden_layers"])
+    parser.add_argument("--timing_steps", type=int, default=20, help="interleaved steps of the tok/s ratio")
+    parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
+    parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "stream_scaling"))
+    parser.set_defaults(threads=1)
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    device = torch.device(args.device)
+    shape = shape_for(args.width, args.layers)
+    data = load_corpus(args.data)
+    if args.calibrate:
+        calibrate(data, shape, args, device)
+        return {}
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "command": command_line("exp_stream_scaling.py", argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "environment": environment(),
+        "settings": {key: value for key, value in vars(args).items() if key not in ("output_dir", "data")},
+        "shape": shape,
+        "memory_measure": "parameters + gradients + AdamW state + autograd's saved tensors of one step "
+                          "(bench_causal_lm.training_memory_bytes; CUDA: peak allocated)",
+        "llama": [],
+        "runs": [],
+    }
+    tokenizer, train_ids, val_ids = data
+    for seed in args.seeds:
+        torch.manual_seed(seed)
+        llama = build_llama(tokenizer, shape, args.block_size).to(device)
+        llama_memory = training_memory_bytes(llama, probe_batch(train_ids, args).to(device), device)
+        seed_args = copy.copy(args)
+        seed_args.seed = seed
+        llama_run = {"seed": seed, "parameters": llama.num_parameters(), "peak_memory_bytes": llama_memory,
+                     **train(llama, train_ids, val_ids, seed_args, device)}
+        report["llama"].append(llama_run)
+        print(f"seed {seed} llama: val loss {llama_run['val_loss']:.4f}, "
+              f"{llama_run['train_tokens_per_second']:,.0f} tok/s", flush=True)
+        for n in args.streams:
+            for chart in args.charts:
+                report["runs"].append(run_one(seed, n, chart, data, shape, llama_memory, args, device))
+                report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
+                write_json(output_dir / SUMMARY_FILE, report)
+            plot(report["summary"], report["llama"], output_dir / FIGURE_FILE)
+    print(f"\n{report['markdown']}\nwrote {output_dir / SUMMARY_FILE} and {output_dir / FIGURE_FILE}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""`scripts/exp_stream_scaling.py` (docs/stream_scaling.md) end to end at a tiny size: every number of its
+summary.json against an independent computation from the saved models (numpy float64 row/column sums and
+products of the logged H_res, the validation loss re-evaluated, the timing medians), and bad flags."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from script_modules import load_script
+from transformers import AutoModelForCausalLM
+
+import geoformers  # noqa: F401  (registers DDL-mHC with the Auto classes)
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
+BATCH, BLOCK = 2, 16
+CHARTS = ("sinkhorn", "tbp")
+STREAMS = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """(script module, its report, output folder, corpus path) of one tiny grid."""
+    folder = tmp_path_factory.mktemp("stream_scaling")
+    data = folder / "corpus.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    output = folder / "out"
+    argv = [
+        *("--data", str(data), "--output_dir", str(output), "--width", "16", "--layers", "1"),
+        *("--steps", "3", "--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1"),
+        *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--seeds", "0", "--threads", "1"),
+        *("--streams", *map(str, STREAMS), "--charts", *CHARTS, "--save_models"),
+    ]
+    script = load_script("exp_stream_scaling.py")
+    threads = torch.get_num_threads()
+    try:
+        report = script.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    return script, report, output, data
+
+
+def numpy_gains(matrices: list[np.ndarray]) -> tuple[float, float]:
+    """Largest max-row / max-column absolute sum of the running products H_k ... H_1 over tokens and k."""
+    product, forward, backward = None, 0.0, 0.0
+    for h in matrices:
+        product = h if product is None else h @ product
+        forward = max(forward, np.abs(product).sum(-1).max())
+        backward = max(backward, np.abs(product).sum(-2).max())
+    return forward, backward
+
+
+def test_summary_numbers_match_independent_computations(study):
+    script, report, output, data = study
+    saved = json.loads((output / "summary.json").read_text())
+    assert len(saved["runs"]) == len(CHARTS) * len(STREAMS) and len(saved["llama"]) == 1
+    assert {(run["chart"], run["n"]) for run in saved["runs"]} == {(c, n) for n in STREAMS for c in CHARTS}
+    _, _, val_ids = script.load_corpus(data)
+    probe = script.get_batch(val_ids, BATCH, BLOCK, torch.Generator().manual_seed(0))
+    llama_memory = saved["llama"][0]["peak_memory_bytes"]
+    for run in saved["runs"]:
+        model = AutoModelForCausalLM.from_pretrained(output / "models" / f"{run['chart']}_n{run['n']}_seed0")
+        assert (model.config.hc_streams, model.config.hc_chart) == (run["n"], run["chart"])
+        assert run["parameters"] == model.num_parameters()
+        with torch.no_grad():
+            records = model(input_ids=probe, output_mixing=True).mixing
+        matrices = [record.h_res.numpy().astype(np.float64) for record in records]
+        assert len(matrices) == 2  # one layer: attention and MLP
+        sums = np.concatenate([np.abs(h.sum(-1) - 1).ravel() for h in matrices]
+                              + [np.abs(h.sum(-2) - 1).ravel() for h in matrices])
+        assert run["ds_error"] == pytest.approx(sums.max(), rel=1e-9, abs=1e-15)
+        assert run["min_entry"] == pytest.approx(min(h.min() for h in matrices), abs=0)
+        forward, backward = numpy_gains(matrices)
+        assert run["gain_forward"] == pytest.approx(forward, abs=1e-12)
+        assert run["gain_backward"] == pytest.approx(backward, abs=1e-12)
+        if run["chart"] != "sinkhorn":  # exact charts: doubly stochastic to float32 rounding, gains 1
+            assert run["ds_error"] <= 1e-6 and run["min_entry"] >= 0
+            assert abs(run["gain_forward"] - 1) <= 1e-6 and abs(run["gain_backward"] - 1) <= 1e-6
+        loss = script.estimate_loss(model, val_ids, BATCH, BLOCK, 1, 0, torch.device("cpu"))
+        assert run["val_loss"] == pytest.approx(loss, abs=1e-6)
+        assert run["train_throughput_ratio"] > 0
+        assert run["train_throughput_ratio"] == pytest.approx(
+            run["timing_llama_median_step_seconds"] / run["timing_median_step_seconds"]
+        )
+        assert run["train_tokens_per_second"] == pytest.approx(BATCH * BLOCK / run["median_step_seconds"])
+        # parameters + gradients + two AdamW moments in float32 are a lower bound of the counted memory
+        assert run["peak_memory_bytes"] > 16 * run["parameters"]
+        assert run["memory_ratio"] == pytest.approx(run["peak_memory_bytes"] / llama_memory)
+
+
+def test_summary_table_and_figure(study):
+    _, report, output, _ = study
+    saved = json.loads((output / "summary.json").read_text())
+    assert saved["markdown"] == report["markdown"]
+    for entry in saved["summary"]:
+        run = next(r for r in saved["runs"] if (r["chart"], r["n"]) == (entry["chart"], entry["n"]))
+        assert entry["val_loss_mean"] == run["val_loss"] and entry["val_loss_std"] == 0.0
+        assert f"| {entry['chart']} | {entry['n']} |" in saved["markdown"]
+    assert saved["command"].startswith("python scripts/exp_stream_scaling.py --data")
+    assert (output / "stream_scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--streams", "1"], "--streams"),
+        (["--streams", "3", "--charts", "kromhc"], "--charts kromhc with --streams 3"),
+        (["--charts", "birkhoff"], "--charts"),
+        (["--steps", "0"], "--steps"),
+        (["--timing_steps", "2"], "--timing_steps"),
+        (["--width", "18"], "--width"),
+    ],
+)
+def test_bad_flags_name_the_flag(flags, named, capsys):
+    script = load_script("exp_stream_scaling.py")
+    with pytest.raises(SystemExit):
+        script.main(flags)
+    assert named in capsys.readouterr().err
