@@ -191,16 +191,20 @@ def load_data(args: argparse.Namespace):
     return (train, dev), tokenizer, encoded
 
 
-def tfidf_baseline(train, dev) -> dict:
-    """TF-IDF (unigrams, sublinear tf) + logistic regression (C = 1), fitted on the same training rows."""
+def tfidf_baseline(train, dev, max_ngram: int = 1) -> dict:
+    """TF-IDF (n-grams up to `max_ngram`, sublinear tf) + logistic regression (C = 1), fitted on the same
+    training rows; with max_ngram = 1 it also fits the bigram model under the key "bigram"."""
     start = time.perf_counter()
-    vectorizer = TfidfVectorizer(sublinear_tf=True)
+    vectorizer = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, max_ngram))
     features = vectorizer.fit_transform(train["sentence"])
     classifier = LogisticRegression(max_iter=1000).fit(features, train["label"])
     predictions = classifier.predict(vectorizer.transform(dev["sentence"]))
     accuracy = float((predictions == dev["label"]).mean())
-    return {"accuracy": accuracy, "features": len(vectorizer.vocabulary_),
-            "wall_time_s": time.perf_counter() - start}
+    result = {"accuracy": accuracy, "features": len(vectorizer.vocabulary_),
+              "wall_time_s": time.perf_counter() - start}
+    if max_ngram == 1:
+        result["bigram"] = tfidf_baseline(train, dev, max_ngram=2)
+    return result
 
 
 def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClassification:
@@ -479,7 +483,10 @@ def print_summary(result: dict) -> None:
         [[f"DDCL-INCRT ({result['experiment']})", result["dev_accuracy"], result["num_heads"],
           f"{parameters['total']:,} ({parameters['trainable']:,})", result["wall_time_s"]],
          ["TF-IDF + logistic regression", baseline["accuracy"], "-", f"{baseline['features'] + 1:,}",
-          baseline["wall_time_s"]]],
+          baseline["wall_time_s"]],
+         *([["TF-IDF uni+bigrams + logistic regression", baseline["bigram"]["accuracy"], "-",
+             f"{baseline['bigram']['features'] + 1:,}", baseline["bigram"]["wall_time_s"]]]
+           if "bigram" in baseline else [])],
     ))
     for name, layers in result["head_count_law"].items():
         for layer in layers:

@@ -4,6 +4,7 @@ and the pruning helpers against hand-built cases; bad arguments."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from script_modules import SCRIPTS, load_script
@@ -94,6 +95,21 @@ def test_word_dropout_trainer_drops_words_in_training_steps_only(exp_sst2, tmp_p
     torch.testing.assert_close(loss, model(**{**batch, "attention_mask": mask}).loss)
     model.eval()
     torch.testing.assert_close(trainer.compute_loss(model, dict(batch)), model(**batch).loss)
+
+
+def test_tfidf_baselines_unigram_cannot_read_negation_bigram_can(exp_sst2):
+    """"not good" / "not bad" flip the labels of "good" / "bad". The data are symmetric under swapping good
+    and bad with the labels, so a unigram model gives "not" weight 0 and reads each negated sentence like
+    its adjective: every negated sentence is wrong (accuracy 1/2). With bigrams every sentence is separable."""
+    sentences = ["good", "bad", "not good", "not bad"] * 8
+    labels = np.array([1, 0, 0, 1] * 8)
+    rows = {"sentence": sentences, "label": labels}
+    baseline = exp_sst2.tfidf_baseline(rows, rows)
+    assert baseline["features"] == 3  # good, bad, not
+    assert baseline["bigram"]["features"] == 5  # + "not good", "not bad"
+    assert baseline["accuracy"] == 0.5
+    assert baseline["bigram"]["accuracy"] == 1.0
+    assert "bigram" not in baseline["bigram"]
 
 
 def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_path):
