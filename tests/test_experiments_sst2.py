@@ -100,7 +100,7 @@ def test_word_dropout_trainer_drops_words_in_training_steps_only(exp_sst2, tmp_p
 def test_tfidf_baselines_unigram_cannot_read_negation_bigram_can(exp_sst2):
     """"not good" / "not bad" flip the labels of "good" / "bad". The data are symmetric under swapping good
     and bad with the labels, so a unigram model gives "not" weight 0 and reads each negated sentence like
-    its adjective: every negated sentence is wrong (accuracy 1/2). With bigrams every sentence is separable."""
+    its adjective: every negated sentence is wrong (accuracy 1/2). With bigrams all are separable."""
     sentences = ["good", "bad", "not good", "not bad"] * 8
     labels = np.array([1, 0, 0, 1] * 8)
     rows = {"sentence": sentences, "label": labels}
