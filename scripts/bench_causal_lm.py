@@ -179,6 +179,19 @@ def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int)
     return {"seconds": seconds, "losses": losses}
 
 
+def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) -> dict:
+    """Median step seconds of fresh copies of `models` trained round robin for `steps` steps of `args`'s
+    recipe (the first two, warm-up of the allocator and caches, left out)."""
+    timing_args = copy.copy(args)
+    timing_args.steps = steps
+    trainers = {
+        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
+        for name, model in models.items()
+    }
+    run = train_round_robin(models, trainers, dict.fromkeys(models, steps), 10**9)
+    return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
+
+
 def measure(
     names, tokenizer, train_ids, val_ids, args, device, shape: dict, decode: bool = True
 ) -> list[dict]:
@@ -275,14 +288,7 @@ def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
         for name, (base, intermediate) in builders.items():
             torch.manual_seed(seed)
             models[name] = build_model(base, tokenizer, max_positions, shape, intermediate).to(device)
-        calibration = copy.copy(seed_args)
-        calibration.steps = args.calibration_steps
-        probes = {
-            name: make_trainer(copy.deepcopy(model), train_ids, calibration, device)
-            for name, model in models.items()
-        }
-        timing = train_round_robin(models, probes, dict.fromkeys(models, args.calibration_steps), 10**9)
-        step_time = {name: statistics.median(times[2:]) for name, times in timing["seconds"].items()}
+        step_time = interleaved_step_seconds(models, train_ids, seed_args, device, args.calibration_steps)
         steps = {name: max(1, round(args.steps * step_time[LLAMA] / step_time[name])) for name in models}
         trainers = {}
         for name, model in models.items():

@@ -41,7 +41,7 @@ from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_causal_lm import LLAMA, shape_for, train_round_robin, training_memory_bytes  # noqa: E402
+from bench_causal_lm import LLAMA, interleaved_step_seconds, shape_for, training_memory_bytes  # noqa: E402
 from train_causal_lm import (  # noqa: E402
     SMALL_CPU_SHAPE,
     add_training_arguments,
@@ -120,19 +120,6 @@ def mixing_metrics(model, probe: torch.Tensor, device: torch.device) -> dict:
     }
 
 
-def interleaved_step_seconds(models: dict, train_ids, args, device) -> dict:
-    """Median step seconds of fresh copies of `models` trained round robin for `args.timing_steps` steps
-    (the first two, warm-up of the allocator and caches, left out)."""
-    timing_args = copy.copy(args)
-    timing_args.steps = args.timing_steps
-    trainers = {
-        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
-        for name, model in models.items()
-    }
-    run = train_round_robin(models, trainers, dict.fromkeys(models, args.timing_steps), 10**9)
-    return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
-
-
 def train(model, train_ids, val_ids, args, device) -> dict:
     """`args.steps` steps of `make_trainer`'s recipe; the validation loss and median step time."""
     step = make_trainer(model, train_ids, args, device)
@@ -156,7 +143,9 @@ def run_one(seed: int, n: int, chart: str, data, shape: dict, llama_memory: int,
     model = build_ddl(tokenizer, shape, args.block_size, n, chart).to(device)
     torch.manual_seed(seed)
     llama = build_llama(tokenizer, shape, args.block_size).to(device)
-    timing = interleaved_step_seconds({"ddl": model, LLAMA: llama}, train_ids, run_args, device)
+    timing = interleaved_step_seconds(
+        {"ddl": model, LLAMA: llama}, train_ids, run_args, device, run_args.timing_steps
+    )
     memory = training_memory_bytes(model, probe_batch(train_ids, args).to(device), device)
     record = {
         "chart": chart,
@@ -260,7 +249,7 @@ def calibrate(data, shape: dict, args, device) -> None:
             torch.manual_seed(args.seeds[0])
             models = {chart: build_ddl(tokenizer, shape, args.block_size, n, chart).to(device),
                       LLAMA: build_llama(tokenizer, shape, args.block_size).to(device)}
-            seconds = interleaved_step_seconds(models, train_ids, args, device)
+            seconds = interleaved_step_seconds(models, train_ids, args, device, args.timing_steps)
             total += seconds[chart] * (args.steps + args.timing_steps) + seconds[LLAMA] * args.timing_steps
             print(f"n={n} {chart}: {seconds[chart]:.4f} s/step, Llama {seconds[LLAMA]:.4f} s/step "
                   f"(ratio {seconds[LLAMA] / seconds[chart]:.2f})", flush=True)
