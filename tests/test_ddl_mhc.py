@@ -116,10 +116,10 @@ def test_config_rejects_bad_fields_naming_them(overrides, error, field):
 # Independent reference: transformers' Llama
 
 
-def llama_reference(tie: bool) -> LlamaForCausalLM:
+def llama_reference(tie: bool, vocab_size: int = VOCAB) -> LlamaForCausalLM:
     torch.manual_seed(3)
     config = LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=3,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SHARED_DATA
+from test_ddl_mhc import llama_reference
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
@@ -25,23 +26,7 @@ STREAMS = [1, 2, 4, 8]
 
 def random_llama() -> LlamaForCausalLM:
     """3 layers, grouped key/value heads, norm gains away from 1 (a dropped or swapped norm would show)."""
-    torch.manual_seed(3)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rope_theta=500.0,
-    )
-    llama = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in llama.named_parameters():
-            if "norm" in name:
-                param.copy_(1.0 + 0.3 * torch.randn_like(param))
-    return llama
+    return llama_reference(tie=False, vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")
