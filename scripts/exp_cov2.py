@@ -75,6 +75,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def build_task(args: argparse.Namespace):
+    """The flags' task (k-mer ids, no raw sequences) -> (task, k-mer vocabulary size, tokens per row)."""
+    task = build_cov2_variant_task(
+        num_train_per_lineage=args.num_train_per_lineage,
+        num_validation_per_lineage=args.num_validation_per_lineage, genome_length=args.genome_length,
+        private_mutations=args.private_mutations, background_rate=args.background_rate,
+        error_rate=args.error_rate, n_rate=args.n_rate, fragment_length=args.fragment_length,
+        kmer_size=args.kmer_size, kmer_stride=args.kmer_stride, seed=args.data_seed,
+    ).remove_columns("sequence")
+    return task, len(build_kmer_tokenizer(args.kmer_size)), len(task["train"][0]["input_ids"])
+
+
 def kmer_count_baseline(train, validation) -> dict:
     """Bag of k-mer token counts + logistic regression (scikit-learn) on the same rows."""
     started = time.perf_counter()
@@ -126,15 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
-    task = build_cov2_variant_task(
-        num_train_per_lineage=args.num_train_per_lineage,
-        num_validation_per_lineage=args.num_validation_per_lineage, genome_length=args.genome_length,
-        private_mutations=args.private_mutations, background_rate=args.background_rate,
-        error_rate=args.error_rate, n_rate=args.n_rate, fragment_length=args.fragment_length,
-        kmer_size=args.kmer_size, kmer_stride=args.kmer_stride, seed=args.data_seed,
-    ).remove_columns("sequence")
-    vocab_size = len(build_kmer_tokenizer(args.kmer_size))
-    sequence_length = len(task["train"][0]["input_ids"])
+    task, vocab_size, sequence_length = build_task(args)
     baseline = kmer_count_baseline(task["train"], task["validation"])
     model = build_model(args, vocab_size=vocab_size, max_position_embeddings=sequence_length,
                         num_labels=len(LINEAGES))

@@ -15,11 +15,15 @@ Rules: relative (lambda_max > theta_w, theta_w = 0.1 ||A_sym||_F at each check; 
 (the author's rule on the relative theta_w), calibrated (lambda_max > theta_w with the author's theta_w,
 calibrated once), author (bidirectional on the calibrated theta_w).
 
-Writes `<output_dir>/growth_stop.json` (summary, trajectories of the failures) and each run's files under
-`<runs_dir>/<task>/<rule>/seed<k>/`.
+The cap is `--max_heads`, or per rule `--rule_max_heads RULE=N` (a rule that ends with more heads needs a
+higher cap to stay at most half of it). Writes `<output_dir>/growth_stop_<tasks>.json` (summary, per-run cap,
+trajectories of the failures) after every run, and each run's files under `<runs_dir>/<task>/<rule>/seed<k>/`.
+A run already in that file with the same task, rule, seed, cap and `--extra` flags is kept, not run again, so
+an interrupted sweep resumes and a sweep can be extended by seeds or rules; runs of the file that the new
+invocation does not ask for are dropped.
 
     python scripts/exp_growth_stop.py --tasks planted cov2 --seeds 0 1 2
-    python scripts/exp_growth_stop.py --tasks sst2 --seeds 0 --rules relative bidirectional
+    python scripts/exp_growth_stop.py --tasks sst2 --seeds 0 1 2 3 4 --rule_max_heads bidirectional=24
 """
 
 from __future__ import annotations
@@ -105,6 +109,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max_heads", type=int, default=16,
                         help="cap on heads, at least twice the heads the relative rule ends with")
+    parser.add_argument("--rule_max_heads", nargs="+", default=[], metavar="RULE=N",
+                        help="a rule's own cap instead of --max_heads, e.g. bidirectional=24")
     parser.add_argument("--trajectory_points", type=int, default=40)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="flags passed on to every task script (e.g. a smaller scale)")
@@ -113,6 +119,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_heads < 2 or args.trajectory_points < 2:
         parser.error("--max_heads and --trajectory_points must be >= 2")
+    caps = {rule: args.max_heads for rule in RULES}
+    for item in args.rule_max_heads:
+        rule, _, cap = item.partition("=")
+        if rule not in RULES or not cap.isdigit() or int(cap) < 2:
+            parser.error(f"--rule_max_heads takes RULE=N, RULE in {sorted(RULES)}, N >= 2; got {item!r}")
+        caps[rule] = int(cap)
+    args.caps = caps
     return args
 
 
@@ -138,7 +151,7 @@ def layer_endings(history: dict, points: int) -> list[dict]:
 def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
     main, seed_flags, history_folder = TASKS[task]
     folder = Path(args.runs_dir) / task / rule / f"seed{seed}"
-    argv = [*seed_flags(seed), *RULES[rule], "--max_heads", str(args.max_heads), "--threads", "1",
+    argv = [*seed_flags(seed), *RULES[rule], "--max_heads", str(args.caps[rule]), "--threads", "1",
             "--output_dir", str(folder), *args.extra]
     started = time.perf_counter()
     main(argv)
@@ -146,8 +159,8 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
     # the recipe script's command line, or the arguments of `trainer_defaults` in this script
     program = main.__name__ if task == "trainer" else f"python scripts/{main.__module__}.py"
     command = " ".join([program, *argv])
-    return {"task": task, "rule": rule, "seed": seed, "command": command,
-            "layers": layer_endings(history, args.trajectory_points),
+    return {"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule], "extra": args.extra,
+            "command": command, "layers": layer_endings(history, args.trajectory_points),
             "wall_time_s": time.perf_counter() - started}
 
 
@@ -158,7 +171,8 @@ def summarise(runs: list[dict]) -> list[dict]:
         for rule in dict.fromkeys(r["rule"] for r in runs if r["task"] == task):
             layers = [layer for r in runs if (r["task"], r["rule"]) == (task, rule) for layer in r["layers"]]
             verdicts = [layer["verdict"] for layer in layers]
-            rows.append({"task": task, "rule": rule, "layer_runs": len(layers),
+            caps = sorted({r["max_heads"] for r in runs if (r["task"], r["rule"]) == (task, rule)})
+            rows.append({"task": task, "rule": rule, "max_heads": caps, "layer_runs": len(layers),
                          "stop": verdicts.count("stop"), "full": verdicts.count("full"),
                          "neither": verdicts.count(None),
                          "stop_fraction": verdicts.count("stop") / len(layers),
@@ -166,23 +180,33 @@ def summarise(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def run_key(task: str, rule: str, seed: int, max_heads: int, extra: list[str]) -> tuple:
+    """What makes two runs the same run: task, rule, seed, cap and the flags passed on."""
+    return task, rule, seed, max_heads, tuple(extra)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     path = output / f"growth_stop_{'_'.join(args.tasks)}.json"
+    done = {}
+    if path.exists():
+        done = {run_key(r["task"], r["rule"], r["seed"], r["max_heads"], r["extra"]): r
+                for r in json.loads(path.read_text())["runs"]}
     runs = []
     for task in args.tasks:
         for rule in args.rules:
             for seed in args.seeds:
-                runs.append(run(task, rule, seed, args))
+                key = run_key(task, rule, seed, args.caps[rule], args.extra)
+                runs.append(done[key] if key in done else run(task, rule, seed, args))
                 result = {"experiment": "growth_stop", "command": command_line("exp_growth_stop.py", argv),
-                          "max_heads": args.max_heads, "summary": summarise(runs), "runs": runs,
-                          "environment": environment()}
+                          "summary": summarise(runs), "runs": runs, "environment": environment()}
                 write_json(path, result)  # after every run: a partial sweep still leaves its numbers
-    columns = ("task", "rule", "layer_runs", "stop", "full", "neither", "stop_fraction", "heads")
-    print(markdown_table(["task", "rule", "layer-runs", "stop", "full (cap)", "neither", "stop fraction",
-                          "final heads"], [[row[name] for name in columns] for row in result["summary"]]))
+    columns = ("task", "rule", "max_heads", "layer_runs", "stop", "full", "neither", "stop_fraction", "heads")
+    print(markdown_table(["task", "rule", "cap", "layer-runs", "stop", "full (cap)", "neither",
+                          "stop fraction", "final heads"],
+                         [[row[name] for name in columns] for row in result["summary"]]))
     return result
 
 

@@ -113,7 +113,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--word_dropout", type=float, default=0.0,
                        help="training only: drop each non-special token with this probability (DAN)")
     growth = parser.add_argument_group("growth")
-    growth.add_argument("--no_growth", action="store_true", help="train --initial_heads heads, no callback")
+    growth.add_argument("--no_growth", action="store_true",
+                        help="train --initial_heads heads with no callback, in a grown run's phases")
     growth.add_argument("--pre_growth_steps", type=int, default=200,
                         help="steps the initial heads train before theta_w is calibrated and growth starts")
     growth.add_argument("--check_every", type=int, default=10, help="optimizer steps between gate checks")
@@ -162,7 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--word_dropout must lie in [0, 1), got {args.word_dropout}")
     if args.pre_growth_steps < 0:
         parser.error(f"--pre_growth_steps must be >= 0, got {args.pre_growth_steps}")
-    if not args.no_growth and 0 < args.max_steps <= args.pre_growth_steps:
+    if 0 < args.max_steps <= args.pre_growth_steps:
         parser.error(f"--pre_growth_steps ({args.pre_growth_steps}) must be < --max_steps ({args.max_steps})")
     if args.use_encoder_outputs and not args.bert:
         parser.error("--use_encoder_outputs needs --bert")
@@ -283,11 +284,13 @@ class WordDropoutTrainer(Trainer):
 def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir: Path) -> dict:
     """The shared growth recipe (`harness.recipe.run_growth_training`) over `--epochs` (or `--max_steps`)
     with `--warmup_ratio` warm-up, word dropout and evaluations every `--eval_steps` in the growth phase.
-    Returns the final evaluation, evaluations on global steps, the history on global steps (None with
-    `--no_growth`), the exact A_sym spectra and theta_w when growth starts, and the training time."""
+    `--no_growth` keeps the phases (learning-rate schedule, data orders) and drops the callback, so a static
+    model differs from a grown one by its heads only. Returns the final evaluation, evaluations on global
+    steps, the history on global steps (None with `--no_growth`), the exact A_sym spectra and theta_w when
+    growth starts, and the training time."""
     steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.epochs * steps_per_epoch)
-    pre = 0 if args.no_growth else args.pre_growth_steps
+    pre = args.pre_growth_steps
     if pre >= total:
         raise ValueError(f"--pre_growth_steps ({pre}) must be < the {total} training steps")
     recipe = argparse.Namespace(**{**vars(args), "max_steps": total, "pre_growth_steps": pre,

@@ -153,7 +153,8 @@ def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_ss
     output = tmp_path / "ensemble"
     argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "64",
             "--max_eval_samples", "48", "--max_steps", "3", "--batch_size", "16", "--no_growth",
-            "--initial_heads", "2", "--vocab_size", "300", "--hidden_size", "16", "--head_dim", "8",
+            "--pre_growth_steps", "0", "--initial_heads", "2", "--vocab_size", "300", "--hidden_size", "16",
+            "--head_dim", "8",
             "--num_prototypes", "4", "--max_length", "32", "--threads", "1", "--ensemble_size", "2",
             "--seed", "1", "--save_model"]
     stored = exp_sst2.main(argv)
@@ -230,8 +231,8 @@ def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data
     output = tmp_path / "sst2_bert"
     argv = ["--bert", "--data_dir", str(shared_data / "sst2"), "--output_dir", str(output),
             "--max_train_samples", "32", "--max_eval_samples", "16", "--max_steps", "2", "--batch_size", "16",
-            "--eval_steps", "2", "--no_growth", "--initial_heads", "2", "--num_prototypes", "4",
-            "--max_length", "32", "--threads", "1"]
+            "--eval_steps", "2", "--no_growth", "--pre_growth_steps", "0", "--initial_heads", "2",
+            "--num_prototypes", "4",            "--max_length", "32", "--threads", "1"]
     stored = exp_sst2.main(argv)
     assert stored["experiment"] == "sst2_bert" and stored["vocab_size"] == 30522
     assert stored["num_heads"] == [2] and stored["growth_events"] == [] and stored["head_count_law"] == {}

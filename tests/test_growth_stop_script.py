@@ -35,13 +35,39 @@ def test_layer_endings_keep_the_first_verdict_and_trajectories_only_for_failures
 
 
 def test_summary_counts_stop_full_and_neither_per_task_and_rule(script):
-    def run(rule, verdicts):
-        return {"task": "planted", "rule": rule, "layers": [{"verdict": v, "heads": 3} for v in verdicts]}
+    def run(rule, verdicts, cap=16):
+        return {"task": "planted", "rule": rule, "max_heads": cap,
+                "layers": [{"verdict": v, "heads": 3} for v in verdicts]}
 
-    rows = script.summarise([run("relative", ["stop", "stop"]), run("calibrated", ["full", None]),
-                             run("relative", ["full", "stop"])])
-    assert [(r["rule"], r["layer_runs"], r["stop"], r["full"], r["neither"], r["stop_fraction"])
-            for r in rows] == [("relative", 4, 3, 1, 0, 0.75), ("calibrated", 2, 0, 1, 1, 0.0)]
+    rows = script.summarise([run("relative", ["stop", "stop"]), run("calibrated", ["full", None], cap=24),
+                             run("relative", ["full", "stop"], cap=8)])
+    assert [(r["rule"], r["max_heads"], r["layer_runs"], r["stop"], r["full"], r["neither"],
+             r["stop_fraction"]) for r in rows] == [("relative", [8, 16], 4, 3, 1, 0, 0.75),
+                                                    ("calibrated", [24], 2, 0, 1, 1, 0.0)]
+
+
+def test_rule_caps_and_a_resumed_sweep_runs_only_what_is_missing(script, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(task, rule, seed, args):
+        calls.append((rule, seed, args.caps[rule]))
+        return {"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule], "extra": args.extra,
+                "command": "fake", "layers": [{"verdict": "stop", "heads": 2}], "wall_time_s": 0.0}
+
+    monkeypatch.setattr(script, "run", fake_run)
+    argv = ["--tasks", "planted", "--rules", "relative", "bidirectional", "--rule_max_heads",
+            "bidirectional=24", "--output_dir", str(tmp_path)]
+    script.main([*argv, "--seeds", "0"])
+    assert calls == [("relative", 0, 16), ("bidirectional", 0, 24)]
+    result = script.main([*argv, "--seeds", "0", "1"])  # seed 0 is kept, seed 1 added
+    assert calls[2:] == [("relative", 1, 16), ("bidirectional", 1, 24)]
+    assert [(r["rule"], r["seed"]) for r in result["runs"]] == [
+        ("relative", 0), ("relative", 1), ("bidirectional", 0), ("bidirectional", 1)]
+    script.main([*argv, "--seeds", "1", "--rule_max_heads", "bidirectional=32"])  # a new cap is a new run
+    assert calls[4:] == [("bidirectional", 1, 32)]
+    saved = json.loads((tmp_path / "growth_stop_planted.json").read_text())
+    assert [(r["rule"], r["seed"], r["max_heads"]) for r in saved["runs"]] == [
+        ("relative", 1, 16), ("bidirectional", 1, 32)]
 
 
 def test_bad_arguments_are_refused(script):
@@ -49,6 +75,9 @@ def test_bad_arguments_are_refused(script):
         script.parse_args(["--max_heads", "1"])
     with pytest.raises(SystemExit):
         script.parse_args(["--rules", "fixed"])
+    for item in ("bidirectional=1", "greedy=8", "relative"):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--rule_max_heads", item])
 
 
 @pytest.mark.slow

@@ -1,0 +1,297 @@
+"""Grown vs swept (docs/growth_gate.md, "Grown vs swept"): does one INCRT growth run reach the accuracy of the
+best fixed head count for less compute than trying the head counts?
+
+Per task (`planted`: `exp_synthetic.py`'s planted spectral task; `cov2`: `exp_cov2.py`'s synthetic CoV-2
+lineages; `sst2`: `exp_sst2.py` from scratch at batch 32), with that script's recipe and defaults unchanged:
+
+- static models with every head count of `--static_heads` (default 1..8, the shapes' hidden // head_dim),
+  trained in the same phases as a grown run (pre-growth, then the rest) with no growth callback, so they
+  differ from the grown model by their heads only; `--seeds` seeds each;
+- the grown model: one head per layer, the default (relative) gate, cap `--max_heads`; the same seeds.
+
+Per run: validation accuracy, final heads, optimizer steps, wall time of training and the compute proxy
+step-parameters = sum over optimizer steps of the trainable parameters at that step (a grown model counts its
+smaller early shapes; heads add parameters linearly). Per task: static accuracy mean and std per count, the
+best count, the knee (the fewest heads whose mean accuracy is within `--tolerance` of the best count's), the
+grown runs' mean and std, and the cost ratios grown / sweep, where the sweep is one run per head count (what
+choosing a count costs a user; the mean cost over seeds per count). The claim tested: the grown model within
+`--tolerance` (0.5 pt) of the best count at less than a third of the sweep's cost, with its heads at the knee.
+
+Writes `<output_dir>/<task>.json` after every run and `<task>.png` (static accuracy vs heads, grown runs
+marked) at the end of a task. A run already in the file with the same kind, heads, seed, cap and task flags
+(`--task_flags TASK="..."`, passed on to that task's recipe) is kept, so an interrupted sweep resumes.
+
+    python scripts/exp_grown_vs_swept.py --tasks planted cov2 sst2
+    python scripts/exp_grown_vs_swept.py --tasks planted cov2 --seeds 0 --static_heads 1 2 \\
+        --output_dir /tmp/gvs --task_flags planted="--max_steps 60 --pre_growth_steps 20" \\
+        cov2="--genome_length 300 --max_steps 40"
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+
+import exp_cov2  # noqa: E402
+import exp_sst2  # noqa: E402
+import exp_synthetic  # noqa: E402
+import torch  # noqa: E402
+from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
+
+from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  # noqa: E402
+
+from harness.flags import build_model  # noqa: E402
+from harness.probes import evaluate_accuracy  # noqa: E402
+from harness.recipe import run_growth_training  # noqa: E402
+from harness.results import REPO_ROOT, command_line, environment, markdown_table, parameter_count, write_json  # noqa: E402
+
+TASK_NAMES = ("planted", "cov2", "sst2")
+
+
+@dataclass
+class Trained:
+    """One finished run: the model, its parameters before training, validation accuracy, optimizer steps, the
+    growth history (None for a static model) and the training wall time."""
+
+    model: torch.nn.Module
+    initial_parameters: int
+    accuracy: float
+    steps: int
+    history: dict | None
+    train_time_s: float
+
+
+def prepare(task: str, extra: list[str]):
+    """The task's recipe flags (its script's parser and defaults, then `extra`) and a function
+    train(seed, heads, grow, max_heads, folder) -> Trained running that recipe on data built once."""
+    if task == "sst2":
+        args = exp_sst2.parse_args(["--batch_size", "32", "--threads", "1", *extra])
+        _, tokenizer, (train_rows, dev) = exp_sst2.load_data(args)
+
+        def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
+            one = argparse.Namespace(**{**vars(args), "seed": seed, "initial_heads": heads,
+                                        "max_heads": max_heads, "no_growth": not grow,
+                                        "output_dir": str(folder)})
+            set_seed(seed)
+            model = exp_sst2.build_model(one, tokenizer)
+            initial = parameter_count(model)
+            run = exp_sst2.train(model, one, train_rows, dev, DataCollatorWithPadding(tokenizer), folder)
+            return Trained(model, initial, run["final"]["eval_accuracy"], run["steps"], run["history"],
+                           run["train_time_s"])
+
+        return args, train
+    if task == "planted":
+        args = exp_synthetic.parse_args(["--no-ablation", *extra])
+        data = build_spectral_task(args.strengths, num_train=args.num_train,
+                                   num_validation=args.num_validation, seed=args.data_seed)
+        shape = {"vocab_size": task_spec(data)["vocab_size"],
+                 "max_position_embeddings": task_spec(data)["seq_len"], "num_labels": 2}
+    else:
+        args = exp_cov2.parse_args(extra)
+        data, vocab_size, sequence_length = exp_cov2.build_task(args)
+        shape = {"vocab_size": vocab_size, "max_position_embeddings": sequence_length,
+                 "num_labels": len(exp_cov2.LINEAGES)}
+    torch.set_num_threads(args.threads)
+
+    def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
+        one = copy.copy(args)
+        one.seed, one.initial_heads, one.max_heads = seed, heads, max_heads
+        model = build_model(one, **shape)
+        initial = parameter_count(model)
+        run = run_growth_training(model, one, data["train"], output_dir=folder, growth=grow)
+        accuracy = evaluate_accuracy(model, data["validation"], batch_size=64)
+        return Trained(model, initial, accuracy, one.max_steps, run.history, run.train_time_s)
+
+    return args, train
+
+
+def step_parameters(history: dict | None, steps: int, initial: int, final: int) -> float:
+    """Sum over optimizer steps of the trainable parameters: `initial` parameters with the history's initial
+    heads, each grow / prune event (taking effect after its step) moving the count linearly in the total
+    heads towards `final` (the trained model's). A static model (no history): steps x final."""
+    if history is None:
+        return float(steps * final)
+    first, last = sum(history["initial_num_heads"]), sum(history["num_heads"])
+    per_head = (final - initial) / (last - first) if last != first else 0.0
+    total, heads, since = 0.0, first, 0
+    for event in history["events"]:
+        if event["action"] in ("grow", "prune"):
+            total += (event["step"] - since) * (initial + per_head * (heads - first))
+            heads, since = sum(event["num_heads"]), event["step"]
+    return total + (steps - since) * (initial + per_head * (heads - first))
+
+
+def run_one(train, kind: str, heads: int, seed: int, args: argparse.Namespace, folder: Path) -> dict:
+    """One static (`heads` fixed) or grown (from one head, capped at `--max_heads`) run -> its record."""
+    grow = kind == "grown"
+    trained = train(seed, heads, grow, args.max_heads if grow else heads, folder)
+    final = parameter_count(trained.model)
+    history = trained.history
+    return {"kind": kind, "seed": seed, "initial_heads": heads,
+            "max_heads": args.max_heads if grow else heads, "flags": args.flags,
+            "num_heads": list(trained.model.config.num_heads), "accuracy": trained.accuracy,
+            "steps": trained.steps, "initial_parameters": trained.initial_parameters, "parameters": final,
+            "step_parameters": step_parameters(history, trained.steps, trained.initial_parameters, final),
+            "train_time_s": trained.train_time_s,
+            "growth_end": None if history is None else [e["action"] for e in history["events"]
+                                                        if e["action"] in ("stop", "full")]}
+
+
+def run_key(record: dict) -> tuple:
+    """What makes two runs the same run."""
+    return (record["kind"], record["initial_heads"], record["seed"], record["max_heads"],
+            tuple(record["flags"]))
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarise(runs: list[dict], tolerance: float) -> dict:
+    """Static accuracy and cost per head count, the best count and the knee, the grown runs, and the claim."""
+    static = {}
+    for record in runs:
+        if record["kind"] == "static":
+            static.setdefault(record["initial_heads"], []).append(record)
+    counts = []
+    for heads in sorted(static):
+        records = static[heads]
+        accuracy, std = mean_std([r["accuracy"] for r in records])
+        counts.append({"heads": heads, "seeds": len(records), "accuracy": accuracy, "accuracy_std": std,
+                       "train_time_s": statistics.fmean(r["train_time_s"] for r in records),
+                       "step_parameters": statistics.fmean(r["step_parameters"] for r in records)})
+    grown = [r for r in runs if r["kind"] == "grown"]
+    summary = {"static": counts, "tolerance": tolerance}
+    if not counts or not grown:
+        return summary
+    best = max(counts, key=lambda row: row["accuracy"])
+    knee = min(row["heads"] for row in counts if row["accuracy"] >= best["accuracy"] - tolerance)
+    accuracy, std = mean_std([r["accuracy"] for r in grown])
+    heads = [sum(r["num_heads"]) for r in grown]
+    sweep_time = sum(row["train_time_s"] for row in counts)
+    sweep_compute = sum(row["step_parameters"] for row in counts)
+    grown_time = statistics.fmean(r["train_time_s"] for r in grown)
+    grown_compute = statistics.fmean(r["step_parameters"] for r in grown)
+    summary.update({
+        "best_static_heads": best["heads"], "best_static_accuracy": best["accuracy"], "knee_heads": knee,
+        "grown": {"seeds": len(grown), "accuracy": accuracy, "accuracy_std": std, "heads": heads,
+                  "train_time_s": grown_time, "step_parameters": grown_compute},
+        "sweep": {"counts": len(counts), "train_time_s": sweep_time, "step_parameters": sweep_compute},
+        "gap_to_best": best["accuracy"] - accuracy,
+        "time_ratio": grown_time / sweep_time, "compute_ratio": grown_compute / sweep_compute,
+    })
+    summary["claim"] = {
+        "within_tolerance": summary["gap_to_best"] <= tolerance,
+        "under_a_third_of_the_sweep": max(summary["time_ratio"], summary["compute_ratio"]) < 1 / 3,
+        "heads_at_the_knee": statistics.median(heads) == knee,
+    }
+    return summary
+
+
+def plot(task: str, runs: list[dict], summary: dict, path: Path) -> None:
+    """Static accuracy (mean +- std over seeds) against heads, each grown run marked at its heads."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    counts = summary["static"]
+    axis.errorbar([row["heads"] for row in counts], [row["accuracy"] for row in counts],
+                  yerr=[row["accuracy_std"] for row in counts], marker="o", capsize=3,
+                  label="static (mean ± std over seeds)")
+    grown = [r for r in runs if r["kind"] == "grown"]
+    axis.scatter([sum(r["num_heads"]) for r in grown], [r["accuracy"] for r in grown], marker="*", s=140,
+                 color="tab:red", zorder=3, label="grown (one run each)")
+    if "knee_heads" in summary:
+        axis.axvline(summary["knee_heads"], color="grey", linestyle=":", label="knee")
+    axis.set(xlabel="heads (all layers)", ylabel="validation accuracy", title=f"grown vs swept: {task}")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--static_heads", type=int, nargs="+", default=list(range(1, 9)))
+    parser.add_argument("--max_heads", type=int, default=16, help="the grown models' cap")
+    parser.add_argument("--tolerance", type=float, default=0.005, help="accuracy gap allowed (0.005: 0.5 pt)")
+    parser.add_argument("--task_flags", nargs="+", default=[], metavar='TASK="FLAGS"',
+                        help="flags passed on to one task's recipe, e.g. cov2=\"--genome_length 600\"")
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "grown_vs_swept"))
+    parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "grown_vs_swept"))
+    args = parser.parse_args(argv)
+    if min(args.static_heads) < 1 or args.max_heads < 2:
+        parser.error(f"--static_heads must be >= 1 and --max_heads >= 2, got {args.static_heads}, "
+                     f"{args.max_heads}")
+    if not 0 <= args.tolerance < 1:
+        parser.error(f"--tolerance must lie in [0, 1), got {args.tolerance}")
+    args.task_flag_lists = {task: [] for task in TASK_NAMES}
+    for item in args.task_flags:
+        task, _, flags = item.partition("=")
+        if task not in TASK_NAMES:
+            parser.error(f"--task_flags takes TASK=\"FLAGS\" with TASK in {list(TASK_NAMES)}, got {item!r}")
+        args.task_flag_lists[task] = shlex.split(flags)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for task in args.tasks:
+        path = output / f"{task}.json"
+        done = {}
+        if path.exists():
+            done = {run_key(r): r for r in json.loads(path.read_text())["runs"]}
+        args.flags = args.task_flag_lists[task]
+        _, train = prepare(task, args.flags)
+        plan = [("static", heads, seed) for heads in args.static_heads for seed in args.seeds]
+        plan += [("grown", 1, seed) for seed in args.seeds]
+        runs = []
+        for kind, heads, seed in plan:
+            key = (kind, heads, seed, args.max_heads if kind == "grown" else heads, tuple(args.flags))
+            if key not in done:
+                folder = Path(args.runs_dir) / task / (f"grown/seed{seed}" if kind == "grown"
+                                                       else f"static{heads}/seed{seed}")
+                done[key] = run_one(train, kind, heads, seed, args, folder)
+            runs.append(done[key])
+            result = {"experiment": "grown_vs_swept", "task": task,
+                      "command": command_line("exp_grown_vs_swept.py", argv),
+                      "summary": summarise(runs, args.tolerance), "runs": runs, "environment": environment()}
+            write_json(path, result)  # after every run: an interrupted sweep keeps its runs, resumes there
+        plot(task, runs, result["summary"], output / f"{task}.png")
+        print_summary(task, result["summary"])
+        results[task] = result
+    return results
+
+
+def print_summary(task: str, summary: dict) -> None:
+    rows = [[row["heads"], row["seeds"], row["accuracy"], row["accuracy_std"], row["train_time_s"],
+             f"{row['step_parameters']:.3g}"] for row in summary["static"]]
+    print(markdown_table(["heads", "seeds", "accuracy", "std", "train time (s)", "step-parameters"], rows))
+    if "grown" in summary:
+        grown = summary["grown"]
+        print(f"{task}: grown {grown['accuracy']:.4f} ± {grown['accuracy_std']:.4f} with heads "
+              f"{grown['heads']}; best static {summary['best_static_accuracy']:.4f} at "
+              f"{summary['best_static_heads']} heads, knee {summary['knee_heads']}; cost grown / sweep: "
+              f"time {summary['time_ratio']:.3f}, step-parameters {summary['compute_ratio']:.3f}; "
+              f"claim {summary['claim']}")
+
+
+if __name__ == "__main__":
+    main()
