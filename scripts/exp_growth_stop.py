@@ -165,7 +165,8 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-    """Per task and rule: layer-runs, how many ended with stop / full / neither, the stop fraction, heads."""
+    """Per task and rule: caps, layer-runs, how many ended with stop / full / neither, the stop fraction,
+    whether every cap is at least twice the heads it ended with, and the heads."""
     rows = []
     for task in dict.fromkeys(r["task"] for r in runs):
         for rule in dict.fromkeys(r["rule"] for r in runs if r["task"] == task):
@@ -176,6 +177,9 @@ def summarise(runs: list[dict]) -> list[dict]:
                          "stop": verdicts.count("stop"), "full": verdicts.count("full"),
                          "neither": verdicts.count(None),
                          "stop_fraction": verdicts.count("stop") / len(layers),
+                         "cap_at_least_twice_final": all(2 * layer["heads"] <= r["max_heads"] for r in runs
+                                                         if (r["task"], r["rule"]) == (task, rule)
+                                                         for layer in r["layers"]),
                          "heads": [layer["heads"] for layer in layers]})
     return rows
 
@@ -203,9 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
                 result = {"experiment": "growth_stop", "command": command_line("exp_growth_stop.py", argv),
                           "summary": summarise(runs), "runs": runs, "environment": environment()}
                 write_json(path, result)  # after every run: a partial sweep still leaves its numbers
-    columns = ("task", "rule", "max_heads", "layer_runs", "stop", "full", "neither", "stop_fraction", "heads")
+    columns = ("task", "rule", "max_heads", "layer_runs", "stop", "full", "neither", "stop_fraction",
+               "cap_at_least_twice_final", "heads")
     print(markdown_table(["task", "rule", "cap", "layer-runs", "stop", "full (cap)", "neither",
-                          "stop fraction", "final heads"],
+                          "stop fraction", "cap >= 2 x heads", "final heads"],
                          [[row[name] for name in columns] for row in result["summary"]]))
     return result
 

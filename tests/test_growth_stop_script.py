@@ -40,10 +40,11 @@ def test_summary_counts_stop_full_and_neither_per_task_and_rule(script):
                 "layers": [{"verdict": v, "heads": 3} for v in verdicts]}
 
     rows = script.summarise([run("relative", ["stop", "stop"]), run("calibrated", ["full", None], cap=24),
-                             run("relative", ["full", "stop"], cap=8)])
+                             run("relative", ["full", "stop"], cap=5)])
     assert [(r["rule"], r["max_heads"], r["layer_runs"], r["stop"], r["full"], r["neither"],
-             r["stop_fraction"]) for r in rows] == [("relative", [8, 16], 4, 3, 1, 0, 0.75),
+             r["stop_fraction"]) for r in rows] == [("relative", [5, 16], 4, 3, 1, 0, 0.75),
                                                     ("calibrated", [24], 2, 0, 1, 1, 0.0)]
+    assert [r["cap_at_least_twice_final"] for r in rows] == [False, True]  # 3 heads under a cap of 5: not
 
 
 def test_rule_caps_and_a_resumed_sweep_runs_only_what_is_missing(script, tmp_path, monkeypatch):
