@@ -19,8 +19,11 @@ For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (d
 A Llama of the same shape also trains `--steps` steps per seed: the val-loss reference of the figure.
 After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart, n) and a
 markdown table), after every n `stream_scaling.png` (val loss and throughput ratio against n, one line per
-chart), so an interrupted grid keeps the runs it finished. `--calibrate` only times the interleaved steps of
-every (n, chart) and prints the projected cost of the grid.
+chart), so an interrupted grid keeps the runs it finished. A later invocation with the same design (every
+setting but `--seeds`, `--streams`, `--charts` and `--save_models`) keeps the runs and Llama references of the
+file and trains only the (seed, n, chart) it lacks, so the grid can be grown over several sessions (one
+process per output folder); a different design replaces the file. `--calibrate` only times the interleaved
+steps of every (n, chart) and prints the projected cost of the grid.
 
     python scripts/exp_stream_scaling.py --threads 1                       # the full design: 2,000 steps
     python scripts/exp_stream_scaling.py --threads 1 --calibrate           # s/step per (n, chart)
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import sys
 import time
@@ -283,6 +287,15 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                      f"got {args.width}")
 
 
+GRID_SETTINGS = ("seeds", "streams", "charts", "save_models")  # what may change between resumed invocations
+
+
+def same_design(saved: dict, settings: dict) -> bool:
+    """Whether a saved report's settings equal `settings` but for the grid's own lists (GRID_SETTINGS)."""
+    return ({key: value for key, value in saved.items() if key not in GRID_SETTINGS}
+            == {key: value for key, value in settings.items() if key not in GRID_SETTINGS})
+
+
 def main(argv: list[str] | None = None) -> dict:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
@@ -319,23 +332,43 @@ def main(argv: list[str] | None = None) -> dict:
         "llama": [],
         "runs": [],
     }
+    path = output_dir / SUMMARY_FILE
+    saved = json.loads(path.read_text()) if path.exists() else None
+    if saved is not None and same_design(saved["settings"], report["settings"]):
+        report["llama"], report["runs"] = saved["llama"], saved["runs"]
+        for key in ("seeds", "streams", "charts"):  # the union of the grids run so far
+            report["settings"][key] = sorted(set(saved["settings"][key]) | set(report["settings"][key]),
+                                             key=str)
+        print(f"resuming {path}: {len(saved['runs'])} runs kept", flush=True)
+    elif saved is not None:
+        print(f"{path} has another design; it is replaced", flush=True)
+    def save() -> None:
+        report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
+        write_json(path, report)
+
     tokenizer, train_ids, val_ids = data
     for seed in args.seeds:
-        torch.manual_seed(seed)
-        llama = build_llama(tokenizer, shape, args.block_size).to(device)
-        llama_memory = training_memory_bytes(llama, probe_batch(train_ids, args).to(device), device)
-        seed_args = copy.copy(args)
-        seed_args.seed = seed
-        llama_run = {"seed": seed, "parameters": llama.num_parameters(), "peak_memory_bytes": llama_memory,
-                     **train(llama, train_ids, val_ids, seed_args, device)}
-        report["llama"].append(llama_run)
-        print(f"seed {seed} llama: val loss {llama_run['val_loss']:.4f}, "
-              f"{llama_run['train_tokens_per_second']:,.0f} tok/s", flush=True)
+        llama_run = next((run for run in report["llama"] if run["seed"] == seed), None)
+        if llama_run is None:
+            torch.manual_seed(seed)
+            llama = build_llama(tokenizer, shape, args.block_size).to(device)
+            llama_memory = training_memory_bytes(llama, probe_batch(train_ids, args).to(device), device)
+            seed_args = copy.copy(args)
+            seed_args.seed = seed
+            trained = train(llama, train_ids, val_ids, seed_args, device)
+            llama_run = {"seed": seed, "parameters": llama.num_parameters(),
+                         "peak_memory_bytes": llama_memory, **trained}
+            report["llama"].append(llama_run)
+            print(f"seed {seed} llama: val loss {llama_run['val_loss']:.4f}, "
+                  f"{llama_run['train_tokens_per_second']:,.0f} tok/s", flush=True)
         for n in args.streams:
             for chart in args.charts:
-                report["runs"].append(run_one(seed, n, chart, data, shape, llama_memory, args, device))
-                report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
-                write_json(output_dir / SUMMARY_FILE, report)
+                if any((run["seed"], run["n"], run["chart"]) == (seed, n, chart) for run in report["runs"]):
+                    continue
+                report["runs"].append(run_one(seed, n, chart, data, shape, llama_run["peak_memory_bytes"],
+                                              args, device))
+                save()
+            save()
             plot(report["summary"], report["llama"], output_dir / FIGURE_FILE)
     print(f"\n{report['markdown']}\nwrote {output_dir / SUMMARY_FILE} and {output_dir / FIGURE_FILE}")
     return report

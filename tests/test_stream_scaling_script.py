@@ -116,3 +116,30 @@ def test_bad_flags_name_the_flag(flags, named, capsys):
     with pytest.raises(SystemExit):
         script.main(flags)
     assert named in capsys.readouterr().err
+
+
+def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_starts_afresh(study, tmp_path):
+    script, _, output, data = study
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "summary.json").write_text((output / "summary.json").read_text())
+    before = json.loads((folder / "summary.json").read_text())
+    design = [
+        *("--data", str(data), "--output_dir", str(folder), "--width", "16", "--layers", "1"),
+        *("--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1", "--seeds", "0"),
+        *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
+    ]
+    threads = torch.get_num_threads()
+    try:
+        resumed = script.main([*design, "--steps", "3", "--streams", "2", "4", "--charts", "tbp", "rtbp"])
+        assert resumed["llama"] == before["llama"]
+        assert resumed["runs"][:4] == before["runs"]  # kept as they were
+        assert [(run["chart"], run["n"]) for run in resumed["runs"][4:]] == [("rtbp", 2), ("rtbp", 4)]
+        assert resumed["settings"]["charts"] == ["rtbp", "sinkhorn", "tbp"]
+        assert len(resumed["summary"]) == 6
+        fresh = script.main([*design, "--steps", "4", "--streams", "2", "--charts", "tbp"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [(run["chart"], run["n"]) for run in fresh["runs"]] == [("tbp", 2)]
+    assert fresh["llama"][0]["val_loss"] != before["llama"][0]["val_loss"]
+    assert json.loads((folder / "summary.json").read_text())["settings"]["steps"] == 4
