@@ -96,3 +96,20 @@ def test_a_tiny_planted_sweep_writes_the_summary_of_every_rule(script, tmp_path)
                               "growth_history.json").read_text())
         assert [layer["heads"] for layer in run["layers"]] == history["num_heads"]
         assert "--max_heads 6" in run["command"]
+
+
+def test_a_run_that_stops_below_its_cap_is_the_same_run_under_a_higher_cap(script, tmp_path):
+    """The cap enters only the "full" verdict (the gate's buffers of cap rows start at zero and draw no random
+    numbers), so raising it does not change a run that stopped below it: every check's lambda_max, theta_w
+    and action and every event are equal."""
+    histories = []
+    for cap in (7, 14):
+        script.trainer_defaults(["--seed", "0", "--gate_threshold", "relative", "--gate_rule", "max_only",
+                                 "--max_heads", str(cap), "--output_dir", str(tmp_path / str(cap)),
+                                 "--max_steps", "150", "--check_every", "15"])
+        histories.append(json.loads((tmp_path / str(cap) / "growth_history.json").read_text()))
+    small, large = histories
+    ends = [e for e in small["events"] if e["action"] in ("stop", "full")]
+    assert ends[0]["action"] == "stop" and 1 < small["num_heads"][0] < 7
+    assert small["num_heads"] == large["num_heads"] and small["events"] == large["events"]
+    assert small["checks"] == large["checks"]
