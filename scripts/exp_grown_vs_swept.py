@@ -80,6 +80,7 @@ def prepare(task: str, extra: list[str]):
     train(seed, heads, grow, max_heads, folder) -> Trained running that recipe on data built once."""
     if task == "sst2":
         args = exp_sst2.parse_args(["--batch_size", "32", "--threads", "1", *extra])
+        torch.set_num_threads(args.threads)
         _, tokenizer, (train_rows, dev) = exp_sst2.load_data(args)
 
         def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
@@ -216,7 +217,7 @@ def plot(task: str, runs: list[dict], summary: dict, path: Path) -> None:
     if "knee_heads" in summary:
         axis.axvline(summary["knee_heads"], color="grey", linestyle=":", label="knee")
     axis.set(xlabel="heads (all layers)", ylabel="validation accuracy", title=f"grown vs swept: {task}")
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)  # clear of the points
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
