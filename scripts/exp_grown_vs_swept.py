@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import shlex
 import statistics
 import sys
@@ -57,7 +56,15 @@ from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  
 from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, parameter_count, write_json  # noqa: E402
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    command_line,
+    environment,
+    markdown_table,
+    parameter_count,
+    saved_runs,
+    write_json,
+)
 
 TASK_NAMES = ("planted", "cov2", "sst2")
 
@@ -76,8 +83,8 @@ class Trained:
 
 
 def prepare(task: str, extra: list[str]):
-    """The task's recipe flags (its script's parser and defaults, then `extra`) and a function
-    train(seed, heads, grow, max_heads, folder) -> Trained running that recipe on data built once."""
+    """train(seed, heads, grow, max_heads, folder) -> Trained: the task's recipe (its script's parser and
+    defaults, then `extra`) on data built once."""
     if task == "sst2":
         args = exp_sst2.parse_args(["--batch_size", "32", "--threads", "1", *extra])
         torch.set_num_threads(args.threads)
@@ -94,7 +101,7 @@ def prepare(task: str, extra: list[str]):
             return Trained(model, initial, run["final"]["eval_accuracy"], run["steps"], run["history"],
                            run["train_time_s"])
 
-        return args, train
+        return train
     if task == "planted":
         args = exp_synthetic.parse_args(["--no-ablation", *extra])
         data = build_spectral_task(args.strengths, num_train=args.num_train,
@@ -117,7 +124,7 @@ def prepare(task: str, extra: list[str]):
         accuracy = evaluate_accuracy(model, data["validation"], batch_size=64)
         return Trained(model, initial, accuracy, one.max_steps, run.history, run.train_time_s)
 
-    return args, train
+    return train
 
 
 def step_parameters(history: dict | None, steps: int, initial: int, final: int) -> float:
@@ -136,14 +143,13 @@ def step_parameters(history: dict | None, steps: int, initial: int, final: int) 
     return total + (steps - since) * (initial + per_head * (heads - first))
 
 
-def run_one(train, kind: str, heads: int, seed: int, args: argparse.Namespace, folder: Path) -> dict:
-    """One static (`heads` fixed) or grown (from one head, capped at `--max_heads`) run -> its record."""
-    grow = kind == "grown"
-    trained = train(seed, heads, grow, args.max_heads if grow else heads, folder)
+def run_one(train, planned: dict, folder: Path) -> dict:
+    """One planned run (`plan`) -> its record: the plan's fields and what training measured."""
+    trained = train(planned["seed"], planned["initial_heads"], planned["kind"] == "grown",
+                    planned["max_heads"], folder)
     final = parameter_count(trained.model)
     history = trained.history
-    return {"kind": kind, "seed": seed, "initial_heads": heads,
-            "max_heads": args.max_heads if grow else heads, "flags": args.flags,
+    return {**planned,
             "num_heads": list(trained.model.config.num_heads), "accuracy": trained.accuracy,
             "steps": trained.steps, "initial_parameters": trained.initial_parameters, "parameters": final,
             "step_parameters": step_parameters(history, trained.steps, trained.initial_parameters, final),
@@ -152,10 +158,18 @@ def run_one(train, kind: str, heads: int, seed: int, args: argparse.Namespace, f
                                                         if e["action"] in ("stop", "full")]}
 
 
-def run_key(record: dict) -> tuple:
+def plan(args: argparse.Namespace, flags: list[str]) -> list[dict]:
+    """The runs of a task: every static count of `--static_heads` (cap = its heads) and the grown model (one
+    head, cap `--max_heads`), for every seed."""
+    static = [{"kind": "static", "seed": seed, "initial_heads": heads, "max_heads": heads, "flags": flags}
+              for heads in args.static_heads for seed in args.seeds]
+    return static + [{"kind": "grown", "seed": seed, "initial_heads": 1, "max_heads": args.max_heads,
+                      "flags": flags} for seed in args.seeds]
+
+
+def run_key(run: dict) -> tuple:
     """What makes two runs the same run."""
-    return (record["kind"], record["initial_heads"], record["seed"], record["max_heads"],
-            tuple(record["flags"]))
+    return run["kind"], run["initial_heads"], run["seed"], run["max_heads"], tuple(run["flags"])
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -240,12 +254,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"{args.max_heads}")
     if not 0 <= args.tolerance < 1:
         parser.error(f"--tolerance must lie in [0, 1), got {args.tolerance}")
-    args.task_flag_lists = {task: [] for task in TASK_NAMES}
+    task_flags = {task: [] for task in TASK_NAMES}
     for item in args.task_flags:
         task, _, flags = item.partition("=")
         if task not in TASK_NAMES:
             parser.error(f"--task_flags takes TASK=\"FLAGS\" with TASK in {list(TASK_NAMES)}, got {item!r}")
-        args.task_flag_lists[task] = shlex.split(flags)
+        task_flags[task] = shlex.split(flags)
+    args.task_flags = task_flags
     return args
 
 
@@ -256,20 +271,15 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for task in args.tasks:
         path = output / f"{task}.json"
-        done = {}
-        if path.exists():
-            done = {run_key(r): r for r in json.loads(path.read_text())["runs"]}
-        args.flags = args.task_flag_lists[task]
-        _, train = prepare(task, args.flags)
-        plan = [("static", heads, seed) for heads in args.static_heads for seed in args.seeds]
-        plan += [("grown", 1, seed) for seed in args.seeds]
+        done = saved_runs(path, run_key)
+        train = prepare(task, args.task_flags[task])
         runs = []
-        for kind, heads, seed in plan:
-            key = (kind, heads, seed, args.max_heads if kind == "grown" else heads, tuple(args.flags))
+        for planned in plan(args, args.task_flags[task]):
+            key = run_key(planned)
             if key not in done:
-                folder = Path(args.runs_dir) / task / (f"grown/seed{seed}" if kind == "grown"
-                                                       else f"static{heads}/seed{seed}")
-                done[key] = run_one(train, kind, heads, seed, args, folder)
+                kind = "grown" if planned["kind"] == "grown" else f"static{planned['initial_heads']}"
+                folder = Path(args.runs_dir) / task / kind / f"seed{planned['seed']}"
+                done[key] = run_one(train, planned, folder)
             runs.append(done[key])
             result = {"experiment": "grown_vs_swept", "task": task,
                       "command": command_line("exp_grown_vs_swept.py", argv),

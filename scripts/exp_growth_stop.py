@@ -49,7 +49,14 @@ from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback  # noqa
 from geoformers.training.optim import make_optimizer  # noqa: E402
 from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  # noqa: E402
 
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    command_line,
+    environment,
+    markdown_table,
+    saved_runs,
+    write_json,
+)
 
 RULES = {
     "relative": ["--gate_threshold", "relative", "--gate_rule", "max_only"],
@@ -184,9 +191,9 @@ def summarise(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def run_key(task: str, rule: str, seed: int, max_heads: int, extra: list[str]) -> tuple:
+def run_key(run: dict) -> tuple:
     """What makes two runs the same run: task, rule, seed, cap and the flags passed on."""
-    return task, rule, seed, max_heads, tuple(extra)
+    return run["task"], run["rule"], run["seed"], run["max_heads"], tuple(run["extra"])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -194,15 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     path = output / f"growth_stop_{'_'.join(args.tasks)}.json"
-    done = {}
-    if path.exists():
-        done = {run_key(r["task"], r["rule"], r["seed"], r["max_heads"], r["extra"]): r
-                for r in json.loads(path.read_text())["runs"]}
+    done = saved_runs(path, run_key)
     runs = []
     for task in args.tasks:
         for rule in args.rules:
             for seed in args.seeds:
-                key = run_key(task, rule, seed, args.caps[rule], args.extra)
+                key = run_key({"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule],
+                               "extra": args.extra})
                 runs.append(done[key] if key in done else run(task, rule, seed, args))
                 result = {"experiment": "growth_stop", "command": command_line("exp_growth_stop.py", argv),
                           "summary": summarise(runs), "runs": runs, "environment": environment()}

