@@ -270,9 +270,7 @@ def main() -> None:
         "sizes": args.sizes,
         "logits": f"N(0, {args.logit_std}^2)",
         "timing": "forward + backward of sum(X * G), G ~ N(0, 1); median over interleaved repetitions",
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(),
+        **timing_environment(),
         "command": (
             f"python scripts/bench_birkhoff.py --sizes {' '.join(map(str, args.sizes))} --batch {args.batch} "
             f"--reps {args.reps} --logit-std {args.logit_std} --seed {args.seed}"
@@ -282,6 +280,12 @@ def main() -> None:
     report = {"config": config, "results": results, "variants": variants}
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.output}")
+
+
+def timing_environment() -> dict:
+    """What a timing depends on besides its arguments: torch, its threads and the processor."""
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine()}
 
 
 def run_rtbp_function(args, generator: torch.Generator) -> None:
@@ -298,9 +302,7 @@ def run_rtbp_function(args, generator: torch.Generator) -> None:
         "logits": "N(0, 1), float32",
         "timing": "forward (no grad) and forward + backward of sum(X * G), G ~ N(0, 1); medians over "
         "interleaved repetitions of the four timings",
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(),
+        **timing_environment(),
         "command": (
             f"python scripts/bench_birkhoff.py --rtbp-function --sizes {' '.join(map(str, args.sizes))} "
             f"--batch {args.batch} --reps {args.reps} --seed {args.seed}"
