@@ -22,12 +22,16 @@ markdown table), after every n `stream_scaling.png` (val loss and throughput rat
 chart), so an interrupted grid keeps the runs it finished. A later invocation with the same design (every
 setting but `--seeds`, `--streams`, `--charts` and `--save_models`) keeps the runs and Llama references of the
 file and trains only the (seed, n, chart) it lacks, so the grid can be grown over several sessions (one
-process per output folder); a different design replaces the file. `--calibrate` only times the interleaved
-steps of every (n, chart) and prints the projected cost of the grid.
+process per output folder); a different design replaces the file. `--merge DIR ...` first adds the runs and
+Llama references of other folders' `summary.json` (same design, else an error) that this one lacks, so a grid
+split over parallel processes, each in its own folder, ends in one summary. `--calibrate` only times the
+interleaved steps of every (n, chart) and prints the projected cost of the grid.
 
     python scripts/exp_stream_scaling.py --threads 1                       # the full design: 2,000 steps
     python scripts/exp_stream_scaling.py --threads 1 --calibrate           # s/step per (n, chart)
     python scripts/exp_stream_scaling.py --steps 300 --warmup_steps 15 --seeds 0 --streams 4 8
+    python scripts/exp_stream_scaling.py --seeds 0 --streams 16 --output_dir OTHER    # in a parallel process,
+    python scripts/exp_stream_scaling.py --seeds 0 --streams 16 --merge OTHER          # then merged
 """
 
 from __future__ import annotations
@@ -296,6 +300,27 @@ def same_design(saved: dict, settings: dict) -> bool:
             == {key: value for key, value in settings.items() if key not in GRID_SETTINGS})
 
 
+def merge_reports(report: dict, folders: list[str]) -> None:
+    """Add to `report` the runs and Llama references of each folder's summary.json that it lacks (by (seed, n,
+    chart) and seed); the grid settings become the union. A folder without a summary or with another design is
+    an error naming it, as a silent skip would drop its runs."""
+    for folder in folders:
+        path = Path(folder) / SUMMARY_FILE
+        if not path.is_file():
+            raise ValueError(f"--merge {folder}: no {SUMMARY_FILE} there")
+        other = json.loads(path.read_text())
+        if not same_design(other["settings"], report["settings"]):
+            raise ValueError(f"--merge {folder}: its design differs from this invocation's "
+                             f"(the settings other than {', '.join(GRID_SETTINGS)})")
+        have = {(run["seed"], run["n"], run["chart"]) for run in report["runs"]}
+        report["runs"] += [run for run in other["runs"] if (run["seed"], run["n"], run["chart"]) not in have]
+        seeds = {run["seed"] for run in report["llama"]}
+        report["llama"] += [run for run in other["llama"] if run["seed"] not in seeds]
+        for key in ("seeds", "streams", "charts"):
+            report["settings"][key] = sorted(set(report["settings"][key]) | set(other["settings"][key]))
+        print(f"merged {path}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
@@ -309,6 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
     parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
     parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "stream_scaling"))
+    parser.add_argument("--merge", nargs="+", default=[], metavar="DIR",
+                        help="first add the runs of other folders' summary.json (same design) this one lacks")
     parser.set_defaults(threads=1)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
@@ -325,7 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
         "command": command_line("exp_stream_scaling.py", argv),
         "date": time.strftime("%Y-%m-%d"),
         "environment": environment(),
-        "settings": {key: value for key, value in vars(args).items() if key not in ("output_dir", "data")},
+        "settings": {key: value for key, value in vars(args).items()
+                     if key not in ("output_dir", "data", "merge")},
         "shape": shape,
         "memory_measure": "parameters + gradients + AdamW state + autograd's saved tensors of one step "
                           "(bench_causal_lm.training_memory_bytes; CUDA: peak allocated)",
@@ -341,6 +369,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"resuming {path}: {len(saved['runs'])} runs kept", flush=True)
     elif saved is not None:
         print(f"{path} has another design; it is replaced", flush=True)
+    try:
+        merge_reports(report, args.merge)
+    except ValueError as error:
+        parser.error(str(error))
 
     def save() -> None:
         report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])

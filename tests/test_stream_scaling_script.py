@@ -143,3 +143,40 @@ def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_starts_afre
     assert [(run["chart"], run["n"]) for run in fresh["runs"]] == [("tbp", 2)]
     assert fresh["llama"][0]["val_loss"] != before["llama"][0]["val_loss"]
     assert json.loads((folder / "summary.json").read_text())["settings"]["steps"] == 4
+
+
+def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_ones(study, tmp_path, capsys):
+    """A grid split over two folders: `--merge` brings the second folder's run and nothing is trained again
+    (the merged record is the other folder's, timings included); a folder without a summary or of another
+    design is a parser error naming it."""
+    script, _, output, data = study
+    design = [
+        *("--data", str(data), "--width", "16", "--layers", "1", "--steps", "3"),
+        *("--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1", "--seeds", "0"),
+        *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
+    ]
+    main_folder, other_folder, foreign = tmp_path / "main", tmp_path / "other", tmp_path / "foreign"
+    for folder in (main_folder, other_folder):
+        folder.mkdir()
+        (folder / "summary.json").write_text((output / "summary.json").read_text())
+    threads = torch.get_num_threads()
+    try:
+        other = script.main([*design, "--output_dir", str(other_folder), "--streams", "2",
+                             "--charts", "rtbp"])
+        merged = script.main([*design, "--output_dir", str(main_folder), "--streams", "2", "--charts", "tbp",
+                              "--merge", str(other_folder)])
+        script.main([*design, "--output_dir", str(foreign), "--streams", "2", "--charts", "tbp",
+                     "--eval_batches", "2"])  # another design: two evaluation batches
+        for bad, named in ((tmp_path / "missing", "no summary.json"), (foreign, "design differs")):
+            with pytest.raises(SystemExit):
+                script.main([*design, "--output_dir", str(main_folder), "--streams", "2", "--charts", "tbp",
+                             "--merge", str(bad)])
+            error = capsys.readouterr().err
+            assert f"--merge {bad}: " in error and named in error, error
+    finally:
+        torch.set_num_threads(threads)
+    assert merged["runs"] == other["runs"]  # the four runs both had, then other's rtbp at n = 2, untouched
+    assert merged["llama"] == other["llama"]
+    assert merged["settings"]["charts"] == ["rtbp", "sinkhorn", "tbp"]
+    assert len(merged["summary"]) == 5
+    assert json.loads((main_folder / "summary.json").read_text())["runs"] == other["runs"]
