@@ -16,16 +16,17 @@ For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (d
 - `gain_forward` / `gain_backward`: the largest composite Amax gain of `hc_diagnostics` (products
   H_res^(k) ... H_res^(1) over the sublayers, mHC arXiv 2512.24880) on the same probe.
 
-A Llama of the same shape also trains `--steps` steps per seed: the val-loss reference of the figure.
-After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart, n) and a
-markdown table), after every n `stream_scaling.png` (val loss and throughput ratio against n, one line per
-chart), so an interrupted grid keeps the runs it finished. A later invocation with the same design (every
-setting but `--seeds`, `--streams`, `--charts` and `--save_models`) keeps the runs and Llama references of the
-file and trains only the (seed, n, chart) it lacks, so the grid can be grown over several sessions (one
-process per output folder); a different design replaces the file. `--merge DIR ...` first adds the runs and
-Llama references of other folders' `summary.json` (same design, else an error) that this one lacks, so a grid
-split over parallel processes, each in its own folder, ends in one summary. `--calibrate` only times the
-interleaved steps of every (n, chart) and prints the projected cost of the grid.
+A Llama of the same shape also trains `--steps` steps per seed on the same batches: the val-loss reference,
+paired by seed. After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart,
+n), val loss minus the same seed's Llama's, and a markdown table), after every n `stream_scaling.png` (that
+paired loss difference and the throughput ratio against n, one line per chart), so an interrupted grid keeps
+the runs it finished. A later invocation with the same design (every setting but `--seeds`, `--streams`,
+`--charts` and `--save_models`) keeps the runs and Llama references of the file and trains only the (seed, n,
+chart) it lacks, so the grid can be grown over several sessions (one process per output folder); a different
+design replaces the file. `--merge DIR ...` first adds the runs and Llama references of other folders'
+`summary.json` (same design, else an error) that this one lacks, so a grid split over parallel processes, each
+in its own folder, ends in one summary. `--calibrate` only times the interleaved steps of every (n, chart) and
+prints the projected cost of the grid.
 
     python scripts/exp_stream_scaling.py --threads 1                       # the full design: 2,000 steps
     python scripts/exp_stream_scaling.py --threads 1 --calibrate           # s/step per (n, chart)
@@ -181,65 +182,84 @@ def run_one(seed: int, n: int, chart: str, data, shape: dict, llama_memory: int,
     return record
 
 
+def mean_and_std(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str]:
-    """Mean over seeds per (chart, n) (std of the val loss; the worst DS error and gains) and its table."""
+    """Mean over seeds per (chart, n) (std of the val loss; the worst DS error and gains) and its table.
+
+    `val_loss_vs_llama_*`: the mean and std over seeds of val loss minus the same seed's Llama's (the models
+    of a seed see the same batches, so the pair shares the batch order's noise), where every seed of the
+    group has its Llama; None otherwise. Rows of a grid still growing can hold different seeds: the table's
+    `seeds` column says how many."""
+    llama_loss = {run["seed"]: run["val_loss"] for run in llama_runs}
     groups: dict[tuple[str, int], list[dict]] = {}
     for run in runs:
         groups.setdefault((run["chart"], run["n"]), []).append(run)
     summary = []
     for (chart, n), group in groups.items():
-        losses = [run["val_loss"] for run in group]
+        loss_mean, loss_std = mean_and_std([run["val_loss"] for run in group])
+        paired = ([run["val_loss"] - llama_loss[run["seed"]] for run in group]
+                  if all(run["seed"] in llama_loss for run in group) else None)
+        paired_mean, paired_std = mean_and_std(paired) if paired else (None, None)
         summary.append({
             "chart": chart,
             "n": n,
-            "seeds": [run["seed"] for run in group],
+            "seeds": sorted(run["seed"] for run in group),
             "parameters": group[0]["parameters"],
-            "val_loss_mean": statistics.mean(losses),
-            "val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+            "val_loss_mean": loss_mean,
+            "val_loss_std": loss_std,
+            "val_loss_vs_llama_mean": paired_mean,
+            "val_loss_vs_llama_std": paired_std,
             **{key: statistics.mean(run[key] for run in group) for key in (
                 "train_tokens_per_second", "train_throughput_ratio", "peak_memory_bytes", "memory_ratio")},
             **{key: max(run[key] for run in group) for key in ("ds_error", "gain_forward", "gain_backward")},
             "min_entry": min(run["min_entry"] for run in group),
         })
+    def spread(mean: float, std: float, seeds: int, sign: str = "") -> str:
+        return f"{mean:{sign}.4f}" + (f" ± {std:.4f}" if seeds > 1 else "")
+
     rows = [[
-        "llama (transformers)", 1, f"{llama_runs[0]['parameters']:,}",
-        f"{statistics.mean(run['val_loss'] for run in llama_runs):.4f}",
+        "llama (transformers)", 1, len(llama_runs), f"{llama_runs[0]['parameters']:,}",
+        spread(*mean_and_std([run["val_loss"] for run in llama_runs]), len(llama_runs)), "0",
         f"{statistics.mean(run['train_tokens_per_second'] for run in llama_runs):,.0f}", "1", "1",
         None, None, None,
     ]] if llama_runs else []
     rows += [[
-        entry["chart"], entry["n"], f"{entry['parameters']:,}",
-        f"{entry['val_loss_mean']:.4f}"
-        + (f" ± {entry['val_loss_std']:.4f}" if len(entry["seeds"]) > 1 else ""),
+        entry["chart"], entry["n"], len(entry["seeds"]), f"{entry['parameters']:,}",
+        spread(entry["val_loss_mean"], entry["val_loss_std"], len(entry["seeds"])),
+        None if entry["val_loss_vs_llama_mean"] is None else spread(
+            entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]), "+"),
         f"{entry['train_tokens_per_second']:,.0f}", f"{entry['train_throughput_ratio']:.2f}",
         f"{entry['memory_ratio']:.2f}", f"{entry['ds_error']:.1e}", f"{entry['min_entry']:.1e}",
         f"{entry['gain_forward'] - 1:+.1e} / {entry['gain_backward'] - 1:+.1e}",
     ] for entry in sorted(summary, key=lambda entry: (entry["n"], entry["chart"]))]
     table = markdown_table(
-        ["chart", "n", "params", "val loss", "train tok/s", "tok/s vs Llama", "memory vs Llama",
-         "worst DS error", "min entry", "gain - 1 (fwd / bwd)"],
-        rows, align="lrrrrrrrrr",
+        ["chart", "n", "seeds", "params", "val loss", "val loss - Llama's (same seed)", "train tok/s",
+         "tok/s vs Llama", "memory vs Llama", "worst DS error", "min entry", "gain - 1 (fwd / bwd)"],
+        rows, align="lrrrrrrrrrrr",
     )
     return summary, table
 
 
-def plot(summary: list[dict], llama_runs: list[dict], path: Path) -> None:
-    """Val loss and throughput ratio against n, one line per chart (Llama's val loss dashed)."""
+def plot(summary: list[dict], path: Path) -> None:
+    """Val loss minus the same seed's Llama's (mean ± std over seeds) and throughput ratio against n, one line
+    per chart; Llama dashed (0 and 1)."""
     figure = Figure(figsize=(10, 4))
-    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.96, wspace=0.25)
+    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.13, top=0.96, wspace=0.25)
     loss_axes, ratio_axes = figure.subplots(1, 2)
     for chart in dict.fromkeys(entry["chart"] for entry in summary):
         entries = sorted((entry for entry in summary if entry["chart"] == chart), key=lambda e: e["n"])
-        ns = [entry["n"] for entry in entries]
-        loss_axes.errorbar(ns, [entry["val_loss_mean"] for entry in entries],
-                           yerr=[entry["val_loss_std"] for entry in entries], marker="o", capsize=3,
+        paired = [entry for entry in entries if entry["val_loss_vs_llama_mean"] is not None]
+        loss_axes.errorbar([e["n"] for e in paired], [e["val_loss_vs_llama_mean"] for e in paired],
+                           yerr=[e["val_loss_vs_llama_std"] for e in paired], marker="o", capsize=3,
                            label=chart)
-        ratio_axes.plot(ns, [entry["train_throughput_ratio"] for entry in entries], marker="o", label=chart)
-    if llama_runs:
-        llama_loss = statistics.mean(run["val_loss"] for run in llama_runs)
-        loss_axes.axhline(llama_loss, color="gray", linestyle="--", label="llama")
+        ratio_axes.plot([e["n"] for e in entries], [e["train_throughput_ratio"] for e in entries], marker="o",
+                        label=chart)
+    loss_axes.axhline(0.0, color="gray", linestyle="--", label="llama")
     ratio_axes.axhline(1.0, color="gray", linestyle="--", label="llama")
-    for axes, label in ((loss_axes, "validation loss"), (ratio_axes, "train tok/s / Llama's")):
+    for axes, label in ((loss_axes, "val loss - Llama's (same seed)"), (ratio_axes, "train tok/s / Llama's")):
         axes.set_xscale("log", base=2)
         axes.set_xlabel("streams n")
         axes.set_ylabel(label)
@@ -401,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict:
                                               args, device))
                 save()
             save()
-            plot(report["summary"], report["llama"], output_dir / FIGURE_FILE)
+            plot(report["summary"], output_dir / FIGURE_FILE)
     print(f"\n{report['markdown']}\nwrote {output_dir / SUMMARY_FILE} and {output_dir / FIGURE_FILE}")
     return report
 

@@ -180,3 +180,29 @@ def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_on
     assert merged["settings"]["charts"] == ["rtbp", "sinkhorn", "tbp"]
     assert len(merged["summary"]) == 5
     assert json.loads((main_folder / "summary.json").read_text())["runs"] == other["runs"]
+
+
+def test_summary_pairs_each_run_with_its_own_seeds_llama():
+    """Hand numbers: tbp at n = 4 over seeds 0 and 1 is 0.10 and 0.30 above its seeds' Llamas (mean 0.20,
+    std 0.1414, below the 0.2121 of its losses themselves); a group with a seed that has no Llama gets no
+    paired value, and every row says how many seeds it holds."""
+    script = load_script("exp_stream_scaling.py")
+    metrics = {"train_tokens_per_second": 1.0, "train_throughput_ratio": 0.5, "peak_memory_bytes": 10,
+               "memory_ratio": 2.0, "ds_error": 1e-8, "gain_forward": 1.0, "gain_backward": 1.0,
+               "min_entry": 0.1, "parameters": 100}
+    llama = [{"seed": 0, "val_loss": 2.0, "parameters": 90, "train_tokens_per_second": 2.0},
+             {"seed": 1, "val_loss": 1.5, "parameters": 90, "train_tokens_per_second": 2.0}]
+    runs = [{"chart": "tbp", "n": 4, "seed": 0, "val_loss": 2.1, **metrics},
+            {"chart": "tbp", "n": 4, "seed": 1, "val_loss": 1.8, **metrics},
+            {"chart": "tbp", "n": 8, "seed": 2, "val_loss": 1.7, **metrics}]
+    summary, table = script.summarize(runs, llama)
+    both, alone = sorted(summary, key=lambda entry: entry["n"])
+    assert both["seeds"] == [0, 1] and alone["seeds"] == [2]
+    assert both["val_loss_mean"] == pytest.approx(1.95)
+    assert both["val_loss_std"] == pytest.approx(0.3 / 2**0.5)
+    assert both["val_loss_vs_llama_mean"] == pytest.approx(0.2)
+    assert both["val_loss_vs_llama_std"] == pytest.approx(0.2 / 2**0.5)
+    assert alone["val_loss_vs_llama_mean"] is None and alone["val_loss_vs_llama_std"] is None
+    assert "| llama (transformers) | 1 | 2 | 90 | 1.7500 ± 0.3536 | 0 |" in table
+    assert "| tbp | 4 | 2 | 100 | 1.9500 ± 0.2121 | +0.2000 ± 0.1414 |" in table
+    assert "| tbp | 8 | 1 | 100 | 1.7000 | - |" in table
