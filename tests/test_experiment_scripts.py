@@ -6,6 +6,7 @@ against hand computations and float64 references; bad arguments."""
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -469,6 +470,26 @@ def test_grow_order_stop_summary_and_temperature_split():
 def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
     write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)})
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.0, None], "c": 2.5}
+
+
+def test_write_json_interrupted_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
+    """A write that dies after half the text (a killed sweep) must not truncate the runs saved before."""
+    target = tmp_path / "summary.json"
+    write_json(target, {"runs": [1, 2, 3]})
+    real_write_text = Path.write_text
+
+    def dies_halfway(self, text, *args, **kwargs):
+        real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        write_json(target, {"runs": [1, 2, 3, 4]})
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == {"runs": [1, 2, 3]}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["summary.json"]
+    write_json(target, {"runs": [1, 2, 3, 4]})
+    assert json.loads(target.read_text()) == {"runs": [1, 2, 3, 4]}
 
 
 def test_markdown_table_formats_cells_and_aligns_columns():

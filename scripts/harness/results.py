@@ -19,7 +19,8 @@ SST2_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"  # the read-only G
 
 
 def write_json(path: str | os.PathLike, content: dict) -> None:
-    """Indented JSON; NaN/inf are written as null (strict JSON)."""
+    """Indented JSON; NaN/inf are written as null (strict JSON). Written beside `path` and renamed onto it, so
+    a failed or killed write leaves the previous file (a resumable sweep's finished runs) as it was."""
     def finite(value):
         if isinstance(value, float) and not math.isfinite(value):
             return None
@@ -31,7 +32,14 @@ def write_json(path: str | os.PathLike, content: dict) -> None:
             return finite(value.item())
         return value
 
-    Path(path).write_text(json.dumps(finite(content), indent=2) + "\n", encoding="utf-8")
+    path = Path(path)
+    text = json.dumps(finite(content), indent=2) + "\n"
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def saved_runs(path: str | os.PathLike, key) -> dict:
