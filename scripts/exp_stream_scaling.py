@@ -18,15 +18,15 @@ For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (d
 
 A Llama of the same shape also trains `--steps` steps per seed on the same batches: the val-loss reference,
 paired by seed. After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart,
-n), val loss minus the same seed's Llama's, and a markdown table), after every n `stream_scaling.png` (that
-paired loss difference and the throughput ratio against n, one line per chart), so an interrupted grid keeps
-the runs it finished. A later invocation with the same design (every setting but `--seeds`, `--streams`,
-`--charts` and `--save_models`) keeps the runs and Llama references of the file and trains only the (seed, n,
-chart) it lacks, so the grid can be grown over several sessions (one process per output folder); a different
-design replaces the file. `--merge DIR ...` first adds the runs and Llama references of other folders'
-`summary.json` (same design, else an error) that this one lacks, so a grid split over parallel processes, each
-in its own folder, ends in one summary. `--calibrate` only times the interleaved steps of every (n, chart) and
-prints the projected cost of the grid.
+n), val loss minus the same seed's Llama's, a markdown table and `markdown_by_n`, chart × n), after every n
+`stream_scaling.png` (that paired loss difference and the throughput ratio against n, one line per chart), so
+an interrupted grid keeps the runs it finished. A later invocation with the same design (every setting but
+`--seeds`, `--streams`, `--charts` and `--save_models`) keeps the runs and Llama references of the file and
+trains only the (seed, n, chart) it lacks, so the grid can be grown over several sessions (one process per
+output folder); a different design replaces the file. `--merge DIR ...` first adds the runs and Llama
+references of other folders' `summary.json` (same design, else an error) that this one lacks, so a grid split
+over parallel processes, each in its own folder, ends in one summary. `--calibrate` only times the interleaved
+steps of every (n, chart) and prints the projected cost of the grid.
 
     python scripts/exp_stream_scaling.py --threads 1                       # the full design: 2,000 steps
     python scripts/exp_stream_scaling.py --threads 1 --calibrate           # s/step per (n, chart)
@@ -243,6 +243,26 @@ def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str
     return summary, table
 
 
+def by_n_table(summary: list[dict]) -> str:
+    """One row per chart, one column per n: val loss minus the same seed's Llama's (± std over seeds where
+    there are several) / train tok/s ratio to Llama; then the worst DS error over every n (the model card's
+    table)."""
+    ns = sorted({entry["n"] for entry in summary})
+    cells = {(entry["chart"], entry["n"]): entry for entry in summary}
+
+    def cell(entry: dict | None) -> str | None:
+        if entry is None or entry["val_loss_vs_llama_mean"] is None:
+            return None
+        spread = f" ± {entry['val_loss_vs_llama_std']:.3f}" if len(entry["seeds"]) > 1 else ""
+        return f"{entry['val_loss_vs_llama_mean']:+.3f}{spread} / {entry['train_throughput_ratio']:.2f}×"
+
+    rows = [[chart, *(cell(cells.get((chart, n))) for n in ns),
+             f"{max(entry['ds_error'] for entry in summary if entry['chart'] == chart):.1e}"]
+            for chart in sorted({entry["chart"] for entry in summary})]
+    return markdown_table(["chart", *(f"n = {n}" for n in ns), "worst DS error"], rows,
+                          align="l" + "r" * (len(ns) + 1))
+
+
 def plot(summary: list[dict], path: Path) -> None:
     """Val loss minus the same seed's Llama's (mean ± std over seeds) and throughput ratio against n, one line
     per chart; Llama dashed (0 and 1)."""
@@ -396,6 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def save() -> None:
         report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
+        report["markdown_by_n"] = by_n_table(report["summary"])
         write_json(path, report)
 
     tokenizer, train_ids, val_ids = data

@@ -89,9 +89,12 @@ def test_summary_numbers_match_independent_computations(study):
 
 
 def test_summary_table_and_figure(study):
-    _, report, output, _ = study
+    script, report, output, _ = study
     saved = json.loads((output / "summary.json").read_text())
     assert saved["markdown"] == report["markdown"]
+    assert saved["markdown_by_n"] == script.by_n_table(saved["summary"])
+    rows = saved["markdown_by_n"].splitlines()[2:]
+    assert [line.split(" | ")[0] for line in rows] == ["| sinkhorn", "| tbp"]
     for entry in saved["summary"]:
         run = next(r for r in saved["runs"] if (r["chart"], r["n"]) == (entry["chart"], entry["n"]))
         assert entry["val_loss_mean"] == run["val_loss"] and entry["val_loss_std"] == 0.0
@@ -206,3 +209,6 @@ def test_summary_pairs_each_run_with_its_own_seeds_llama():
     assert "| llama (transformers) | 1 | 2 | 90 | 1.7500 ± 0.3536 | 0 |" in table
     assert "| tbp | 4 | 2 | 100 | 1.9500 ± 0.2121 | +0.2000 ± 0.1414 |" in table
     assert "| tbp | 8 | 1 | 100 | 1.7000 | - |" in table
+    by_n = script.by_n_table(summary)
+    assert by_n.splitlines()[0] == "| chart | n = 4 | n = 8 | worst DS error |"
+    assert by_n.splitlines()[2] == "| tbp | +0.200 ± 0.141 / 0.50× | - | 1.0e-08 |"
