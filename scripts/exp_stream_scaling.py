@@ -28,9 +28,9 @@ references of other folders' `summary.json` (same design, else an error) that th
 over parallel processes, each in its own folder, ends in one summary. `--calibrate` only times the interleaved
 steps of every (n, chart) and prints the projected cost of the grid.
 
-    python scripts/exp_stream_scaling.py --threads 1                       # the full design: 2,000 steps
-    python scripts/exp_stream_scaling.py --threads 1 --calibrate           # s/step per (n, chart)
-    python scripts/exp_stream_scaling.py --steps 300 --warmup_steps 15 --seeds 0 --streams 4 8
+    python scripts/exp_stream_scaling.py             # full design, 2,000 steps: results/stream_scaling_2000
+    python scripts/exp_stream_scaling.py --calibrate # s/step per (n, chart)
+    python scripts/exp_stream_scaling.py --steps 300 --warmup_steps 15 --seeds 0 --output_dir results/short
     python scripts/exp_stream_scaling.py --seeds 0 --streams 16 --output_dir OTHER    # in a parallel process,
     python scripts/exp_stream_scaling.py --seeds 0 --streams 16 --merge OTHER          # then merged
 """
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timing_steps", type=int, default=20, help="interleaved steps of the tok/s ratio")
     parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
     parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "stream_scaling"))
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "stream_scaling_2000"))
     parser.add_argument("--merge", nargs="+", default=[], metavar="DIR",
                         help="first add the runs of other folders' summary.json (same design) this one lacks")
     parser.set_defaults(threads=1)
