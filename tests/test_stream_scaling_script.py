@@ -3,6 +3,7 @@ summary.json against an independent computation from the saved models (numpy flo
 products of the logged H_res, the validation loss re-evaluated, the timing medians), and bad flags."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,3 +213,17 @@ def test_summary_pairs_each_run_with_its_own_seeds_llama():
     by_n = script.by_n_table(summary)
     assert by_n.splitlines()[0] == "| chart | n = 4 | n = 8 | worst DS error |"
     assert by_n.splitlines()[2] == "| tbp | +0.200 ± 0.141 / 0.50× | - | 1.0e-08 |"
+
+
+def test_docs_and_card_quote_the_committed_full_grid():
+    """docs/stream_scaling.md and the DDL-mHC card show the tables of results/stream_scaling_2000/summary.json
+    as that file has them, and the file's summary is what `summarize` makes of its own runs."""
+    root = Path(__file__).resolve().parents[1]
+    saved = json.loads((root / "results" / "stream_scaling_2000" / "summary.json").read_text())
+    script = load_script("exp_stream_scaling.py")
+    summary, table = script.summarize(saved["runs"], saved["llama"])
+    assert table == saved["markdown"] and script.by_n_table(summary) == saved["markdown_by_n"]
+    assert len({(run["seed"], run["n"], run["chart"]) for run in saved["runs"]}) == len(saved["runs"])
+    docs = (root / "docs" / "stream_scaling.md").read_text()
+    card = (root / "model_cards" / "ddl_mhc.md").read_text()
+    assert saved["markdown"] in docs and saved["markdown_by_n"] in docs and saved["markdown_by_n"] in card
