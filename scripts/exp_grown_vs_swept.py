@@ -61,6 +61,7 @@ from harness.results import (  # noqa: E402
     command_line,
     environment,
     markdown_table,
+    mean_std,
     parameter_count,
     saved_runs,
     write_json,
@@ -170,11 +171,6 @@ def plan(args: argparse.Namespace, flags: list[str]) -> list[dict]:
 def run_key(run: dict) -> tuple:
     """What makes two runs the same run."""
     return run["kind"], run["initial_heads"], run["seed"], run["max_heads"], tuple(run["flags"])
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def summarise(runs: list[dict], tolerance: float) -> dict:

@@ -65,7 +65,14 @@ from geoformers.configuration.charts import METHODS  # noqa: E402
 from geoformers.modeling.birkhoff import ds_violation, num_logits  # noqa: E402
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics  # noqa: E402
 
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
+from harness.results import (  # noqa: E402
+    REPO_ROOT,
+    command_line,
+    environment,
+    markdown_table,
+    mean_std,
+    write_json,
+)
 
 # msrtbp: the margined scaled RTBP of the TBP authors (docs/chart_variants.md), the variant whose changes
 # address what grows with n: the depth of RTBP's splits (narrow intervals, vanishing gradients) and the
@@ -182,8 +189,9 @@ def run_one(seed: int, n: int, chart: str, data, shape: dict, llama_memory: int,
     return record
 
 
-def mean_and_std(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def spread(mean: float, std: float, seeds: int, digits: int = 4, sign: str = "") -> str:
+    """A table cell: the mean, and ± the std where there are several seeds."""
+    return f"{mean:{sign}.{digits}f}" + (f" ± {std:.{digits}f}" if seeds > 1 else "")
 
 
 def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str]:
@@ -199,10 +207,10 @@ def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str
         groups.setdefault((run["chart"], run["n"]), []).append(run)
     summary = []
     for (chart, n), group in groups.items():
-        loss_mean, loss_std = mean_and_std([run["val_loss"] for run in group])
+        loss_mean, loss_std = mean_std([run["val_loss"] for run in group])
         paired = ([run["val_loss"] - llama_loss[run["seed"]] for run in group]
                   if all(run["seed"] in llama_loss for run in group) else None)
-        paired_mean, paired_std = mean_and_std(paired) if paired else (None, None)
+        paired_mean, paired_std = mean_std(paired) if paired else (None, None)
         summary.append({
             "chart": chart,
             "n": n,
@@ -217,12 +225,9 @@ def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str
             **{key: max(run[key] for run in group) for key in ("ds_error", "gain_forward", "gain_backward")},
             "min_entry": min(run["min_entry"] for run in group),
         })
-    def spread(mean: float, std: float, seeds: int, sign: str = "") -> str:
-        return f"{mean:{sign}.4f}" + (f" ± {std:.4f}" if seeds > 1 else "")
-
     rows = [[
         "llama (transformers)", 1, len(llama_runs), f"{llama_runs[0]['parameters']:,}",
-        spread(*mean_and_std([run["val_loss"] for run in llama_runs]), len(llama_runs)), "0",
+        spread(*mean_std([run["val_loss"] for run in llama_runs]), len(llama_runs)), "0",
         f"{statistics.mean(run['train_tokens_per_second'] for run in llama_runs):,.0f}", "1", "1",
         None, None, None,
     ]] if llama_runs else []
@@ -230,7 +235,7 @@ def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str
         entry["chart"], entry["n"], len(entry["seeds"]), f"{entry['parameters']:,}",
         spread(entry["val_loss_mean"], entry["val_loss_std"], len(entry["seeds"])),
         None if entry["val_loss_vs_llama_mean"] is None else spread(
-            entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]), "+"),
+            entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]), sign="+"),
         f"{entry['train_tokens_per_second']:,.0f}", f"{entry['train_throughput_ratio']:.2f}",
         f"{entry['memory_ratio']:.2f}", f"{entry['ds_error']:.1e}", f"{entry['min_entry']:.1e}",
         f"{entry['gain_forward'] - 1:+.1e} / {entry['gain_backward'] - 1:+.1e}",
@@ -253,8 +258,9 @@ def by_n_table(summary: list[dict]) -> str:
     def cell(entry: dict | None) -> str | None:
         if entry is None or entry["val_loss_vs_llama_mean"] is None:
             return None
-        spread = f" ± {entry['val_loss_vs_llama_std']:.3f}" if len(entry["seeds"]) > 1 else ""
-        return f"{entry['val_loss_vs_llama_mean']:+.3f}{spread} / {entry['train_throughput_ratio']:.2f}×"
+        loss = spread(entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]),
+                      digits=3, sign="+")
+        return f"{loss} / {entry['train_throughput_ratio']:.2f}×"
 
     rows = [[chart, *(cell(cells.get((chart, n))) for n in ns),
              f"{max(entry['ds_error'] for entry in summary if entry['chart'] == chart):.1e}"]
@@ -340,10 +346,25 @@ def same_design(saved: dict, settings: dict) -> bool:
             == {key: value for key, value in settings.items() if key not in GRID_SETTINGS})
 
 
+def run_key(run: dict) -> tuple:
+    """What makes two runs the same run of one design."""
+    return run["seed"], run["n"], run["chart"]
+
+
+def add_runs(report: dict, other: dict) -> None:
+    """Add to `report` the runs (by `run_key`) and Llama references (by seed) of `other`, a report of the same
+    design, that it lacks; the grid settings become the union of both."""
+    have = {run_key(run) for run in report["runs"]}
+    report["runs"] += [run for run in other["runs"] if run_key(run) not in have]
+    seeds = {run["seed"] for run in report["llama"]}
+    report["llama"] += [run for run in other["llama"] if run["seed"] not in seeds]
+    for key in ("seeds", "streams", "charts"):
+        report["settings"][key] = sorted(set(report["settings"][key]) | set(other["settings"][key]))
+
+
 def merge_reports(report: dict, folders: list[str]) -> None:
-    """Add to `report` the runs and Llama references of each folder's summary.json that it lacks (by (seed, n,
-    chart) and seed); the grid settings become the union. A folder without a summary or with another design is
-    an error naming it, as a silent skip would drop its runs."""
+    """`add_runs` of each folder's summary.json. A folder without a summary or with another design is an error
+    naming it, as a silent skip would drop its runs."""
     for folder in folders:
         path = Path(folder) / SUMMARY_FILE
         if not path.is_file():
@@ -352,12 +373,7 @@ def merge_reports(report: dict, folders: list[str]) -> None:
         if not same_design(other["settings"], report["settings"]):
             raise ValueError(f"--merge {folder}: its design differs from this invocation's "
                              f"(the settings other than {', '.join(GRID_SETTINGS)})")
-        have = {(run["seed"], run["n"], run["chart"]) for run in report["runs"]}
-        report["runs"] += [run for run in other["runs"] if (run["seed"], run["n"], run["chart"]) not in have]
-        seeds = {run["seed"] for run in report["llama"]}
-        report["llama"] += [run for run in other["llama"] if run["seed"] not in seeds]
-        for key in ("seeds", "streams", "charts"):
-            report["settings"][key] = sorted(set(report["settings"][key]) | set(other["settings"][key]))
+        add_runs(report, other)
         print(f"merged {path}", flush=True)
 
 
@@ -403,9 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
     path = output_dir / SUMMARY_FILE
     saved = json.loads(path.read_text()) if path.exists() else None
     if saved is not None and same_design(saved["settings"], report["settings"]):
-        report["llama"], report["runs"] = saved["llama"], saved["runs"]
-        for key in ("seeds", "streams", "charts"):  # the union of the grids run so far
-            report["settings"][key] = sorted(set(saved["settings"][key]) | set(report["settings"][key]))
+        add_runs(report, saved)
         print(f"resuming {path}: {len(saved['runs'])} runs kept", flush=True)
     elif saved is not None:
         print(f"{path} has another design; it is replaced", flush=True)
@@ -436,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{llama_run['train_tokens_per_second']:,.0f} tok/s", flush=True)
         for n in args.streams:
             for chart in args.charts:
-                if any((run["seed"], run["n"], run["chart"]) == (seed, n, chart) for run in report["runs"]):
+                if (seed, n, chart) in {run_key(run) for run in report["runs"]}:
                     continue
                 report["runs"].append(run_one(seed, n, chart, data, shape, llama_run["peak_memory_bytes"],
                                               args, device))

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -66,6 +67,11 @@ def command_line(script: str, argv: list[str] | None) -> str:
     """The command that reproduces a run, as shown next to its table."""
     arguments = sys.argv[1:] if argv is None else argv
     return " ".join(["python", f"scripts/{script}", *arguments])
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value) of a sweep's seeds."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
