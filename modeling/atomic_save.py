@@ -1,13 +1,16 @@
-"""Atomic folder saves: a model folder holds the complete old save or the complete new one, never a mix.
+"""Atomic folder saves (docs/reliability.md, 'Saving'): a model folder holds the complete old save or the
+complete new one, never a mix.
 
-`save_pretrained` writes into a fresh hidden sibling folder `.<name>.saving-<random>`, adds the old folder's
-other files (tokenizer, checkpoints, ...) as hard links, and only then swaps the two folders
-(`replace_folder`): on Linux with one `renameat2(RENAME_EXCHANGE)` call, elsewhere with two renames (old
-folder aside, new folder in), between which the folder is briefly absent and loading it fails with "not
+`save_pretrained` runs transformers' own save into a fresh hidden sibling folder `.<name>.saving-<random>`,
+adds the old folder's other files (tokenizer, checkpoints, ...) as hard links, and only then swaps the two
+folders (`replace_folder`): on Linux with one `renameat2(RENAME_EXCHANGE)` call, elsewhere with two renames
+(old folder aside, new folder in), between which the folder is briefly absent and loading it fails with "not
 found". A process killed at any point before the swap leaves the old folder untouched (and a stale
 `.<name>.saving-*` sibling that may be deleted); after the swap the new folder is complete. Old weight files
 of the same name stem as the new ones (e.g. `model-00001-of-00002.safetensors` under a new unsharded
-`model.safetensors`) are not carried over, so no stale shard can be loaded with the new config.
+`model.safetensors`) are not carried over, so no stale shard can be loaded with the new config. The weight
+files get the permissions the umask gives to config.json (safetensors creates them 0600).
+`save_pretrained(..., push_to_hub=True)` then uploads the files this save wrote, as transformers does.
 """
 
 import ctypes
@@ -19,12 +22,13 @@ import secrets
 import shutil
 from pathlib import Path
 
+from huggingface_hub import HfApi
 from transformers import PreTrainedModel
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _WEIGHTS_FILE = re.compile(r"(?P<stem>.+?)(?:-\d{5}-of-\d{5})?\.safetensors(?:\.index\.json)?")
-_ATOMIC_SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
+_SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
 
 
 def _exchange_paths(first: Path, second: Path) -> bool:
@@ -41,20 +45,6 @@ def _exchange_paths(first: Path, second: Path) -> bool:
     if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(first), None, str(second))
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file and directory under `folder` to disk, so the swap never publishes unwritten data."""
-    for path in sorted(folder.rglob("*"), reverse=True) + [folder]:
-        if path.is_symlink():
-            continue
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        except OSError:  # some filesystems refuse fsync on directories
-            pass
-        finally:
-            os.close(descriptor)
 
 
 def link_or_copy(source: str, destination: str) -> None:
@@ -78,7 +68,6 @@ def staging_folder(target: Path) -> Path:
 
 def replace_folder(staging: Path, target: Path) -> None:
     """Publish the complete folder `staging` as `target`, deleting the folder it replaces."""
-    _fsync_tree(staging)
     if not target.exists():
         os.rename(staging, target)
     elif _exchange_paths(staging, target):
@@ -108,26 +97,56 @@ def carry_over(old: Path, staging: Path) -> None:
             link_or_copy(str(entry), str(destination))
 
 
+def _follow_umask(folder: Path) -> None:
+    """Give the weight files the mode of config.json, which transformers opens under the process' umask."""
+    config = folder / "config.json"
+    if config.is_file():
+        mode = config.stat().st_mode & 0o777
+        for path in folder.glob("*.safetensors"):
+            path.chmod(mode)
+
+
 class AtomicSaveMixin:
     """`save_pretrained` that replaces the target folder atomically (module docstring). Saves that write on
-    other ranks, push to the Hub or write a distributed checkpoint take transformers' own path unchanged."""
+    other ranks or write a distributed checkpoint take transformers' own path unchanged."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        arguments = _ATOMIC_SAVE_SIGNATURE.bind(self, save_directory, *args, **kwargs).arguments
+        arguments = dict(_SAVE_SIGNATURE.bind(self, save_directory, *args, **kwargs).arguments)
         target = Path(os.path.realpath(save_directory))
         writes_here = self.should_save_on_this_rank(arguments.get("is_main_process", True))
-        stock = arguments.get("push_to_hub") or arguments.get("distributed_checkpoint")
-        if target.is_file() or not writes_here or stock:
+        if target.is_file() or not writes_here or arguments.get("distributed_checkpoint"):
             return super().save_pretrained(save_directory, *args, **kwargs)
+        arguments.pop("self")
+        arguments.pop("save_directory")
+        extra = arguments.pop("kwargs", {})
+        push = arguments.pop("push_to_hub", False)
+        if push:  # as transformers: hub arguments from **kwargs, the rest of them for `create_repo`
+            api, token = HfApi(), arguments.get("token")
+            commit_message, create_pr = extra.pop("commit_message", None), extra.pop("create_pr", False)
+            repo_id = api.create_repo(
+                extra.pop("repo_id", target.name), exist_ok=True, token=token, **extra
+            ).repo_id
+            extra = {}
         staging = staging_folder(target)
         try:
-            result = super().save_pretrained(staging, *args, **kwargs)
+            result = super().save_pretrained(staging, **arguments, **extra)
+            _follow_umask(staging)
+            written = sorted(path.name for path in staging.iterdir())
             if target.is_dir():
                 carry_over(target, staging)
             replace_folder(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        if push:
+            return api.upload_folder(
+                repo_id=repo_id,
+                folder_path=target,
+                allow_patterns=written,
+                token=token,
+                commit_message=commit_message or "Upload model",
+                create_pr=create_pr,
+            )
         return result
 
 

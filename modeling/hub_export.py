@@ -1,25 +1,23 @@
 """Hub export: one folder with the weights, the flat remote code and `auto_map` (written by every
 `save_pretrained`, see `hub_code`), the tokenizer and a model card generated from the model, that loads with
-`trust_remote_code=True` on a machine without `geoformers`; `push_to_hub` uploads that folder.
+`trust_remote_code=True` on a machine without `geoformers`; `huggingface_hub.upload_folder` uploads it as is.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-
-from huggingface_hub import HfApi
 
 from geoformers.modeling.atomic_save import replace_folder, staging_folder
 from geoformers.modeling.hub_code import _is_internal
 from geoformers.modeling.model_card import model_card
 
 
-def export_for_hub(model, tokenizer, folder: str | os.PathLike,
-                   metrics: Mapping[str, float] | None = None) -> Path:
+def export_for_hub(
+    model, tokenizer, folder: str | os.PathLike, metrics: Mapping[str, float] | None = None
+) -> Path:
     """Write `model` (+ `tokenizer`, may be None) as a folder that loads with `trust_remote_code=True`,
     with a README.md model card listing `metrics` (name -> value measured on this model; None: no results).
 
@@ -43,15 +41,3 @@ def export_for_hub(model, tokenizer, folder: str | os.PathLike,
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return folder
-
-
-def push_to_hub(model, repo_id: str, tokenizer=None, *, metrics: Mapping[str, float] | None = None,
-                private: bool | None = None, token=None,
-                commit_message: str = "Upload geoformers model") -> str:
-    """Export with `export_for_hub` and upload the folder to the Hub; returns the commit URL."""
-    api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    with tempfile.TemporaryDirectory() as workdir:
-        folder = export_for_hub(model, tokenizer, Path(workdir) / "export", metrics)
-        info = api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message)
-    return str(info)

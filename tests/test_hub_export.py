@@ -2,8 +2,10 @@
 written by `export_for_hub` and by the stock `save_pretrained` / `push_to_hub`; cards made from the model."""
 
 import ast
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,8 +18,9 @@ from transformers import AutoModelForSequenceClassification
 
 import geoformers  # registers the Auto classes
 from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification, DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.hub_code import flatten_module
-from geoformers.modeling.hub_export import export_for_hub, push_to_hub
+from geoformers.modeling import hub_code
+from geoformers.modeling.hub_code import remote_code_files, shipped_source
+from geoformers.modeling.hub_export import export_for_hub
 from geoformers.tokenization import build_char_tokenizer
 
 # Runs in a fresh interpreter with every `geoformers` import refused, so only the exported files can work.
@@ -71,7 +74,12 @@ def run_without_geoformers(jobs: list[dict], tmp_path: Path) -> tuple[list[dict]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     completed = subprocess.run(
         [sys.executable, "-c", BLOCKED_LOADER, json.dumps(jobs, default=str)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1]), completed.stdout + completed.stderr
@@ -85,8 +93,14 @@ def load_without_geoformers(folder: Path, auto_class: str, input_ids: torch.Tens
 def grown_incrt_model() -> DDCLIncrtForSequenceClassification:
     torch.manual_seed(0)
     config = DDCLIncrtConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_heads=1, head_dim=8, num_prototypes=4,
-        max_position_embeddings=16, num_labels=3,
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=1,
+        head_dim=8,
+        num_prototypes=4,
+        max_position_embeddings=16,
+        num_labels=3,
     )
     model = DDCLIncrtForSequenceClassification(config)
     model.grow_head(0)
@@ -97,19 +111,70 @@ def grown_incrt_model() -> DDCLIncrtForSequenceClassification:
     return model.eval()
 
 
-def test_flat_files_hold_no_package_import():
-    source = flatten_module(
-        "geoformers.modeling.ddcl_incrt", {"geoformers.configuration.ddcl_incrt": ".configuration_ddcl_incrt"}
+def test_shipped_files_are_the_modules_with_only_their_geoformers_import_lines_made_relative():
+    files = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    assert {
+        "modeling_ddcl_incrt.py",
+        "configuration_ddcl_incrt.py",
+        "modeling_growable_attention.py",
+        "modeling_prototypes.py",
+        "configuration_validation.py",
+    } <= set(files)
+    modules = [name for name in sys.modules if name.startswith("geoformers.")]
+    loaded = {f"{hub_code.flat_name(name)}.py": sys.modules[name].__file__ for name in modules}
+    for name, source in files.items():
+        original = Path(loaded[name]).read_text().splitlines()
+        shipped = source.splitlines()
+        assert len(shipped) == len(original), name
+        changed = [(a, b) for a, b in zip(original, shipped, strict=True) if a != b]
+        for before, after in changed:  # `from geoformers.<a>.<b> import` -> `from .<a>_<b> import`
+            module = before.split()[1].removeprefix("geoformers.")
+            flat = hub_code.flat_name(f"geoformers.{module}")
+            assert after == before.replace(f"from geoformers.{module} import", f"from .{flat} import")
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert f"{node.module}.py" in files, (name, node.module)  # every relative import is shipped
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                modules = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                assert not any(m.startswith("geoformers") for m in modules), name
+    assert "from .configuration_ddcl_incrt import DDCLIncrtConfig" in files["modeling_ddcl_incrt.py"]
+
+
+def test_the_triton_kernels_imported_by_name_are_not_shipped():
+    files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    assert "modeling_triton_dispatch.py" in files and "modeling_chart_variants.py" in files
+    assert not [name for name in files if name.startswith("modeling_triton_") and "dispatch" not in name]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("import geoformers.modeling.delta", "cannot be shipped"),
+        ("from . import delta", "only `from geoformers.<module> import <names>`"),
+        ("from geoformers import DDLmHCConfig", "only `from geoformers.<module> import <names>`"),
+        ("x = 1; from geoformers.modeling.delta import upcast", "at the start of a line"),
+        ("from  geoformers.modeling.delta import upcast", "at the start of a line"),
+        ("from geoformers.modeling import delta", "imports the module geoformers.modeling.delta"),
+    ],
+    ids=["import", "relative", "package root", "after a statement", "two spaces", "a module as a name"],
+)
+def test_any_other_form_of_geoformers_import_fails_the_save_loudly(tmp_path, monkeypatch, line, message):
+    module = tmp_path / "odd_module.py"
+    module.write_text(f'"""A module."""\n\nimport torch\n\n\ndef f():\n    {line}\n    return torch\n')
+    real_spec = hub_code._spec
+    monkeypatch.setattr(
+        hub_code,
+        "_spec",
+        lambda name: (
+            importlib.util.spec_from_file_location(name, module)
+            if name == "geoformers.odd_module"
+            else real_spec(name)
+        ),
     )
-    compile(source, "modeling_ddcl_incrt.py", "exec")
-    imports = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import | ast.ImportFrom)]
-    imported = [node.module if isinstance(node, ast.ImportFrom) else alias.name
-                for node in imports for alias in node.names]
-    assert not [name for name in imported if name and name.startswith("geoformers")]
-    relative = {node.module for node in imports if isinstance(node, ast.ImportFrom) and node.level}
-    assert relative == {"configuration_ddcl_incrt"}
-    assert "from .configuration_ddcl_incrt import DDCLIncrtConfig" in source
-    assert "class GrowableAttention" in source and "class PrototypeBank" in source
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        shipped_source("geoformers.odd_module")
+    assert "odd_module.py:7" in str(error.value)
 
 
 def test_grown_ddcl_incrt_loads_anywhere_with_identical_logits(tmp_path):
@@ -154,25 +219,20 @@ def fake_hub():
         yield hub
 
 
-def test_push_to_hub_uploads_code_weights_tokenizer_and_card(fake_hub):
-    tokenizer = build_char_tokenizer("abcdefg hij")
-    push_to_hub(grown_incrt_model(), "user/ddcl-incrt-tiny", tokenizer, token="hf_fake")
-    assert fake_hub.created == ["ddcl-incrt-tiny"]
-    expected = {"config.json", "model.safetensors", "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py",
-                "tokenizer.json", "tokenizer_config.json", "README.md"}
-    assert expected <= set(fake_hub.files)
-    assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoConfig"].startswith("configuration_")
-    card = fake_hub.files["README.md"].decode()
-    assert "| `num_heads` (attention heads per layer) | [2, 3] |" in card
-    assert "No evaluation results were recorded" in card
-
-
 def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
     torch.manual_seed(0)
     config = DDLmHCConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, hc_streams=4, hc_chart="rtbp",
-        residual="delta", stream_expansion="conv",
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        hc_streams=4,
+        hc_chart="rtbp",
+        residual="delta",
+        stream_expansion="conv",
     )
     model = DDLmHCForCausalLM(config).eval()
     for parameter in model.parameters():  # move off the near-identity initialisation
@@ -194,8 +254,16 @@ def test_ddl_mhc_loads_anywhere_with_identical_logits_and_tokens(tmp_path):
 def tiny_ddl_mhc() -> DDLmHCForCausalLM:
     torch.manual_seed(0)
     config = DDLmHCConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, hc_streams=4, hc_chart="tbp", residual="delta",
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        hc_streams=4,
+        hc_chart="tbp",
+        residual="delta",
     )
     model = DDLmHCForCausalLM(config).eval()
     for parameter in model.parameters():
@@ -212,8 +280,9 @@ def test_stock_save_pretrained_writes_flat_code_and_auto_map(tmp_path):
     folder = tmp_path / "saved"
     model.save_pretrained(folder)
     saved = {p.name for p in folder.iterdir()}
-    assert saved == {"config.json", "model.safetensors", "configuration_ddcl_incrt.py",
-                     "modeling_ddcl_incrt.py"}
+    code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    assert saved == {"config.json", "model.safetensors", *code}
+    assert all((folder / name).read_text() == source for name, source in code.items())
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert auto_map == {
         "AutoConfig": "configuration_ddcl_incrt.DDCLIncrtConfig",
@@ -228,22 +297,26 @@ def test_stock_save_pretrained_writes_flat_code_and_auto_map(tmp_path):
 
 def test_register_for_auto_class_does_not_ship_the_nested_package_files(tmp_path, monkeypatch):
     """transformers' route (register, then custom_object_save on save) would copy ddl_mhc.py, whose
-    relative imports cannot load; the flat files and their auto_map are written instead."""
+    geoformers imports cannot load: a registered model class still ships the flat files and their auto_map,
+    a registered config class is refused with the reason."""
     monkeypatch.setattr(DDLmHCForCausalLM, "_auto_class", None)
     monkeypatch.setattr(DDLmHCConfig, "_auto_class", None)
     DDLmHCForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    DDLmHCConfig.register_for_auto_class()
     model = tiny_ddl_mhc()
     model.save_pretrained(tmp_path / "saved")
     files = {p.name for p in (tmp_path / "saved").iterdir()}
-    assert files == {"config.json", "generation_config.json", "model.safetensors", "configuration_ddl_mhc.py",
-                     "modeling_ddl_mhc.py"}
+    code = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    assert files == {"config.json", "generation_config.json", "model.safetensors", *code}
+    assert "ddl_mhc.py" not in files
     assert json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"] == {
         "AutoConfig": "configuration_ddl_mhc.DDLmHCConfig",
         "AutoModel": "modeling_ddl_mhc.DDLmHCModel",
         "AutoModelForCausalLM": "modeling_ddl_mhc.DDLmHCForCausalLM",
     }
-    assert model.config._auto_class == "AutoConfig"  # the registration itself is left as it was
+    DDLmHCConfig.register_for_auto_class()
+    with pytest.raises(ValueError, match="DDLmHCConfig is registered for an auto class"):
+        model.save_pretrained(tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 def write_uploaded(files: dict[str, bytes], folder: Path) -> Path:
@@ -256,8 +329,14 @@ def write_uploaded(files: dict[str, bytes], folder: Path) -> Path:
 def test_stock_push_to_hub_uploads_model_code_and_a_standard_tokenizer(fake_hub):
     tiny_ddl_mhc().push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
     build_char_tokenizer("abcdefghij").push_to_hub("user/ddl-mhc-tiny", token="hf_fake")
-    expected = {"config.json", "model.safetensors", "configuration_ddl_mhc.py", "modeling_ddl_mhc.py",
-                "tokenizer.json", "tokenizer_config.json"}
+    expected = {
+        "config.json",
+        "model.safetensors",
+        "configuration_ddl_mhc.py",
+        "modeling_ddl_mhc.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
     assert expected <= set(fake_hub.files)
     assert json.loads(fake_hub.files["config.json"])["auto_map"]["AutoModelForCausalLM"] == (
         "modeling_ddl_mhc.DDLmHCForCausalLM"
@@ -280,8 +359,12 @@ def test_stock_saves_and_pushes_load_and_resave_anywhere(fake_hub, tmp_path):
         encoder_logits, lm_logits = encoder(input_ids=encoder_ids).logits, lm(input_ids=lm_ids).logits
         lm_tokens = lm.generate(lm_ids, max_new_tokens=6, do_sample=False)
     jobs = [
-        {"folder": tmp_path / "saved", "auto_class": "AutoModelForSequenceClassification",
-         "inputs": encoder_ids.tolist(), "resave_to": tmp_path / "resaved"},
+        {
+            "folder": tmp_path / "saved",
+            "auto_class": "AutoModelForSequenceClassification",
+            "inputs": encoder_ids.tolist(),
+            "resave_to": tmp_path / "resaved",
+        },
         {"folder": repo, "auto_class": "AutoModelForCausalLM", "inputs": lm_ids.tolist()},
         {"folder": repo, "text": text},
     ]
@@ -335,12 +418,15 @@ def test_model_card_lists_only_the_metrics_passed_in(tmp_path):
     assert "| `num_heads` (attention heads per layer) | [2, 3] |" in card
 
 
-@pytest.mark.parametrize(("metrics", "error", "message"), [
-    ([0.9], TypeError, "metrics must be a mapping"),
-    ({"eval_loss": float("nan")}, ValueError, r"metrics\['eval_loss'\] must be a finite number"),
-    ({"eval_accuracy": True}, ValueError, r"metrics\['eval_accuracy'\]"),
-    ({"": 1.0}, TypeError, "non-empty str"),
-])
+@pytest.mark.parametrize(
+    ("metrics", "error", "message"),
+    [
+        ([0.9], TypeError, "metrics must be a mapping"),
+        ({"eval_loss": float("nan")}, ValueError, r"metrics\['eval_loss'\] must be a finite number"),
+        ({"eval_accuracy": True}, ValueError, r"metrics\['eval_accuracy'\]"),
+        ({"": 1.0}, TypeError, "non-empty str"),
+    ],
+)
 def test_model_card_refuses_bad_metrics_before_writing(tmp_path, metrics, error, message):
     with pytest.raises(error, match=message):
         export_for_hub(grown_incrt_model(), None, tmp_path / "export", metrics=metrics)

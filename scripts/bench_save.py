@@ -1,0 +1,97 @@
+"""Benchmark `save_pretrained` (docs/reliability.md, 'Cost of a save'): a DDL-mHC causal LM upcycled from a
+random Llama of SmolLM2-135M's shape (float32) against transformers' own `LlamaForCausalLM.save_pretrained`
+of that Llama, in one process, interleaved (Llama, DDL-mHC, Llama, ...), each save into a fresh folder.
+Prints the median seconds of each and their ratio, and writes them as JSON to --output_json.
+
+    python scripts/bench_save.py                       # 3 repetitions, outputs/bench_save.json
+    python scripts/bench_save.py --reps 5 --hc_streams 4 --output_json outputs/save.json
+"""
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging
+
+from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+
+# SmolLM2-135M's decoder shape (about 135 M parameters with tied embeddings).
+SMOLLM2_135M = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
+
+
+def timed_save(model, folder: Path) -> float:
+    start = time.perf_counter()
+    model.save_pretrained(folder)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(folder)
+    return seconds
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each save (median reported)")
+    parser.add_argument("--hc_streams", type=int, default=4, help="streams of the upcycled DDL-mHC")
+    parser.add_argument("--work_dir", type=Path, default=None, help="folder of the saves (default: temp)")
+    parser.add_argument("--output_json", type=Path, default=Path("outputs/bench_save.json"))
+    args = parser.parse_args()
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
+    logging.disable_progress_bar()
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).eval()
+    ddl_mhc = convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams).eval()
+    work_dir = Path(tempfile.mkdtemp(dir=args.work_dir))
+    seconds = {"llama": [], "ddl_mhc": []}
+    try:
+        for rep in range(args.reps):
+            seconds["llama"].append(timed_save(llama, work_dir / f"llama-{rep}"))
+            seconds["ddl_mhc"].append(timed_save(ddl_mhc, work_dir / f"ddl_mhc-{rep}"))
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    result = {
+        "parameters": {"llama": llama.num_parameters(), "ddl_mhc": ddl_mhc.num_parameters()},
+        "seconds": seconds,
+        "median_seconds": medians,
+        "ratio": medians["ddl_mhc"] / medians["llama"],
+        "settings": {"reps": args.reps, "hc_streams": args.hc_streams, "dtype": "float32", **SMOLLM2_135M},
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "machine": platform.machine(),
+        },
+    }
+    print(
+        f"LlamaForCausalLM.save_pretrained ({result['parameters']['llama']:,} parameters): "
+        f"median {medians['llama']:.3f} s"
+    )
+    print(
+        f"DDLmHCForCausalLM.save_pretrained ({result['parameters']['ddl_mhc']:,} parameters): "
+        f"median {medians['ddl_mhc']:.3f} s"
+    )
+    print(f"ratio DDL-mHC / Llama: {result['ratio']:.2f}")
+    args.output_json.parent.mkdir(parents=True, exist_ok=True)
+    args.output_json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
