@@ -12,6 +12,7 @@ from transformers.utils import logging
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
 from geoformers.modeling import atomic_save
+from geoformers.modeling.hub_code import remote_code_files
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the kill tests fork a saving process")
 
@@ -30,9 +31,16 @@ def quiet_single_thread():
 def model(seed: int, rms_norm_eps: float) -> DDLmHCForCausalLM:
     """Two models of the same shapes, told apart by their weights (seed) and their config (rms_norm_eps)."""
     torch.manual_seed(seed)
-    config = DDLmHCConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=2, intermediate_size=64, hc_streams=2,
-                          rms_norm_eps=rms_norm_eps)
+    config = DDLmHCConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        hc_streams=2,
+        rms_norm_eps=rms_norm_eps,
+    )
     return DDLmHCForCausalLM(config)
 
 
@@ -45,8 +53,11 @@ def which(loaded, models) -> str:
     """The name of the model `loaded` equals in config and weights; fails for a mix."""
     by_config = [name for name, m in models.items() if m.config.rms_norm_eps == loaded.config.rms_norm_eps]
     weights = loaded.state_dict()
-    by_weights = [name for name, m in models.items()
-                  if all(torch.equal(value, weights[key]) for key, value in m.state_dict().items())]
+    by_weights = [
+        name
+        for name, m in models.items()
+        if all(torch.equal(value, weights[key]) for key, value in m.state_dict().items())
+    ]
     assert by_config == by_weights and len(by_config) == 1, (by_config, by_weights)
     return by_config[0]
 
@@ -101,8 +112,9 @@ def test_a_save_killed_at_many_random_points_loads_as_the_old_or_the_new_model(t
     assert set(outcomes) == {"old", "new"}, outcomes  # both sides of the swap were hit
 
 
-def test_without_an_atomic_exchange_a_killed_save_loads_whole_or_fails_clearly(tmp_path, two_models,
-                                                                             monkeypatch):
+def test_without_an_atomic_exchange_a_killed_save_loads_whole_or_fails_clearly(
+    tmp_path, two_models, monkeypatch
+):
     """Two renames instead of one exchange: between them the folder is absent and loading fails with a
     not-found error; it never loads a mix."""
     monkeypatch.setattr(atomic_save, "_exchange_paths", lambda first, second: False)
@@ -112,8 +124,9 @@ def test_without_an_atomic_exchange_a_killed_save_loads_whole_or_fails_clearly(t
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2 exchange", "two renames"])
-def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shards(tmp_path, two_models,
-                                                                                 monkeypatch, exchange):
+def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shards(
+    tmp_path, two_models, monkeypatch, exchange
+):
     if not exchange:
         monkeypatch.setattr(atomic_save, "_exchange_paths", lambda first, second: False)
     target = tmp_path / "run"
@@ -125,9 +138,17 @@ def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shard
     (target / "checkpoint-5" / "optimizer.pt").write_bytes(b"state")
     target.chmod(0o750)
     two_models["new"].save_pretrained(target)
-    assert sorted(p.name for p in target.iterdir()) == [
-        "checkpoint-5", "config.json", "configuration_ddl_mhc.py", "generation_config.json",
-        "model.safetensors", "modeling_ddl_mhc.py", "tokenizer.json"]  # the flat Hub code is part of a save
+    code = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        [
+            "checkpoint-5",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            *code,
+        ]
+    )  # the Hub code is part of a save
     assert (target / "checkpoint-5" / "optimizer.pt").read_bytes() == b"state"
     assert target.stat().st_mode & 0o777 == 0o750
     assert which(DDLmHCForCausalLM.from_pretrained(target), two_models) == "new"
@@ -146,3 +167,16 @@ def test_a_failed_save_leaves_the_old_folder_and_no_staging_folder(tmp_path, two
         two_models["new"].save_pretrained(target)
     assert which(DDLmHCForCausalLM.from_pretrained(target), two_models) == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_files_follow_the_umask_as_files_transformers_opens(tmp_path, two_models, umask):
+    """safetensors creates the weights 0600 whatever the umask; a save gives them config.json's mode."""
+    previous = os.umask(umask)
+    try:
+        two_models["old"].save_pretrained(tmp_path / "model", max_shard_size="20KB")
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "model").iterdir()}
+    assert any(name.endswith(".safetensors") for name in modes)
+    assert set(modes.values()) == {0o666 & ~umask}, modes

@@ -23,7 +23,7 @@ from geoformers.modeling.chart_variants import (
     tbp_with_choice,
     variant_logits_from_matrix,
 )
-from geoformers.modeling.hub_code import flatten_module
+from geoformers.modeling.hub_code import remote_code_files
 from geoformers.modeling.hyper_connections import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -432,11 +432,11 @@ def test_model_trains_and_round_trips_with_each_variant(chart, tmp_path):
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
 
 
-def test_flat_modeling_file_registers_the_variants_after_the_registry():
-    kept = {"geoformers.configuration.ddl_mhc": ".configuration_ddl_mhc"}
-    source = flatten_module("geoformers.modeling.ddl_mhc", kept)
-    registry = source.index("CHART_VARIANTS: dict[str, ChartVariant] = {}")
-    assert registry < source.index("CHART_VARIANTS.update(") < source.index("class HyperConnection(")
+def test_hub_code_ships_the_variants_with_the_registry_they_import():
+    files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    assert "CHART_VARIANTS: dict[str, ChartVariant] = {}" in files["modeling_birkhoff.py"]
+    assert "CHART_VARIANTS.update(" in files["modeling_chart_variants.py"]
+    assert "from .modeling_chart_variants import INTERVAL_VARIANTS" in files["modeling_hyper_connections.py"]
 
 
 @pytest.mark.slow

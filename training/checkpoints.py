@@ -1,11 +1,14 @@
-"""Complete Trainer checkpoints of a growing run: a completion marker with content hashes, checked before use.
+"""Complete Trainer checkpoints of a growing run (docs/reliability.md, 'Growth checkpoints'): a completion
+marker written last, checked before use.
 
 `IncrtGrowthCallback.on_save` runs after the Trainer wrote `checkpoint-<step>` (model, optimizer, scheduler,
-RNG, trainer_state.json) and writes `geoformers_checkpoint.json`: the step, the head counts and the size and
-sha256 of every file. A checkpoint is complete when the marker parses, names config.json, every file it lists
-has its recorded size and hash, and config.json holds its head counts: an interrupted save, a file changed in
-place, files of another checkpoint or a second run writing into the same folder all fail the check.
-`checkpoint_problem` returns the reason instead of raising, whatever the files contain.
+RNG, trainer_state.json), flushes its files to disk and writes `geoformers_checkpoint.json`: the step, the
+head counts and the size and modification time (ns) of every file. A checkpoint is complete when the marker
+parses, names config.json, every file it lists has its recorded size and modification time, and config.json
+holds its head counts: an interrupted save, a file written after the marker (bytes changed in place, files of
+another checkpoint, a second run writing into the same folder) all fail the check, which reads no file but the
+marker and config.json. Copies keep a checkpoint complete if they keep modification times (`shutil.copytree`,
+`cp -p`, `rsync -a`). `checkpoint_problem` returns the reason instead of raising, whatever the files contain.
 
 With `save_total_limit=1` the Trainer deletes the previous checkpoint before `on_save` marks the new one, so
 after marking a checkpoint the callback keeps a hard-linked copy `.kept-checkpoint-<step>` of it (hidden from
@@ -13,7 +16,6 @@ the Trainer's rotation and `get_last_checkpoint`) until the next one is complete
 considers these copies too.
 """
 
-import hashlib
 import json
 import os
 import re
@@ -23,18 +25,28 @@ from pathlib import Path
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from geoformers.modeling.atomic_save import link_or_copy, replace_folder, staging_folder
+from geoformers.modeling.atomic_save import link_or_copy
 
 logger = logging.get_logger(__name__)
 
 MARKER_FILE = "geoformers_checkpoint.json"
 KEPT_PREFIX = ".kept-"
 _CANDIDATE = re.compile(rf"(?P<kept>{re.escape(KEPT_PREFIX)})?{PREFIX_CHECKPOINT_DIR}-(?P<step>\d+)")
-_HASH_CHUNK = 1 << 20
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def write_json_atomically(path: Path, content: dict) -> None:
-    """Write to a temporary file, then rename: a reader sees the old file or the whole new one."""
+    """Write to a temporary file, flush it to disk, then rename: a reader sees the old file or the whole new
+    one, also after a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
     with open(temporary, "w", encoding="utf-8") as handle:
@@ -42,25 +54,24 @@ def write_json_atomically(path: Path, content: dict) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    _fsync(path.parent)
 
 
 def write_marker(checkpoint: Path, global_step: int, num_heads: list[int]) -> None:
-    """Mark `checkpoint` complete: its step, head counts and every file's size and sha256."""
+    """Flush every file of `checkpoint` to disk, then mark it complete: its step, head counts and every file's
+    size and modification time."""
     files = {}
     for path in sorted(checkpoint.rglob("*")):
         if path.is_file() and path.name != MARKER_FILE:
-            files[path.relative_to(checkpoint).as_posix()] = {"size": path.stat().st_size,
-                                                              "sha256": _sha256(path)}
-    write_json_atomically(checkpoint / MARKER_FILE,
-                          {"global_step": global_step, "num_heads": list(num_heads), "files": files})
+            _fsync(path)
+            stat = path.stat()
+            files[path.relative_to(checkpoint).as_posix()] = {
+                "size": stat.st_size,
+                "mtime_ns": stat.st_mtime_ns,
+            }
+    write_json_atomically(
+        checkpoint / MARKER_FILE, {"global_step": global_step, "num_heads": list(num_heads), "files": files}
+    )
 
 
 def _read_json(path: Path):
@@ -82,13 +93,12 @@ def _marker_problem(marker) -> str | None:
         return f"`num_heads` must be a list of ints, got {marker.get('num_heads')!r}"
     files = marker.get("files")
     if not isinstance(files, dict) or "config.json" not in files:
-        return "`files` must map file names (config.json among them) to their size and sha256"
+        return "`files` must map file names (config.json among them) to their size and modification time"
     for name, record in files.items():
         if Path(name).is_absolute() or ".." in Path(name).parts:
             return f"file name {name!r} points outside the checkpoint"
-        if not (isinstance(record, dict) and isinstance(record.get("size"), int)
-                and isinstance(record.get("sha256"), str)):
-            return f"the record of {name!r} must hold an int `size` and a str `sha256`, got {record!r}"
+        if not (isinstance(record, dict) and _is_count_list([record.get("size"), record.get("mtime_ns")])):
+            return f"the record of {name!r} must hold an int `size` and an int `mtime_ns`, got {record!r}"
     return None
 
 
@@ -111,14 +121,14 @@ def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
     named = _CANDIDATE.fullmatch(checkpoint.name)
     if named is not None and int(named["step"]) != marker["global_step"]:
         return f"{MARKER_FILE} is for step {marker['global_step']}, the folder for step {named['step']}"
-    files = marker["files"]
-    for name, record in files.items():
+    for name, record in marker["files"].items():
         path = checkpoint / name
         if not path.is_file() or path.stat().st_size != record["size"]:
-            return f"{name} is missing or has changed since the save completed"
-    for name, record in files.items():
-        if _sha256(checkpoint / name) != record["sha256"]:
-            return f"{name} has changed since the save completed (sha256 differs)"
+            return f"{name} is missing or has changed since the save completed (size differs)"
+        if path.stat().st_mtime_ns != record["mtime_ns"]:
+            return (
+                f"{name} has changed since the save completed (written after it, or copied without its time)"
+            )
     if not isinstance(config, dict) or "num_heads" not in config:
         return "config.json has no `num_heads`"
     if config["num_heads"] != marker["num_heads"]:
@@ -151,11 +161,11 @@ def latest_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
 
 
 def keep_complete_copy(checkpoint: Path) -> None:
-    """Replace the kept copies in `checkpoint`'s folder by a hard-linked copy of the complete `checkpoint`."""
+    """Replace the kept copies in `checkpoint`'s folder by a hard-linked copy of the complete `checkpoint`
+    (older copies go once it is whole; a copy cut short lacks files and fails `checkpoint_problem`)."""
     kept = checkpoint.with_name(KEPT_PREFIX + checkpoint.name)
-    staging = staging_folder(kept)
-    shutil.copytree(checkpoint, staging, dirs_exist_ok=True, copy_function=link_or_copy)
-    replace_folder(staging, kept)
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.copytree(checkpoint, kept, copy_function=link_or_copy)
     drop_kept_copies(checkpoint.parent, keep=kept)
 
 
@@ -166,6 +176,13 @@ def drop_kept_copies(output_dir: Path, keep: Path | None = None) -> None:
 
 
 __all__ = [
-    "KEPT_PREFIX", "MARKER_FILE", "checkpoint_problem", "drop_kept_copies", "keep_complete_copy",
-    "latest_complete_checkpoint", "read_marker", "write_json_atomically", "write_marker",
+    "KEPT_PREFIX",
+    "MARKER_FILE",
+    "checkpoint_problem",
+    "drop_kept_copies",
+    "keep_complete_copy",
+    "latest_complete_checkpoint",
+    "read_marker",
+    "write_json_atomically",
+    "write_marker",
 ]
