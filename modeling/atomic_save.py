@@ -124,7 +124,7 @@ class AtomicSaveMixin:
             api, token = HfApi(), arguments.get("token")
             commit_message, create_pr = extra.pop("commit_message", None), extra.pop("create_pr", False)
             repo_id = api.create_repo(
-                extra.pop("repo_id", target.name), exist_ok=True, token=token, **extra
+                extra.pop("repo_id", Path(save_directory).name), exist_ok=True, token=token, **extra
             ).repo_id
             extra = {}
         staging = staging_folder(target)

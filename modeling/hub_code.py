@@ -13,6 +13,7 @@ transformers' own `custom_object_save`, its files being flat already.
 """
 
 import ast
+import functools
 import importlib.util
 import inspect
 import os
@@ -51,26 +52,33 @@ def _spec(module_name: str):
         return None
 
 
-def shipped_source(module_name: str) -> tuple[str, list[str]]:
+def shipped_source(module_name: str) -> tuple[str, tuple[str, ...]]:
     """The source of `module_name` with its geoformers import lines made relative, and the geoformers modules
     it imports. ValueError names the line of any geoformers import that is not `from geoformers.<module>
     import <names>` at the start of its line, with <names> that are not modules."""
     spec = _spec(module_name)
     if spec is None or spec.origin is None:
         raise ValueError(f"cannot find the source of module {module_name!r}")
-    source = Path(spec.origin).read_text(encoding="utf-8")
+    stat = os.stat(spec.origin)
+    return _rewritten(spec.origin, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _rewritten(origin: str, mtime_ns: int, size: int) -> tuple[str, tuple[str, ...]]:
+    """`shipped_source` of one version of a file (parsed once per process while the file is unchanged)."""
+    source = Path(origin).read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
     imported = []
-    for node in ast.walk(ast.parse(source, spec.origin)):
+    for node in ast.walk(ast.parse(source, origin)):
         if isinstance(node, ast.Import) and any(_is_internal(alias.name) for alias in node.names):
-            where = f"{spec.origin}:{node.lineno}"
+            where = f"{origin}:{node.lineno}"
             raise ValueError(
                 f"{where}: `import {PACKAGE}...` cannot be shipped; write `from "
                 f"{PACKAGE}.<module> import <name>`"
             )
         if not isinstance(node, ast.ImportFrom) or not (node.level or _is_internal(node.module or "")):
             continue
-        where = f"{spec.origin}:{node.lineno}"
+        where = f"{origin}:{node.lineno}"
         match = _IMPORT_LINE.match(lines[node.lineno - 1])
         if node.level or match is None or f"{PACKAGE}.{match['module']}" != node.module:
             raise ValueError(
@@ -83,7 +91,7 @@ def shipped_source(module_name: str) -> tuple[str, list[str]]:
         rest = lines[node.lineno - 1][match.end() :]
         lines[node.lineno - 1] = f"{match['indent']}from .{flat_name(node.module)} import {rest}"
         imported.append(node.module)
-    return "".join(lines), imported
+    return "".join(lines), tuple(imported)
 
 
 def remote_code_files(*module_names: str) -> dict[str, str]:
