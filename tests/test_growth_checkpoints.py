@@ -248,6 +248,16 @@ def test_bytes_changed_in_place_or_same_size_weights_of_another_checkpoint_are_d
     assert latest_complete_checkpoint(output_dir) is None
 
 
+def test_a_copy_keeps_the_checkpoint_complete_only_with_its_modification_times(run, tmp_path):
+    _, source = run
+    kept_times = tmp_path / "copy2" / "checkpoint-40"
+    shutil.copytree(source / "checkpoint-40", kept_times)  # copy2: contents and times
+    assert checkpoint_problem(kept_times) is None
+    new_times = tmp_path / "copy" / "checkpoint-40"
+    shutil.copytree(source / "checkpoint-40", new_times, copy_function=shutil.copy)  # contents only
+    assert "copied without its time" in checkpoint_problem(new_times)
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
@@ -257,7 +267,7 @@ def test_bytes_changed_in_place_or_same_size_weights_of_another_checkpoint_are_d
         (lambda c: (c / "config.json").write_bytes(b'{"num_heads": [4], "x": "\xff\xfe"}'),
          "config.json is unreadable (UnicodeDecodeError"),
         (lambda c: add_file_record(c, "config.json", {"size": "big"}), "must hold an int"),
-        (lambda c: add_file_record(c, "../config.json", {"size": 1, "sha256": ""}), "points outside"),
+        (lambda c: add_file_record(c, "../config.json", {"size": 1, "mtime_ns": 0}), "points outside"),
         (lambda c: edit_json(c / MARKER_FILE, global_step=30), "is for step 30"),
         (lambda c: remark(c, drop="num_heads"), "config.json has no `num_heads`"),
     ],

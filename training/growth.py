@@ -35,7 +35,7 @@ Records: `growth_history.json` (checks, events, head counts) in the output direc
 per-layer head counts, lambda_max and theta_w merged into the Trainer's log records (`state.log_history`,
 the printed logs; `report_to` integrations run before user callbacks and miss them), `growth_history.png`
 at the end. A checkpoint is complete once `on_save` wrote `geoformers_checkpoint.json` (head counts, size and
-sha256 of every file; `checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training`
+modification time of every file; `checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training`
 use only complete ones. The stock `trainer.train(resume_from_checkpoint=...)` resumes a grown run from a model
 at its initial size: the callback makes the model take the head counts of the weights the Trainer loads
 (`follow_saved_head_counts`; both in `resume.py`).
