@@ -141,6 +141,18 @@ def test_shipped_files_are_the_modules_with_only_their_geoformers_import_lines_m
     assert "from .configuration_ddcl_incrt import DDCLIncrtConfig" in files["modeling_ddcl_incrt.py"]
 
 
+def test_a_package_ships_as_its_flat_name_and_two_modules_of_one_flat_name_are_refused(monkeypatch):
+    files = remote_code_files("geoformers.configuration")  # a package: its __init__.py
+    assert "from .configuration_ddl_mhc import DDLmHCConfig" in files["configuration.py"]
+    assert {"configuration_ddl_mhc.py", "configuration_ddcl_incrt.py"} <= set(files)
+    fake = {"geoformers.a_b.c": ("", ("geoformers.a.b_c",)), "geoformers.a.b_c": ("", ())}
+    monkeypatch.setattr(hub_code, "shipped_source", fake.__getitem__)
+    with pytest.raises(
+        ValueError, match="geoformers.a_b.c and geoformers.a.b_c would both be shipped as a_b_c.py"
+    ):
+        remote_code_files("geoformers.a_b.c")
+
+
 def test_the_triton_kernels_imported_by_name_are_not_shipped():
     files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
     assert "modeling_triton_dispatch.py" in files and "modeling_chart_variants.py" in files
