@@ -64,11 +64,8 @@ def write_marker(checkpoint: Path, global_step: int, num_heads: list[int]) -> No
     for path in sorted(checkpoint.rglob("*")):
         if path.is_file() and path.name != MARKER_FILE:
             _fsync(path)
-            stat = path.stat()
-            files[path.relative_to(checkpoint).as_posix()] = {
-                "size": stat.st_size,
-                "mtime_ns": stat.st_mtime_ns,
-            }
+            name, stat = path.relative_to(checkpoint).as_posix(), path.stat()
+            files[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     write_json_atomically(
         checkpoint / MARKER_FILE, {"global_step": global_step, "num_heads": list(num_heads), "files": files}
     )
@@ -126,9 +123,7 @@ def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
         if not path.is_file() or path.stat().st_size != record["size"]:
             return f"{name} is missing or has changed since the save completed (size differs)"
         if path.stat().st_mtime_ns != record["mtime_ns"]:
-            return (
-                f"{name} has changed since the save completed (written after it, or copied without its time)"
-            )
+            return f"{name} has changed since the save completed (written since, or copied without its time)"
     if not isinstance(config, dict) or "num_heads" not in config:
         return "config.json has no `num_heads`"
     if config["num_heads"] != marker["num_heads"]:
