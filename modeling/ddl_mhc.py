@@ -199,7 +199,8 @@ class StreamMixing(NamedTuple):
 
 class DeltaWrite(nn.Module):
     """The delta write's per-token quantities of one sublayer: direction k(h), gate beta(t_beta) and value
-    `value_proj`(h) (a PEFT-targetable `nn.Linear`); the hyper-connection applies X' = H_res X + s k^T."""
+    `value_proj`(h) (a PEFT-targetable `nn.Linear`); the hyper-connection applies X' = H_res X + s k^T
+    through the op `delta_write`."""
 
     def __init__(self, hidden_size: int, num_streams: int, eps: float):
         super().__init__()
@@ -220,7 +221,8 @@ class HyperConnection(nn.Module):
     logits `pre_bias`, `res_bias`, `write_bias` (H_post for "add", beta for "delta"), the chart weight
     `res_mix_logit` (or the three logits `res_mix_logits` of `lazy_mix` with hc_res_mix="lazy"), and, with
     `hc_dynamic`, the fused projection `maps_proj` (a PEFT-targetable `nn.Linear`) with one gate per map
-    (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`."""
+    (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`. The read, chart
+    and write are op calls; `config.hc_implementation` goes to the ops' dispatchers, which choose the path."""
 
     def __init__(self, config: DDLmHCConfig):
         super().__init__()
