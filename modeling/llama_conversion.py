@@ -17,8 +17,7 @@ from transformers import LlamaForCausalLM
 from transformers.utils import logging
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM
-from geoformers.modeling.hyper_connections import HyperConnection
+from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, HyperConnection
 
 logger = logging.get_logger(__name__)
 

@@ -11,13 +11,14 @@ import contextlib
 import statistics
 import time
 from collections import defaultdict
-from types import SimpleNamespace
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
-from geoformers.modeling import delta, hyper_connections
+from geoformers.modeling import ddl_mhc
+from geoformers.modeling.ops import stream_read
+from geoformers.modeling.ops.stream_write import naive as stream_write_naive
 
 from harness.results import markdown_table
 
@@ -49,26 +50,19 @@ def _scoped(label: str, function):
 def mechanism_scopes(model: torch.nn.Module):
     """Wrap each mechanism of `model` (DDL-mHC or transformers' Llama) in a labelled profiler scope."""
     patches = [
-        (hyper_connections.HyperConnection, "_map_logits", "maps projection"),
-        (hyper_connections, "birkhoff", "chart"),
-        (hyper_connections, "read_streams", "read"),
-        (hyper_connections, "mix_and_write", "mix+write"),
-        (hyper_connections, "delta_amplitudes", "delta amplitudes"),
-        (delta.DeltaWrite, "forward", "delta amplitudes"),
+        (ddl_mhc.HyperConnection, "_map_logits", "maps projection"),
+        (ddl_mhc, "stream_maps_read", "maps projection"),  # fused: the read is inside its node
+        (ddl_mhc, "birkhoff", "chart"),
+        (ddl_mhc, "read_streams", "read"),
+        (stream_read, "read_streams", "read"),  # the read after a PEFT-wrapped or reference maps projection
+        (ddl_mhc, "mix_and_write", "mix+write"),
+        (ddl_mhc, "delta_write", "mix+write"),
+        (stream_write_naive, "naive_delta_amplitudes", "delta amplitudes"),
+        (ddl_mhc.DeltaWrite, "forward", "delta amplitudes"),
     ]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    functions = [
-        ("StreamMapsRead", "maps projection"),  # fused: the read is inside this node
-        ("StreamRead", "read"),
-        ("AddMixWrite", "mix+write"),
-        ("DeltaMixWrite", "mix+write"),
-    ]
     for owner, name, label in patches:
         setattr(owner, name, _scoped(label, getattr(owner, name)))
-    for name, label in functions:
-        original = getattr(hyper_connections, name)
-        originals.append((hyper_connections, name, original))
-        setattr(hyper_connections, name, SimpleNamespace(apply=_scoped(label, original.apply)))
     wrapped_modules = []
     for module in model.modules():
         label = None

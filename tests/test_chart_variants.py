@@ -1,5 +1,5 @@
 """The TBP-mHC authors' chart variants (`chart_variants.py`, docs/chart_variants.md) and the lazy-minorized
-H_res mix (`hyper_connections.lazy_mix`). Independent references: the plain-Python charts of
+H_res mix (`ddl_mhc.lazy_mix`). Independent references: the plain-Python charts of
 `birkhoff_reference` with the variant's interval choice swapped in, a plain-Python power-of-two RTBP
 written from the authors' RTBP2N formulas, explicit permutation matrices, hand computations."""
 
@@ -23,8 +23,8 @@ from geoformers.modeling.chart_variants import (
     tbp_with_choice,
     variant_logits_from_matrix,
 )
+from geoformers.modeling.ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
 from geoformers.modeling.hub_code import remote_code_files
-from geoformers.modeling.hyper_connections import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

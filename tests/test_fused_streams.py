@@ -1,4 +1,5 @@
-"""The fused hyper-connection sublayer (`fused_streams.py`) against the plain PyTorch reference path:
+"""The fused hyper-connection sublayer (the autograd nodes of `ops/stream_read/node.py` and
+`ops/stream_write/node.py`) against the plain PyTorch reference path:
 finite-difference gradients of every node in float64, and whole models (`hc_implementation="fused"` vs
 `"reference"`, same weights) for every chart, n in {1, 2, 4, 8}, both residuals, fp32 and bf16 autocast."""
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
-from geoformers.modeling.hyper_connections import mix_and_write, read_streams
+from geoformers.modeling.ops.stream_read.naive import naive_read_streams
+from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead, run_node
+from geoformers.modeling.ops.stream_write.naive import naive_mix_and_write
+from geoformers.modeling.ops.stream_write.node import AddMixWrite, DeltaMixWrite
 
 SMALL = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2)
 
@@ -52,8 +55,9 @@ def test_nodes_equal_reference_formulas():
     updated, amplitudes = DeltaMixWrite.apply(h_res, streams, k, beta, v)
     torch.testing.assert_close(updated, expected, atol=1e-14, rtol=0)
     torch.testing.assert_close(amplitudes, beta * (v - (mixed @ k[..., None])[..., 0]), atol=1e-14, rtol=0)
-    torch.testing.assert_close(AddMixWrite.apply(h_res, streams, v, k), mix_and_write(h_res, streams, v, k))
-    torch.testing.assert_close(StreamRead.apply(v, streams), read_streams(v, streams))
+    added = AddMixWrite.apply(h_res, streams, v, k)
+    torch.testing.assert_close(added, naive_mix_and_write(h_res, streams, v, k))
+    torch.testing.assert_close(StreamRead.apply(v, streams), naive_read_streams(v, streams))
 
     weight, pre_bias = _random(9, 24, generator=generator).detach(), _random(4, generator=generator).detach()
     gate = torch.tensor(0.3, dtype=torch.float64)

@@ -14,7 +14,7 @@ from test_ddl_mhc import llama_reference
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
-from geoformers.modeling.hyper_connections import HyperConnection
+from geoformers.modeling.ddl_mhc import HyperConnection
 from geoformers.tokenization import build_char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")

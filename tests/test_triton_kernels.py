@@ -1,4 +1,5 @@
-"""Triton kernels (`modeling/triton_birkhoff.py`, `modeling/triton_streams.py`) against the PyTorch reference.
+"""Triton kernels (`modeling/triton_birkhoff.py`, `modeling/ops/stream_read/triton.py`,
+`modeling/ops/stream_write/triton.py`) against the PyTorch reference.
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1, set by
 conftest.py before the kernel modules are imported); with one they run on CUDA tensors. Every kernel is
@@ -16,23 +17,22 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'geoformers[triton]')")
 
-from geoformers.modeling import triton_birkhoff, triton_streams  # noqa: E402
+from geoformers.modeling import triton_birkhoff  # noqa: E402
 from geoformers.modeling.birkhoff import birkhoff, ds_violation  # noqa: E402
-from geoformers.modeling.delta import delta_amplitudes  # noqa: E402
-from geoformers.modeling.hyper_connections import mix_and_write, read_streams  # noqa: E402
+from geoformers.modeling.ops.stream_read import triton as read_kernels  # noqa: E402
+from geoformers.modeling.ops.stream_read.naive import naive_read_streams  # noqa: E402
+from geoformers.modeling.ops.stream_read.triton import triton_read_streams  # noqa: E402
+from geoformers.modeling.ops.stream_write import triton as write_kernels  # noqa: E402
+from geoformers.modeling.ops.stream_write.naive import naive_delta_write, naive_mix_and_write  # noqa: E402
+from geoformers.modeling.ops.stream_write.triton import triton_delta_write, triton_mix_and_write  # noqa: E402
 from geoformers.modeling.triton_birkhoff import triton_birkhoff as chart  # noqa: E402
 from geoformers.modeling.triton_dispatch import force_triton, use_triton  # noqa: E402
-from geoformers.modeling.triton_streams import (  # noqa: E402
-    triton_delta_write,
-    triton_mix_and_write,
-    triton_read_streams,
-)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and type(triton_streams._read_forward_kernel).__name__ != "InterpretedFunction":
+if DEVICE == "cpu" and type(read_kernels._read_forward_kernel).__name__ != "InterpretedFunction":
     pytest.skip(
         "no GPU and the kernels were compiled, not interpreted: TRITON_INTERPRET=1 must be set before "
-        "geoformers.modeling.triton_* is imported (tests/conftest.py sets it unless it is set to 0)",
+        "the geoformers kernel modules are imported (tests/conftest.py sets it unless it is set to 0)",
         allow_module_level=True,
     )
 
@@ -164,14 +164,10 @@ def _inputs(batch: tuple[int, ...], n: int, d: int, static: bool) -> dict[str, t
     }
 
 
-def _delta_reference(h_res, streams, direction, beta, value):
-    return mix_and_write(h_res, streams, delta_amplitudes(h_res, streams, direction, beta, value), direction)
-
-
 KERNELS = {
-    "read": (triton_read_streams, read_streams, ("weights", "streams")),
-    "add": (triton_mix_and_write, mix_and_write, ("h_res", "streams", "amplitudes", "output")),
-    "delta": (triton_delta_write, _delta_reference, ("h_res", "streams", "direction", "beta", "value")),
+    "read": (triton_read_streams, naive_read_streams, ("weights", "streams")),
+    "add": (triton_mix_and_write, naive_mix_and_write, ("h_res", "streams", "amplitudes", "output")),
+    "delta": (triton_delta_write, naive_delta_write, ("h_res", "streams", "direction", "beta", "value")),
 }
 
 
@@ -324,7 +320,7 @@ def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual
     reference.load_state_dict(fused.state_dict())
     calls = []
     for module, name in (
-        (triton_streams, "triton_delta_write" if residual == "delta" else "triton_mix_and_write"),
+        (write_kernels, "triton_delta_write" if residual == "delta" else "triton_mix_and_write"),
         (triton_birkhoff, "triton_birkhoff"),
     ):
         original = getattr(module, name)

@@ -16,7 +16,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from geoformers.modeling import triton_birkhoff, triton_streams
+from geoformers.modeling import triton_birkhoff
+from geoformers.modeling.ops.stream_read import triton as read_kernels
+from geoformers.modeling.ops.stream_write import triton as write_kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -62,16 +64,15 @@ def main(streams_counts: list[int]) -> None:
             compile_kernel(triton_birkhoff._chart_backward_kernel, launch["meta"])
         for dtype in ("*fp32", "*bf16"):
             for d in (768, 100):
-                read = triton_streams._meta(n, d, None, square=False)
-                write = triton_streams._meta(n, d, None, square=True)
-                compile_kernel(triton_streams._read_forward_kernel, read, dtype)
-                compile_kernel(triton_streams._read_backward_kernel, read, dtype)
-                compile_kernel(triton_streams._write_forward_kernel, write, dtype)
-                compile_kernel(triton_streams._write_backward_kernel, write, dtype)
+                read = read_kernels.launch_options(n, d, None, square=False)
+                write = read_kernels.launch_options(n, d, None, square=True)
+                compile_kernel(read_kernels._read_forward_kernel, read, dtype)
+                compile_kernel(read_kernels._read_backward_kernel, read, dtype)
+                compile_kernel(write_kernels._write_forward_kernel, write, dtype)
+                compile_kernel(write_kernels._write_backward_kernel, write, dtype)
                 delta = {**write, "ONE_BLOCK": write["BD"] >= d}
-                compile_kernel(triton_streams._delta_forward_kernel, delta, dtype)
-                compile_kernel(triton_streams._delta_backward_kernel, write, dtype)
-
+                compile_kernel(write_kernels._delta_forward_kernel, delta, dtype)
+                compile_kernel(write_kernels._delta_backward_kernel, write, dtype)
 
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET", "0") != "0":

@@ -28,7 +28,7 @@ from torch import nn
 from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 
-from geoformers.modeling.hyper_connections import HyperConnection
+from geoformers.modeling.ddl_mhc import HyperConnection
 
 METRICS = ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")
 SATURATING_CHARTS = ("tbp", "rtbp", "kromhc")

@@ -1,9 +1,9 @@
 """Optimizer parameter groups for the DDL-mHC hyper-connection parameters (docs/hc_diagnostics.md, "Optimizer
 groups").
 
-Every sublayer's maps come from a few static logits and gates (`modeling/hyper_connections.py`). They get
-groups of their own, without weight decay (decay would pull them towards a fixed map, which is a modelling
-choice, not a regulariser) and with a learning-rate multiplier:
+Every sublayer's maps come from a few static logits and gates (`modeling/ddl_mhc.py`, `HyperConnection`).
+They get groups of their own, without weight decay (decay would pull them towards a fixed map, which is a
+modelling choice, not a regulariser) and with a learning-rate multiplier:
 
 - `hc_chart`: the static chart logits `res_bias` of H_res = (1 - a) I + a chart(t): lr x 1/6 by default, the
   TBP authors' setting (one logit moves the interval of every later choice of its matrix);
