@@ -29,11 +29,10 @@ from torch import nn
 from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.modeling.birkhoff import birkhoff, num_logits
-from geoformers.modeling.chart_variants import INTERVAL_VARIANTS  # noqa: F401 (registers the chart variants with `birkhoff`)
 from geoformers.modeling.delta import DeltaWrite, delta_amplitudes, upcast
 from geoformers.modeling.fused_streams import AddMixWrite, DeltaMixWrite, StreamMapsRead, StreamRead, run_node
-from geoformers.modeling.triton_dispatch import kernels
+from geoformers.modeling.ops.charts import birkhoff, num_logits
+from geoformers.modeling.ops.dispatch import kernels
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
 
@@ -160,7 +159,7 @@ class HyperConnection(nn.Module):
         else:
             pre_logit, res_logit, write_logit = self._map_logits(streams)
             weights = torch.softmax(pre_logit, -1)
-            triton = kernels("triton_streams", weights, streams) if self.fused else None
+            triton = kernels("geoformers.modeling.triton_streams", weights, streams) if self.fused else None
             if triton is not None:
                 hidden = triton.triton_read_streams(weights, streams)
             elif self.fused:
@@ -200,7 +199,7 @@ class HyperConnection(nn.Module):
         h_res = maps.h_res
         batch = streams.shape[:-2]
         # CUDA tensors (eager) take the Triton kernels of the same nodes (`triton_streams.py`).
-        triton = kernels("triton_streams", streams) if self.fused else None
+        triton = kernels("geoformers.modeling.triton_streams", streams) if self.fused else None
         if self.fused and h_res is not None:  # a static H_res enters the fused nodes expanded per token
             h_res = h_res.expand(*batch, -1, -1)
         if self.delta is not None:

@@ -18,10 +18,10 @@ from transformers import (
 
 import geoformers
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, DDLmHCModel, convert_llama_to_ddl_mhc
-from geoformers.modeling.birkhoff import birkhoff, ds_violation
 from geoformers.modeling.delta import unit_direction
 from geoformers.modeling.fused_streams import AddMixWrite
 from geoformers.modeling.hyper_connections import HyperConnection, StreamExpansion
+from geoformers.modeling.ops.charts import birkhoff, ds_violation
 
 VOCAB = 61
 SMALL = dict(

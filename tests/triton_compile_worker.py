@@ -16,7 +16,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from geoformers.modeling import triton_birkhoff, triton_streams
+from geoformers.modeling import triton_streams
+from geoformers.modeling.ops.charts import triton_kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -56,10 +57,10 @@ def compile_kernel(kernel, options: dict, streams: str = "*fp32") -> None:
 
 def main(streams_counts: list[int]) -> None:
     for n in streams_counts:
-        for method in triton_birkhoff.CHARTS:
-            _, launch = triton_birkhoff._launch(torch.zeros(4096, (n - 1) ** 2), n, method)
-            compile_kernel(triton_birkhoff._chart_forward_kernel, launch["meta"])
-            compile_kernel(triton_birkhoff._chart_backward_kernel, launch["meta"])
+        for method in triton_kernels.CHARTS:
+            _, launch = triton_kernels._launch(torch.zeros(4096, (n - 1) ** 2), n, method)
+            compile_kernel(triton_kernels._chart_forward_kernel, launch["meta"])
+            compile_kernel(triton_kernels._chart_backward_kernel, launch["meta"])
         for dtype in ("*fp32", "*bf16"):
             for d in (768, 100):
                 read = triton_streams._meta(n, d, None, square=False)
