@@ -60,9 +60,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.atomic_save import AtomicSaveMixin
-from geoformers.modeling.birkhoff import birkhoff, num_logits
 from geoformers.modeling.causal_lm_loss import causal_lm_loss
-from geoformers.modeling.chart_variants import INTERVAL_VARIANTS  # noqa: F401 (registers the chart variants with `birkhoff`)
 from geoformers.modeling.hub_code import HubCodeMixin
 from geoformers.modeling.input_checks import (
     check_attention_mask,
@@ -73,6 +71,7 @@ from geoformers.modeling.input_checks import (
     check_token_ids,
     embeds_bound,
 )
+from geoformers.modeling.ops.charts import birkhoff, num_logits
 from geoformers.modeling.ops.stream_read import map_terms, read_streams, stream_maps_read, upcast
 from geoformers.modeling.ops.stream_write import delta_write, mix_and_write
 from geoformers.modeling.strict_loading import StrictLoadingMixin

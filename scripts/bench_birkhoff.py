@@ -3,14 +3,14 @@
 For each n, a batch of matrices per method: median forward+backward seconds over --reps
 repetitions, the worst doubly-stochastic violation, the logit count and the time ratio to
 Sinkhorn-20, all in one process. Repetitions are interleaved across methods (round robin) so a
-noisy, shared CPU slows every method alike. The chart variants (`chart_variants.py`) get rows of their
+noisy, shared CPU slows every method alike. The chart variants (docs/chart_variants.md) get rows of their
 own, timed interleaved with tbp, rtbp and Sinkhorn-20, with their time ratio to the chart they vary.
 Prints markdown tables and writes a JSON file.
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
     python scripts/bench_birkhoff.py --rtbp-function --sizes 4 8 16 --batch 1536 --threads 1
-        # RTBP: the autograd reference vs the one-node chart (rtbp_function.py), fwd and fwd+bwd
+        # RTBP: the naive reference (naive.py) vs the one-node chart (rtbp_node.py), fwd and fwd+bwd
 """
 
 import argparse
@@ -22,17 +22,17 @@ from pathlib import Path
 
 import torch
 
-from geoformers.modeling.birkhoff import (
+from geoformers.modeling.ops.charts import (
     CHART_VARIANTS,
+    INTERVAL_VARIANTS,
     METHODS,
     MHC_LITE_MAX_N,
-    _rtbp_autograd,
     birkhoff,
     ds_violation,
     num_logits,
 )
-from geoformers.modeling.chart_variants import INTERVAL_VARIANTS
-from geoformers.modeling.rtbp_function import rtbp
+from geoformers.modeling.ops.charts.naive import rtbp
+from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 
 from harness.results import markdown_table
 
@@ -133,14 +133,14 @@ def bench_variants(
 def bench_rtbp_function(
     n: int, batch: int, reps: int, generator: torch.Generator, device: str = "cpu"
 ) -> list[dict]:
-    """RTBP from float32 logits, the plain-autograd reference (`birkhoff._rtbp_autograd`, then rounded)
-    against the one-node chart (`rtbp_function.rtbp`): median seconds of the forward (no grad) and of
+    """RTBP from float32 logits, the plain-autograd reference (`naive.rtbp`, then rounded) against the
+    one-node chart (`rtbp_node.rtbp_node`): median seconds of the forward (no grad) and of
     forward + backward of sum(X * G), the four timings interleaved."""
     logits = torch.randn(batch, (n - 1) ** 2, generator=generator).to(device).requires_grad_()
     upstream = torch.randn(batch, n, n, generator=generator).to(device)
     charts = {
-        "rtbp autograd": lambda t: _rtbp_autograd(t.double(), n).float(),
-        "rtbp function": lambda t: rtbp(t, n, torch.float32),
+        "rtbp autograd": lambda t: rtbp(t.double(), n).float(),
+        "rtbp function": lambda t: rtbp_node(t, n, torch.float32),
     }
 
     def forward(chart) -> float:

@@ -62,7 +62,7 @@ from train_causal_lm import (  # noqa: E402
 
 import geoformers  # noqa: E402
 from geoformers.configuration.charts import METHODS  # noqa: E402
-from geoformers.modeling.birkhoff import ds_violation, num_logits  # noqa: E402
+from geoformers.modeling.ops.charts import ds_violation, num_logits  # noqa: E402
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics  # noqa: E402
 
 from harness.results import (  # noqa: E402

@@ -1,5 +1,5 @@
 """Doubly-stochastic charts (docs/ddl_mhc.md, 'Doubly-stochastic charts'): exactness, fp64 references,
-gradients, inverses, bad input. Independent references: the plain-Python charts in `birkhoff_reference`,
+gradients, inverses, bad input. Independent references: the plain-Python charts in `chart_references`,
 explicit Kronecker/permutation sums, an exp-domain Sinkhorn, hand-computed values, finite differences."""
 
 import itertools
@@ -7,19 +7,22 @@ import math
 
 import pytest
 import torch
+from chart_references import rtbp_reference, split_reference, tbp_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geoformers.modeling.birkhoff import (
+from geoformers.modeling.ops.charts import (
     METHODS,
     MHC_LITE_MAX_N,
     birkhoff,
     ds_violation,
+    naive,
     num_logits,
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
 )
-from geoformers.modeling.birkhoff_reference import rtbp_reference, split_reference, tbp_reference
+from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
+from geoformers.modeling.ops.charts.tbp_node import tbp_node
 
 EXACT_METHODS = ("tbp", "rtbp", "mhc_lite", "kromhc")
 SIZES = (*range(1, 10), 16, 32)
@@ -185,9 +188,11 @@ def test_fast_path_matches_float64_reference(method, n):
     generator = torch.Generator().manual_seed(n)
     logits = torch.randn(4, num_logits(method, n), generator=generator, dtype=torch.float64) * 3
     logits[0, ::3] = 40.0  # some intervals pinned to an end
-    fast = birkhoff(logits, n, method)
     reference = torch.tensor([REFERENCES[method](row.tolist(), n) for row in logits], dtype=torch.float64)
-    torch.testing.assert_close(fast, reference, rtol=0, atol=1e-10)
+    # the naive definition, the autograd node (each called directly) and the dispatcher
+    naive_chart, node = {"tbp": (naive.tbp, tbp_node), "rtbp": (naive.rtbp, rtbp_node)}[method]
+    for fast in (naive_chart(logits, n), node(logits, n, torch.float64), birkhoff(logits, n, method)):
+        torch.testing.assert_close(fast, reference, rtol=0, atol=1e-10)
 
 
 def test_split_reference_hand_computed():
@@ -406,7 +411,7 @@ def test_sinkhorn_ignores_a_constant_shift_of_a_matrix_logits():
 
 
 def test_sinkhorn_error_table_beside_its_iteration_count_is_measured():
-    """The table beside SINKHORN_DEFAULT_ITERS in birkhoff.py (median / max |row sum - 1|), recomputed."""
+    """The table beside SINKHORN_DEFAULT_ITERS in naive.py (median / max |row sum - 1|), recomputed."""
     documented = {
         4: ((7.5e-8, 1.6e-7), (7.5e-8, 1.3e-4), (2.4e-4, 4.7e-2), (2.9e-2, 3.7e-1)),
         8: ((9.7e-8, 2.5e-7), (1.0e-7, 1.7e-6), (3.4e-4, 5.5e-2), (5.2e-2, 4.9e-1)),

@@ -9,8 +9,8 @@ from transformers import Trainer, TrainingArguments
 from transformers.utils import logging
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling import birkhoff as charts
-from geoformers.modeling.birkhoff import birkhoff, ds_violation, register_chart_observer
+from geoformers.modeling.ops import charts
+from geoformers.modeling.ops.charts import birkhoff, ds_violation, register_chart_observer
 from geoformers.training.chart_monitor import LOG_KEY, ChartViolationCallback
 
 
@@ -72,7 +72,7 @@ def test_trainer_logs_the_sinkhorn_error_and_warns_above_the_tolerance(tmp_path,
     model = DDLmHCForCausalLM(config)
     with (
         torch.no_grad()
-    ):  # logits of scale 10, where 20 iterations leave a visible error (birkhoff.py's table)
+    ):  # logits of scale 10, where 20 iterations leave a visible error (naive.py's table)
         for layer in model.model.layers:
             for connection in (layer.attn_connection, layer.mlp_connection):
                 connection.res_bias.copy_(torch.randn(16, generator=torch.Generator().manual_seed(2)) * 10)

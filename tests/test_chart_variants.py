@@ -1,30 +1,41 @@
-"""The TBP-mHC authors' chart variants (`chart_variants.py`, docs/chart_variants.md) and the lazy-minorized
+"""The TBP-mHC authors' chart variants (`modeling/ops/charts`, docs/chart_variants.md) and the lazy-minorized
 H_res mix (`ddl_mhc.lazy_mix`). Independent references: the plain-Python charts of
-`birkhoff_reference` with the variant's interval choice swapped in, a plain-Python power-of-two RTBP
+`chart_references` with the variant's interval choice swapped in, a plain-Python power-of-two RTBP
 written from the authors' RTBP2N formulas, explicit permutation matrices, hand computations."""
 
 import math
 
+import chart_references
 import pytest
 import torch
+from chart_references import rtbp_reference, tbp_reference
 from test_birkhoff import random_interior_ds
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling import birkhoff_reference
-from geoformers.modeling.birkhoff import birkhoff, ds_violation, num_logits
-from geoformers.modeling.birkhoff_reference import rtbp_reference, tbp_reference
-from geoformers.modeling.chart_variants import (
+from geoformers.modeling.ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
+from geoformers.modeling.hub_code import remote_code_files
+from geoformers.modeling.ops.charts import (
     ATBP_ORDERINGS,
     MARGIN_RHO,
     SCALED_BETA,
     SCALED_EPS,
     ScaledChoice,
-    rtbp_with_choice,
-    tbp_with_choice,
+    birkhoff,
+    ds_violation,
+    num_logits,
     variant_logits_from_matrix,
 )
-from geoformers.modeling.ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
-from geoformers.modeling.hub_code import remote_code_files
+from geoformers.modeling.ops.charts.naive import rtbp, tbp
+from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
+from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
+
+
+def test_hub_code_ships_the_chart_table_with_the_variants():
+    files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    charts = files["modeling_ops_charts.py"]
+    table = charts.index("_CHARTS: dict[str, _Chart] = {")
+    assert all(f'"{method}": _Chart(' in charts[table:] for method in VARIANTS)
+    assert "from .modeling_ops_charts import birkhoff, num_logits" in files["modeling_ddl_mhc.py"]
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -40,8 +51,12 @@ SMALL = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_lay
 
 
 def plain_point(low, high, logits):
-    """tbp/rtbp's own choice L + (U - L) sigmoid(t)."""
-    return torch.lerp(low, high, torch.sigmoid(logits))
+    """tbp/rtbp's own choice L + (U - L) sigmoid(t), written here from its formula."""
+    return low + (high - low) * torch.sigmoid(logits)
+
+
+class PlainPoint:
+    point = staticmethod(plain_point)
 
 
 def scalar_point(rho: float):
@@ -49,7 +64,7 @@ def scalar_point(rho: float):
 
     def point(low: float, high: float, t: float) -> float:
         width = max(high - low, 0.0)
-        fraction = birkhoff_reference._sigmoid(SCALED_BETA * t / (width + SCALED_EPS))
+        fraction = chart_references._sigmoid(SCALED_BETA * t / (width + SCALED_EPS))
         return low + width * (rho + (1.0 - 2.0 * rho) * fraction)
 
     return point
@@ -64,20 +79,20 @@ def normal_logits(method: str, n: int, count: int, seed: int, scale: float = 3.0
 # The pluggable forms and the references
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("n", SIZES[1:])
 def test_plain_choice_gives_back_tbp_and_rtbp(n):
-    """With tbp/rtbp's own choice the plain-autograd forms are the fast charts (same layout, same map)."""
+    """With tbp/rtbp's own choice (written here) the naive charts equal the autograd nodes (same layout)."""
     logits = normal_logits("tbp", n, 6, seed=n)
-    for generic, method in ((tbp_with_choice, "tbp"), (rtbp_with_choice, "rtbp")):
-        expected = birkhoff(logits, n, method)
-        torch.testing.assert_close(generic(logits, n, plain_point), expected, atol=1e-13, rtol=0)
+    for naive, node in ((tbp, tbp_node), (rtbp, rtbp_node)):
+        expected = node(logits, n, torch.float64)
+        torch.testing.assert_close(naive(logits, n, PlainPoint()), expected, atol=1e-13, rtol=0)
 
 
 @pytest.mark.parametrize("method", ("stbp", "srtbp", "mstbp", "msrtbp"))
 @pytest.mark.parametrize("n", (2, 3, 4, 5, 6, 7, 8))
 def test_interval_variants_equal_the_plain_python_reference(method, n, monkeypatch):
     base, rho = INTERVAL[method]
-    monkeypatch.setattr(birkhoff_reference, "_point_in_interval", scalar_point(rho))
+    monkeypatch.setattr(chart_references, "_point_in_interval", scalar_point(rho))
     reference = tbp_reference if base == "tbp" else rtbp_reference
     logits = normal_logits(method, n, 4, seed=10 + n)
     expected = torch.tensor([reference(row.tolist(), n) for row in logits], dtype=torch.float64)
@@ -87,14 +102,15 @@ def test_interval_variants_equal_the_plain_python_reference(method, n, monkeypat
 @pytest.mark.parametrize("method", ("stbp", "mstbp"))
 @pytest.mark.parametrize("n", SIZES)
 def test_fast_tbp_variants_equal_their_autograd_reference(method, n):
-    """The hand-written backward of "stbp" / "mstbp" against autograd through `tbp_with_choice`."""
+    """The hand-written backward of "stbp" / "mstbp" (the scaled TBP node, called directly) against autograd
+    through the naive `tbp` with the same choice."""
     choice = ScaledChoice(rho=INTERVAL[method][1])
     generator = torch.Generator().manual_seed(n)
     upstream = torch.randn(16, n, n, generator=generator, dtype=torch.float64)
     for scale in (1.0, 3.0, 50.0):
         logits = torch.randn(16, (n - 1) ** 2, generator=generator, dtype=torch.float64) * scale
         logits.requires_grad_()
-        fast, reference = birkhoff(logits, n, method), tbp_with_choice(logits, n, choice.point)
+        fast, reference = scaled_tbp_node(logits, n, choice), tbp(logits, n, choice)
         torch.testing.assert_close(fast, reference, atol=1e-14, rtol=0)
         (grad_fast,) = torch.autograd.grad((fast * upstream).sum(), logits)
         (grad_reference,) = torch.autograd.grad((reference * upstream).sum(), logits)
@@ -432,31 +448,3 @@ def test_model_trains_and_round_trips_with_each_variant(chart, tmp_path):
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
 
 
-def test_hub_code_ships_the_variants_with_the_registry_they_import():
-    files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
-    assert "CHART_VARIANTS: dict[str, ChartVariant] = {}" in files["modeling_birkhoff.py"]
-    assert "CHART_VARIANTS.update(" in files["modeling_chart_variants.py"]
-    assert "from .modeling_chart_variants import INTERVAL_VARIANTS" in files["modeling_hyper_connections.py"]
-
-
-@pytest.mark.slow
-def test_flat_hub_copy_runs_the_variants_without_geoformers(tmp_path):
-    """The exported flat files register the variants too (`chart_variants.py` is inlined after `birkhoff.py`):
-    a folder saved with each of two variants loads where geoformers cannot be imported, same logits."""
-    from test_hub_export import run_without_geoformers
-
-    ids = torch.randint(0, SMALL["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(3))
-    jobs, expected = [], []
-    for chart, mix in (("msrtbp", "identity"), ("atbp", "lazy")):
-        torch.manual_seed(0)
-        model = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, hc_streams=3, hc_chart=chart, hc_res_mix=mix)).eval()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(0.1 * torch.randn_like(parameter))
-            expected.append(model(ids).logits)
-        model.save_pretrained(tmp_path / chart)
-        job = {"folder": str(tmp_path / chart), "auto_class": "AutoModelForCausalLM", "inputs": ids.tolist()}
-        jobs.append(job)
-    results, _ = run_without_geoformers(jobs, tmp_path)
-    for result, logits in zip(results, expected, strict=True):
-        torch.testing.assert_close(torch.tensor(result["logits"]), logits, atol=1e-5, rtol=0)

@@ -18,8 +18,8 @@ from transformers import (
 
 import geoformers
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, DDLmHCModel, convert_llama_to_ddl_mhc
-from geoformers.modeling.birkhoff import birkhoff, ds_violation
 from geoformers.modeling.ddl_mhc import HyperConnection, StreamExpansion, unit_direction
+from geoformers.modeling.ops.charts import birkhoff, ds_violation
 from geoformers.modeling.ops.stream_write.node import AddMixWrite
 
 VOCAB = 61

@@ -1,13 +1,16 @@
-"""RTBP as one autograd node (`modeling/rtbp_function.py`, docs/rtbp_backward.md) against its references:
-the plain-autograd `birkhoff._rtbp_autograd` (outputs and gradients, incl. saturated logits and ties), the
-plain-Python `birkhoff_reference.rtbp_reference`, finite differences (gradcheck), and the float32 path."""
+"""RTBP as one autograd node (`modeling/ops/charts/rtbp_node.py`, docs/rtbp_backward.md) against its
+references: the plain-autograd `naive.rtbp` (outputs and gradients, incl. saturated logits and ties), the
+plain-Python `chart_references.rtbp_reference`, finite differences (gradcheck), and the float32 path; and the
+schedule it shares with the Triton kernels (`schedule.chart_schedule`)."""
 
 import pytest
 import torch
+from chart_references import rtbp_reference
 
-from geoformers.modeling.birkhoff import _rtbp_autograd, birkhoff, ds_violation
-from geoformers.modeling.birkhoff_reference import rtbp_reference
-from geoformers.modeling.rtbp_function import RTBPFunction, _plan, rtbp
+from geoformers.modeling.ops.charts import birkhoff, ds_violation
+from geoformers.modeling.ops.charts.naive import rtbp
+from geoformers.modeling.ops.charts.rtbp_node import RTBPFunction, _plan, rtbp_node
+from geoformers.modeling.ops.charts.schedule import chart_schedule
 
 SIZES = range(1, 10)
 
@@ -32,8 +35,8 @@ def test_matches_autograd_reference_in_float64(n, kind):
     generator = torch.Generator().manual_seed(n)
     logits = _logits(n, kind, generator)
     fast_in, ref_in = logits.clone().requires_grad_(), logits.clone().requires_grad_()
-    fast = rtbp(fast_in, n, torch.float64)
-    ref = _rtbp_autograd(ref_in, n)
+    fast = rtbp_node(fast_in, n, torch.float64)
+    ref = rtbp(ref_in, n)
     assert fast.dtype == torch.float64 and fast.shape == (40, n, n)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
     assert float(fast.detach().min()) >= 0.0  # exactly, like the reference's straight-through clamp
@@ -55,7 +58,7 @@ def test_rounding_decided_ties_agree_in_value(n):
     generator = torch.Generator().manual_seed(n)
     values = torch.tensor([1e3, -1e3, 40.0, -40.0, 0.0, -3.0, 2.0], dtype=torch.float64)
     logits = values[torch.randint(len(values), (40, (n - 1) ** 2), generator=generator)].requires_grad_()
-    fast, ref = rtbp(logits, n, torch.float64), _rtbp_autograd(logits, n)
+    fast, ref = rtbp_node(logits, n, torch.float64), rtbp(logits, n)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
     (grad,) = torch.autograd.grad(fast.sum(), logits)
     assert bool(torch.isfinite(grad).all())
@@ -66,7 +69,8 @@ def test_matches_plain_python_reference(n):
     generator = torch.Generator().manual_seed(10 + n)
     logits = torch.cat([_logits(n, "normal", generator, 3) * 3, _logits(n, "saturated", generator, 2)])
     expected = torch.tensor([rtbp_reference(row.tolist(), n) for row in logits], dtype=torch.float64)
-    torch.testing.assert_close(rtbp(logits, n, torch.float64), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(rtbp_node(logits, n, torch.float64), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(rtbp(logits, n), expected, rtol=0, atol=1e-12)  # the naive reference too
 
 
 @pytest.mark.parametrize("n", (2, 3, 4, 5, 6, 8))
@@ -83,7 +87,7 @@ def test_float32_logits_give_float32_chart_and_gradient():
     upstream = torch.randn(50, n, n, generator=generator)
     single = logits.clone().requires_grad_()
     double = logits.double().requires_grad_()
-    x32, x64 = rtbp(single, n, torch.float32), _rtbp_autograd(double, n)
+    x32, x64 = rtbp_node(single, n, torch.float32), rtbp(double, n)
     assert x32.dtype == torch.float32
     assert torch.equal(x32, x64.float())  # float64 arithmetic, the finished matrix rounded once
     assert float(ds_violation(x32).max()) <= 6e-8 * n
@@ -97,9 +101,9 @@ def test_no_grad_forward_equals_the_node_and_birkhoff_runs_it():
     n = 5
     logits = torch.randn(7, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        plain = rtbp(logits, n, torch.float64)
+        plain = rtbp_node(logits, n, torch.float64)
     leaf = logits.clone().requires_grad_()
-    node = rtbp(leaf, n, torch.float64)
+    node = rtbp_node(leaf, n, torch.float64)
     assert torch.equal(plain, node.detach())
     assert type(node.grad_fn).__name__ == "RTBPFunctionBackward"
     chart = birkhoff(leaf.view(7, 1, 16), n, "rtbp")
@@ -111,7 +115,9 @@ def test_double_backward_raises_a_clear_error():
     """Like TBP's node, the backward is once-differentiable: a second derivative raises torch's error."""
     logits = torch.randn(2, 9, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
-    (grad,) = torch.autograd.grad((rtbp(logits, 4, torch.float64) * weights).sum(), logits, create_graph=True)
+    (grad,) = torch.autograd.grad(
+        (rtbp_node(logits, 4, torch.float64) * weights).sum(), logits, create_graph=True
+    )
     with pytest.raises(
         RuntimeError, match="differentiate twice a function that was marked with @once_differentiable"
     ):
@@ -120,7 +126,7 @@ def test_double_backward_raises_a_clear_error():
 
 def test_empty_batch():
     logits = torch.zeros(0, 9, requires_grad=True)
-    x = rtbp(logits, 4, torch.float32)
+    x = rtbp_node(logits, 4, torch.float32)
     assert x.shape == (0, 4, 4)
     x.sum().backward()
     assert logits.grad.shape == (0, 9)
@@ -135,3 +141,16 @@ def test_plan_levels_and_logit_order(n, levels):
     assert sorted(slot_logit.tolist()) == list(range((n - 1) ** 2))
     assert torch.equal(slot_logit[logit_slot], torch.arange((n - 1) ** 2))
     assert plan_levels[-1][1] == (n - 1) ** 2 + 1  # the levels' slots cover x_1 ... x_K
+
+
+@pytest.mark.parametrize("n", (2, 3, 5, 8))
+def test_tbp_schedule_runs_by_anti_diagonals(n):
+    """The one schedule records TBP too (for the Triton kernels): its levels are the 2n-3 anti-diagonals,
+    point k reads only earlier slots, and every logit is read once."""
+    schedule = chart_schedule("tbp", n)
+    sizes = [stop - start for start, stop in schedule.levels]
+    assert sizes == [min(d, 2 * n - 4 - d) + 1 for d in range(2 * n - 3)]
+    assert sorted(schedule.slot_logit) == list(range((n - 1) ** 2))
+    for start, stop in schedule.levels:
+        for k in range(start, stop):
+            assert all(slot < start for form in schedule.points[k - 1] for slot, _ in form)

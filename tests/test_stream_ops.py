@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from geoformers.modeling.ops.dispatch import force_triton, interpreter_enabled, triton_available
 from geoformers.modeling.ops.stream_read import read_streams, stream_maps_read
 from geoformers.modeling.ops.stream_read.naive import map_terms, naive_read_streams, naive_stream_maps
 from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead
@@ -18,7 +19,6 @@ from geoformers.modeling.ops.stream_write.naive import (
     naive_mix_and_write,
 )
 from geoformers.modeling.ops.stream_write.node import AddMixWrite, DeltaMixWrite
-from geoformers.modeling.triton_dispatch import force_triton, interpreter_enabled, triton_available
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BATCH, N, D = (2, 3), 4, 6

@@ -1,5 +1,5 @@
-"""Triton kernels (`modeling/triton_birkhoff.py`, `modeling/ops/stream_read/triton.py`,
-`modeling/ops/stream_write/triton.py`) against the PyTorch reference.
+"""Triton kernels (`modeling/ops/charts/triton.py`, `modeling/ops/stream_read/triton.py`,
+`modeling/ops/stream_write/triton.py`) against the plain PyTorch references.
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1, set by
 conftest.py before the kernel modules are imported); with one they run on CUDA tensors. Every kernel is
@@ -7,6 +7,7 @@ checked forward and backward (torch.autograd.grad of a random projection of the 
 float64 evaluation of the reference: float32 to 1e-6, bfloat16 to bfloat16 rounding.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,16 +18,20 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'geoformers[triton]')")
 
-from geoformers.modeling import triton_birkhoff  # noqa: E402
-from geoformers.modeling.birkhoff import birkhoff, ds_violation  # noqa: E402
+from geoformers.modeling.ops.charts import (  # noqa: E402
+    birkhoff,
+    ds_violation,
+    naive,
+    register_chart_observer,
+)
+from geoformers.modeling.ops.charts import triton as chart_kernels  # noqa: E402
+from geoformers.modeling.ops.dispatch import force_triton, use_triton  # noqa: E402
 from geoformers.modeling.ops.stream_read import triton as read_kernels  # noqa: E402
 from geoformers.modeling.ops.stream_read.naive import naive_read_streams  # noqa: E402
 from geoformers.modeling.ops.stream_read.triton import triton_read_streams  # noqa: E402
 from geoformers.modeling.ops.stream_write import triton as write_kernels  # noqa: E402
 from geoformers.modeling.ops.stream_write.naive import naive_delta_write, naive_mix_and_write  # noqa: E402
 from geoformers.modeling.ops.stream_write.triton import triton_delta_write, triton_mix_and_write  # noqa: E402
-from geoformers.modeling.triton_birkhoff import triton_birkhoff as chart  # noqa: E402
-from geoformers.modeling.triton_dispatch import force_triton, use_triton  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and type(read_kernels._read_forward_kernel).__name__ != "InterpretedFunction":
@@ -49,17 +54,24 @@ def _assert_relative(actual: torch.Tensor, expected: torch.Tensor, tolerance: fl
 
 
 # ----------------------------------------------------------------------------------------------
-# Charts
+# Charts: the Triton kernels called directly against the naive definitions (`modeling/ops/charts/naive.py`)
+
+NAIVE = {"tbp": naive.tbp, "rtbp": naive.rtbp}
+
+
+def _dispatching():
+    """What CUDA tensors get by default: `birkhoff` dispatching tbp / rtbp to the Triton kernels."""
+    return force_triton() if DEVICE == "cpu" else contextlib.nullcontext()
 
 
 def _chart_case(method: str, n: int, logits: torch.Tensor) -> None:
-    """Triton chart of float32 `logits` vs birkhoff(): outputs to 1e-6, gradients to 1e-5 relative, and
-    the result doubly stochastic to 1e-6 with entries >= 0."""
-    fast_in = logits.clone().requires_grad_()
-    ref_in = logits.clone().requires_grad_()
-    fast, ref = chart(fast_in, n, method), birkhoff(ref_in, n, method)
-    assert fast.dtype == torch.float32 and fast.shape == (*logits.shape[:-1], n, n)
-    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
+    """Triton chart of float32 `logits` (..., (n-1)^2) vs the naive chart in float64: outputs to 1e-6,
+    gradients to 1e-5 relative, and the result doubly stochastic to 1e-6 with entries >= 0."""
+    fast_in = logits.reshape(-1, (n - 1) ** 2).clone().requires_grad_()
+    ref_in = logits.reshape(-1, (n - 1) ** 2).double().requires_grad_()
+    fast, ref = chart_kernels.triton_chart(fast_in, n, method), NAIVE[method](ref_in, n)
+    assert fast.dtype == torch.float32 and fast.shape == (fast_in.shape[0], n, n)
+    torch.testing.assert_close(fast.double(), ref, rtol=0, atol=1e-6)
     assert float(ds_violation(fast).max()) <= 1e-6
     assert bool((fast >= 0).all())
     projection = torch.randn(fast.shape, dtype=torch.float64, device=logits.device)
@@ -77,7 +89,7 @@ def test_chart_matches_reference(method, n):
 @pytest.mark.parametrize("method", ["tbp", "rtbp"])
 def test_chart_at_zero_logits_follows_the_reference_ties(method):
     """Zero logits (the model's initialisation) put TBP's first entries on ties r = c and c = D; the kernel
-    takes the same branch of min / relu as birkhoff.py, so the gradients agree there too."""
+    takes the same branch of min / relu as `naive.py`, so the gradients agree there too."""
     _chart_case(method, 4, torch.zeros(5, 9, device=DEVICE))
 
 
@@ -90,40 +102,71 @@ def test_chart_saturated_logits_stay_doubly_stochastic(method):
 @pytest.mark.parametrize("method", ["tbp", "rtbp"])
 def test_chart_float64_gradcheck(method):
     """Float64 logits give a float64 chart whose backward passes finite differences (independent of the
-    reference's backward), and whose value is the reference's to float64 rounding."""
+    reference's backward), and whose value is the naive chart's to float64 rounding."""
     logits = torch.randn(2, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    chart = chart_kernels.triton_chart
     assert torch.autograd.gradcheck(lambda t: chart(t, 3, method), (logits,), fast_mode=True)
-    torch.testing.assert_close(chart(logits, 3, method), birkhoff(logits, 3, method), rtol=0, atol=1e-14)
+    torch.testing.assert_close(chart(logits, 3, method), NAIVE[method](logits, 3), rtol=0, atol=1e-14)
 
 
-def test_chart_bfloat16_logits_give_the_float32_reference():
+def test_dispatcher_runs_the_kernels_and_its_observers(monkeypatch):
+    """`birkhoff` sends tbp / rtbp to the Triton kernels (counted here) and still calls every chart
+    observer with the result, as on the PyTorch paths."""
+    calls, seen = [], []
+    original = chart_kernels.triton_chart
+    monkeypatch.setattr(
+        chart_kernels, "triton_chart", lambda *a, **k: calls.append(a[2]) or original(*a, **k)
+    )
+    handle = register_chart_observer(lambda method, x: seen.append((method, x)))
+    try:
+        logits = torch.randn(2, 3, 9, device=DEVICE)
+        with _dispatching():
+            results = {method: birkhoff(logits, 4, method) for method in ("tbp", "rtbp")}
+    finally:
+        handle.remove()
+    assert calls == ["tbp", "rtbp"]
+    assert [method for method, _ in seen] == ["tbp", "rtbp"]
+    for method, x in seen:
+        assert torch.equal(x, results[method]) and x.shape == (2, 3, 4, 4)
+        expected = NAIVE[method](logits.reshape(6, 9).double(), 4).view(2, 3, 4, 4)
+        torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
+
+
+def test_dispatcher_bfloat16_logits_give_the_float32_chart():
     logits = torch.randn(6, 9, device=DEVICE).bfloat16()
-    for method in ("tbp", "rtbp"):
-        torch.testing.assert_close(chart(logits, 4, method), birkhoff(logits, 4, method), rtol=0, atol=1e-6)
+    with _dispatching():
+        for method in ("tbp", "rtbp"):
+            x = birkhoff(logits, 4, method)
+            assert x.dtype == torch.float32
+            expected = NAIVE[method](logits.double(), 4)
+            torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
 
 
-def test_chart_ignores_autocast():
-    """Under bfloat16 autocast the chart stays float32 and equal to the reference (charts run unautocast)."""
+def test_dispatcher_ignores_autocast():
+    """Under bfloat16 autocast the chart stays float32 and equal to the naive chart (autocast is off)."""
     logits = torch.randn(6, 9, device=DEVICE)
-    with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
-        fast, ref = chart(logits, 4, "rtbp"), birkhoff(logits, 4, "rtbp")
+    with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16), _dispatching():
+        fast = birkhoff(logits, 4, "rtbp")
     assert fast.dtype == torch.float32
-    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(fast.double(), naive.rtbp(logits.double(), 4), rtol=0, atol=1e-6)
 
 
-def test_chart_n1_and_bad_input():
-    assert torch.equal(chart(torch.zeros(2, 0, device=DEVICE), 1, "rtbp"), torch.ones(2, 1, 1, device=DEVICE))
+def test_dispatcher_n1_empty_and_bad_input_with_the_kernels():
     with pytest.raises(ValueError, match="method"):
-        chart(torch.zeros(2, 9), 4, "sinkhorn")
-    with pytest.raises(ValueError, match=r"expects logits of shape \(\.\.\., 9\)"):
-        chart(torch.zeros(2, 8), 4, "tbp")
-    with pytest.raises(ValueError, match="floating dtype"):
-        chart(torch.zeros(2, 9, dtype=torch.long), 4, "tbp")
-    with pytest.raises(ValueError, match="NaN or infinite"):
-        chart(torch.tensor([[0.0, float("nan"), 0.0, 0.0]]), 3, "rtbp")
-    with pytest.raises(TypeError, match="n must be an int"):
-        chart(torch.zeros(2, 9), 4.0, "tbp")
-    assert chart(torch.zeros(0, 3, 9, device=DEVICE), 4, "tbp").shape == (0, 3, 4, 4)
+        chart_kernels.triton_chart(torch.zeros(2, 9, device=DEVICE), 4, "sinkhorn")
+    with _dispatching():
+        assert torch.equal(
+            birkhoff(torch.zeros(2, 0, device=DEVICE), 1, "rtbp"), torch.ones(2, 1, 1, device=DEVICE)
+        )
+        with pytest.raises(ValueError, match=r"expects logits of shape \(\.\.\., 9\)"):
+            birkhoff(torch.zeros(2, 8, device=DEVICE), 4, "tbp")
+        with pytest.raises(ValueError, match="floating dtype"):
+            birkhoff(torch.zeros(2, 9, dtype=torch.long, device=DEVICE), 4, "tbp")
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            birkhoff(torch.tensor([[0.0, float("nan"), 0.0, 0.0]], device=DEVICE), 3, "rtbp")
+        with pytest.raises(TypeError, match="n must be an int"):
+            birkhoff(torch.zeros(2, 9, device=DEVICE), 4.0, "tbp")
+        assert birkhoff(torch.zeros(0, 3, 9, device=DEVICE), 4, "tbp").shape == (0, 3, 4, 4)
 
 
 @pytest.mark.slow
@@ -136,10 +179,11 @@ def test_chart_matches_reference_large(method, n):
     _chart_case(method, n, 3.0 * torch.randn(67 if n < 16 else 9, (n - 1) ** 2, device=DEVICE))
 
 
-def test_chart_tape_sizes():
-    """The tape has one interval point per logit, each logit used once, entries over 1 + (n-1)^2 slots."""
+def test_chart_tables_sizes():
+    """The schedule's tables have one interval point per logit, each logit used once, entries over
+    1 + (n-1)^2 slots."""
     for method in ("tbp", "rtbp"):
-        points, index, table = triton_birkhoff._chart_tape(method, 5, torch.device("cpu"))
+        points, index, table = chart_kernels._tables(method, 5, torch.device("cpu"))
         assert points.shape[0] == 16 and sorted(index.tolist()) == list(range(16))
         assert table.shape == (25, 32) and bool((table[:, 17:] == 0).all())
 
@@ -321,7 +365,7 @@ def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual
     calls = []
     for module, name in (
         (write_kernels, "triton_delta_write" if residual == "delta" else "triton_mix_and_write"),
-        (triton_birkhoff, "triton_birkhoff"),
+        (chart_kernels, "triton_chart"),
     ):
         original = getattr(module, name)
         monkeypatch.setattr(

@@ -3,7 +3,7 @@ cubin (the interpreter does not lower kernels, so this catches what only a GPU b
 
 Run in a fresh process with TRITON_INTERPRET unset (it must be unset when the kernels are defined);
 prints one line per kernel with its registers and stack bytes and exits non-zero on the first failure.
-Used by tests/test_triton_kernels.py::test_kernels_compile_for_a_gpu.
+Used by tests/test_chart_kernels.py::test_kernels_compile_for_a_gpu.
 """
 
 import os
@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from geoformers.modeling import triton_birkhoff
+from geoformers.modeling.ops.charts import triton as chart_kernels
 from geoformers.modeling.ops.stream_read import triton as read_kernels
 from geoformers.modeling.ops.stream_write import triton as write_kernels
 
@@ -58,10 +58,10 @@ def compile_kernel(kernel, options: dict, streams: str = "*fp32") -> None:
 
 def main(streams_counts: list[int]) -> None:
     for n in streams_counts:
-        for method in triton_birkhoff.CHARTS:
-            _, launch = triton_birkhoff._launch(torch.zeros(4096, (n - 1) ** 2), n, method)
-            compile_kernel(triton_birkhoff._chart_forward_kernel, launch["meta"])
-            compile_kernel(triton_birkhoff._chart_backward_kernel, launch["meta"])
+        for method in chart_kernels.CHARTS:
+            _, launch = chart_kernels._launch(torch.zeros(4096, (n - 1) ** 2), n, method)
+            compile_kernel(chart_kernels._chart_forward_kernel, launch["meta"])
+            compile_kernel(chart_kernels._chart_backward_kernel, launch["meta"])
         for dtype in ("*fp32", "*bf16"):
             for d in (768, 100):
                 read = read_kernels.launch_options(n, d, None, square=False)

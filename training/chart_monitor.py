@@ -15,7 +15,7 @@ from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 from transformers.utils import logging
 
-from geoformers.modeling.birkhoff import ds_violation, register_chart_observer
+from geoformers.modeling.ops.charts import ds_violation, register_chart_observer
 
 logger = logging.get_logger(__name__)
 

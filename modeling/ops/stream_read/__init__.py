@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from geoformers.modeling.ops.dispatch import kernels
 from geoformers.modeling.ops.stream_read.naive import (
     map_terms,
     naive_read_streams,
@@ -20,7 +21,6 @@ from geoformers.modeling.ops.stream_read.naive import (
     upcast,
 )
 from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead, run_node
-from geoformers.modeling.triton_dispatch import kernels
 
 IMPLEMENTATIONS = ("fused", "reference")
 
@@ -45,7 +45,7 @@ def read_streams(weights: torch.Tensor, streams: torch.Tensor, implementation: s
     check_implementation(implementation)
     if implementation == "reference":
         return naive_read_streams(weights, streams)
-    triton = kernels("ops.stream_read.triton", weights, streams)
+    triton = kernels("geoformers.modeling.ops.stream_read.triton", weights, streams)
     if triton is not None and streams.dtype != torch.float64:
         return triton.triton_read_streams(weights, streams)
     return run_node(StreamRead, weights.expand(*streams.shape[:-2], -1), streams)

@@ -8,18 +8,20 @@ CUDA tensors in eager mode for float32 / bfloat16 streams, else the autograd nod
 
 import torch
 
+from geoformers.modeling.ops.dispatch import kernels
 from geoformers.modeling.ops.stream_read import check_implementation
 from geoformers.modeling.ops.stream_read.node import run_node
 from geoformers.modeling.ops.stream_write.naive import naive_delta_write, naive_mix_and_write
 from geoformers.modeling.ops.stream_write.node import AddMixWrite, DeltaMixWrite
-from geoformers.modeling.triton_dispatch import kernels
 
 __all__ = ["delta_write", "mix_and_write"]
+
+TRITON = "geoformers.modeling.ops.stream_write.triton"
 
 
 def _kernels(streams: torch.Tensor):
     """The write kernels' module when they run on `streams` (see `kernels`), else None."""
-    return None if streams.dtype == torch.float64 else kernels("ops.stream_write.triton", streams)
+    return None if streams.dtype == torch.float64 else kernels(TRITON, streams)
 
 
 def mix_and_write(

@@ -1,4 +1,4 @@
-"""When the Triton kernels (`triton_birkhoff.py`, `triton_streams.py`) replace the PyTorch reference.
+"""When an op's Triton kernels replace its PyTorch paths (docs/ddl_mhc.md, 'One home per op').
 
 `use_triton(*tensors)` is True when triton is installed (the optional extra `geoformers[triton]`) and
 every tensor is on a CUDA device. On CPU tensors the kernels can only run in Triton's interpreter
@@ -63,18 +63,18 @@ def use_triton(*tensors: torch.Tensor | None) -> bool:
 
 
 @cache
-def _kernel_module(name: str):
+def _kernel_module(module: str):
     try:
-        return importlib.import_module(f"geoformers.modeling.{name}")
+        return importlib.import_module(module)
     except ImportError:  # e.g. a flat Hub copy of the model without geoformers installed
         return None
 
 
-def kernels(name: str, *tensors: torch.Tensor | None):
-    """The kernel module `name` ("triton_streams" or "triton_birkhoff") when its kernels should run on
-    `tensors` in eager mode, else None (the PyTorch path runs). Under torch.compile the PyTorch path is
-    traced and inductor generates its own kernels. The module is imported on first use, by name, so the
-    models import without triton and their flat Hub copies fall back to PyTorch."""
+def kernels(module: str, *tensors: torch.Tensor | None):
+    """The kernel module `module` (a full path, e.g. "geoformers.modeling.ops.charts.triton") when its
+    kernels should run on `tensors` in eager mode, else None (the PyTorch path runs). Under torch.compile the
+    PyTorch path is traced and inductor generates its own kernels. The module is imported on first use, by
+    name, so the models import without triton and their flat Hub copies fall back to PyTorch."""
     if torch.compiler.is_compiling() or not use_triton(*tensors):
         return None
-    return _kernel_module(name)
+    return _kernel_module(module)

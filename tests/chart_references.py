@@ -1,8 +1,8 @@
 """Plain-Python float64 references for the TBP and RTBP charts (docs/ddl_mhc.md, 'Doubly-stochastic charts').
 
-One matrix at a time, explicit loops, written straight from the definitions so that the batched
-fast paths in `birkhoff.py` can be checked against them (reference beside fast path, like
-flash-linear-attention's `naive.py`). Inputs are sequences of floats, outputs lists of rows.
+One matrix at a time, explicit loops, written straight from the definitions, so that the batched PyTorch
+references of `modeling/ops/charts/naive.py` are checked against code that shares nothing with them.
+Inputs are sequences of floats, outputs lists of rows.
 """
 
 import math

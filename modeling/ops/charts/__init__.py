@@ -1,0 +1,213 @@
+"""Doubly-stochastic charts: unconstrained logits -> a matrix in the Birkhoff polytope (docs/ddl_mhc.md,
+'Doubly-stochastic charts'; the layout of this folder: 'One home per op').
+
+B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of shape
+(..., num_logits(method, n)) to one matrix per leading index, shape (..., n, n):
+
+- "tbp": transport Birkhoff polytope, north-west corner; (n-1)^2 logits; exact, onto the interior.
+- "rtbp": recursive TBP (2x2 blocks, batched children); (n-1)^2 logits; exact, onto the interior.
+- "sinkhorn": mHC, exp then `iters` row/column normalisations in log space; n^2 logits; approximate.
+- "mhc_lite": softmax over the n! permutation matrices; n! logits; exact; n <= MHC_LITE_MAX_N.
+- "kromhc": Kronecker product of log2(n) 2x2 factors [[s, 1-s], [1-s, s]]; exact; n = 2^k.
+- "stbp", "srtbp", "mstbp", "msrtbp": tbp and rtbp with the TBP-mHC authors' scaled / margined interval
+  choice; "atbp": their permutation average of tbp (docs/chart_variants.md).
+
+`birkhoff` is the one dispatcher: it checks the input, turns autocast off, applies the dtype policy and runs
+the chart's entry in `_CHARTS`: the Triton kernels (`triton.py`) for tbp / rtbp on CUDA tensors, else
+the autograd nodes (`tbp_node.py`, `rtbp_node.py`) or the plain PyTorch definitions (`naive.py`). The exact
+charts do their arithmetic in float64 (TBP/RTBP running masses reach n-1 and would cancel in float32) and
+round the finished matrix once, so a float32 result has |row/column sum - 1| <= ~6e-8 at any n; Sinkhorn
+runs in float32 like mHC. The result is float32, or float64 for float64 logits.
+`register_chart_observer` lets training code see every chart an eager forward computes, on every path.
+"""
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
+from geoformers.modeling.ops.charts.inverse import (
+    rtbp_logits_from_matrix,
+    tbp_logits_from_matrix,
+    variant_logits_from_matrix,
+)
+from geoformers.modeling.ops.charts.naive import (
+    ATBP_ORDERINGS,
+    INTERVAL_VARIANTS,
+    MARGIN_RHO,
+    MARGINED,
+    SCALED,
+    SCALED_BETA,
+    SCALED_EPS,
+    SINKHORN_DEFAULT_ITERS,
+    ScaledChoice,
+    _nonnegative,
+    atbp,
+    ds_violation,
+    kromhc,
+    mhc_lite,
+    rtbp,
+    sinkhorn,
+)
+from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
+from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
+from geoformers.modeling.ops.dispatch import kernels
+
+__all__ = [
+    "ATBP_ORDERINGS",
+    "CHART_VARIANTS",
+    "INTERVAL_VARIANTS",
+    "MARGIN_RHO",
+    "METHODS",
+    "MHC_LITE_MAX_N",
+    "SCALED_BETA",
+    "SCALED_EPS",
+    "SINKHORN_DEFAULT_ITERS",
+    "ScaledChoice",
+    "birkhoff",
+    "ds_violation",
+    "num_logits",
+    "register_chart_observer",
+    "rtbp_logits_from_matrix",
+    "tbp_logits_from_matrix",
+    "variant_logits_from_matrix",
+]
+
+TRITON_KERNELS = "geoformers.modeling.ops.charts.triton"
+CHART_VARIANTS = ("stbp", "srtbp", "mstbp", "msrtbp", "atbp")  # the TBP-mHC authors' (docs/chart_variants.md)
+
+
+def _transport_count(n: int) -> int:
+    return (n - 1) ** 2
+
+
+def _tbp_float64(flat: torch.Tensor, n: int) -> torch.Tensor:
+    return tbp_node(flat, n, torch.float64)
+
+
+class _Chart(NamedTuple):
+    """A chart of the table: logits per matrix for n; the chart on logits (B, k) in the result's dtype
+    (float32 or float64) -> (B, n, n), n >= 2 for the transport charts; whether Triton kernels exist."""
+
+    num_logits: Callable[[int], int]
+    chart: Callable[[torch.Tensor, int], torch.Tensor]
+    triton: bool = False
+
+
+def _variant(base: str, choice: ScaledChoice) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    if base == "tbp":
+        return lambda flat, n: _nonnegative(scaled_tbp_node(flat.double(), n, choice))
+    return lambda flat, n: rtbp(flat.double(), n, choice)
+
+
+_CHARTS: dict[str, _Chart] = {
+    "tbp": _Chart(_transport_count, lambda flat, n: tbp_node(flat, n, flat.dtype), triton=True),
+    "rtbp": _Chart(_transport_count, lambda flat, n: rtbp_node(flat, n, flat.dtype), triton=True),
+    "sinkhorn": _Chart(lambda n: n * n, sinkhorn),
+    "mhc_lite": _Chart(math.factorial, lambda flat, n: mhc_lite(flat.double(), n)),
+    "kromhc": _Chart(lambda n: n.bit_length() - 1, lambda flat, n: kromhc(flat.double(), n)),
+    "stbp": _Chart(_transport_count, _variant("tbp", SCALED)),
+    "srtbp": _Chart(_transport_count, _variant("rtbp", SCALED)),
+    "mstbp": _Chart(_transport_count, _variant("tbp", MARGINED)),
+    "msrtbp": _Chart(_transport_count, _variant("rtbp", MARGINED)),
+    "atbp": _Chart(
+        lambda n: len(ATBP_ORDERINGS) * ((n - 1) ** 2 + 1),
+        lambda flat, n: atbp(flat.double(), n, _tbp_float64),
+    ),
+}
+_observers: OrderedDict[int, Callable[[str, torch.Tensor], None]] = OrderedDict()
+
+
+def _check_method_and_n(method: str, n: int) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if method == "kromhc" and n & (n - 1):
+        raise ValueError(f"kromhc needs n to be a power of two (n = 2^k), got n={n}")
+    if method == "mhc_lite" and n > MHC_LITE_MAX_N:
+        raise ValueError(
+            f"mhc_lite needs n <= {MHC_LITE_MAX_N} ({math.factorial(MHC_LITE_MAX_N)} logits, one per "
+            f"permutation), got n={n} ({math.factorial(n)} permutations)"
+        )
+
+
+def num_logits(method: str, n: int) -> int:
+    """Number of logits per matrix: (n-1)^2 for tbp/rtbp and the interval variants, n^2 for sinkhorn, n! for
+    mhc_lite, log2(n) for kromhc, 2 (n-1)^2 + 2 for atbp."""
+    _check_method_and_n(method, n)
+    return _CHARTS[method].num_logits(n)
+
+
+def register_chart_observer(observer: Callable[[str, torch.Tensor], None]) -> RemovableHandle:
+    """Call `observer(method, matrices)` with every result of `birkhoff` (detached) outside
+    torch.compile tracing, whichever path computed it; `handle.remove()` stops it (torch's hook handle)."""
+    handle = RemovableHandle(_observers)
+    _observers[handle.id] = observer
+    return handle
+
+
+def _check_logits(logits: torch.Tensor, n: int, method: str) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must have a floating dtype, got {logits.dtype}")
+    expected = num_logits(method, n)
+    if logits.ndim == 0 or logits.shape[-1] != expected:
+        raise ValueError(
+            f"{method} with n={n} expects logits of shape (..., {expected}), got {tuple(logits.shape)}"
+        )
+    if torch.compiler.is_compiling():  # a value check would break the graph at every chart
+        return
+    # One float64 reduction (no float32 overflow) is non-finite iff some logit is; confirm exactly.
+    total = float(logits.detach().sum(dtype=torch.float64))
+    if not math.isfinite(total) and not bool(torch.isfinite(logits).all()):
+        raise ValueError("logits contain NaN or infinite values")
+
+
+def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> torch.Tensor:
+    """Doubly-stochastic chart (docs/ddl_mhc.md, 'Doubly-stochastic charts'):
+    logits (..., num_logits(method, n)) -> (..., n, n).
+
+    Options: `iters` (sinkhorn only, default SINKHORN_DEFAULT_ITERS). Autocast is disabled
+    inside; float64 logits give a float64 result, any other float dtype a float32 one.
+    """
+    _check_method_and_n(method, n)
+    allowed = {"iters"} if method == "sinkhorn" else set()
+    unexpected = sorted(set(options) - allowed)
+    if unexpected:
+        raise TypeError(
+            f"birkhoff(method={method!r}) got unexpected options {unexpected}; valid: {sorted(allowed)}"
+        )
+    iters = options.get("iters", SINKHORN_DEFAULT_ITERS)
+    if method == "sinkhorn" and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 1):
+        raise ValueError(f"sinkhorn option iters must be an int >= 1, got {iters!r}")
+    _check_logits(logits, n, method)
+
+    entry = _CHARTS[method]
+    batch_shape = logits.shape[:-1]
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    if n == 1 and entry.num_logits(1) == 0:
+        # No logits: the 1 x 1 matrix [1], still attached to the graph of `logits` (zero gradient).
+        x = (logits.to(out_dtype).sum(-1) + 1)[..., None, None]
+    else:
+        with torch.autocast(device_type=logits.device.type, enabled=False):
+            flat = logits.reshape(-1, logits.shape[-1]).to(out_dtype)
+            triton = kernels(TRITON_KERNELS, logits) if entry.triton and flat.shape[0] > 0 else None
+            if triton is not None:  # CUDA tensors in eager mode (or CPU under the interpreter, forced)
+                x = triton.triton_chart(flat, n, method)
+            elif method == "sinkhorn":
+                x = sinkhorn(flat, n, iters)
+            else:
+                x = entry.chart(flat, n)
+        x = x.to(out_dtype, memory_format=torch.contiguous_format).view(*batch_shape, n, n)
+    if _observers and not torch.compiler.is_compiling():
+        for observer in tuple(_observers.values()):
+            observer(method, x.detach())
+    return x

@@ -1,0 +1,171 @@
+"""Triton kernels for the exact charts "tbp" and "rtbp" (docs/ddl_mhc.md, 'Triton kernels'); the dispatcher
+imports this module lazily, only when triton is installed and the kernels should run.
+
+Both charts run their `schedule.chart_schedule`: (n-1)^2 interval points, one per logit t_k,
+
+    x_k = L + (U - L) sigmoid(t_k),   L = relu(a2),   U = T - relu(a1),
+
+with T, a1, a2 and every matrix entry affine in the slots [1, x_1, ..., x_K]. `_tables` lays the schedule
+out densely; one kernel runs any schedule, a program per block of matrices with the slots in registers,
+and the backward kernel recomputes the slots and sweeps the points in reverse (nothing is saved but the
+logits). Ties follow `naive.py` (relu'(0) = 0, U = r when r = c), so the gradients match its autograd.
+
+Arithmetic is float64 and each entry is rounded once: the masses reach n-1, which float32 would cancel.
+The chart costs O(n^4) flops per matrix against O(d^2) for the sublayer around it, so even a 1/64-rate
+float64 unit leaves it far below the GEMMs, and the result is the reference's to float64 rounding
+(|row/column sum - 1| <= ~n 6e-8 in float32).
+"""
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from geoformers.modeling.ops.charts.schedule import chart_schedule
+
+CHARTS = ("tbp", "rtbp")
+
+
+@cache
+def _tables(method: str, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(points (K, 3, P) float64, logit index (K,) int32, entries (n*n, P) float64) of a chart's schedule,
+    P the slot count rounded up to a power of two."""
+    schedule = chart_schedule(method, n)
+    padded = triton.next_power_of_2(len(schedule.slot_logit) + 1)
+    points = torch.zeros(len(schedule.points), 3, padded, dtype=torch.float64)
+    for k, forms in enumerate(schedule.points):
+        for part, form in enumerate(forms):
+            for slot, value in form:
+                points[k, part, slot] = value
+    table = torch.zeros(n * n, padded, dtype=torch.float64)
+    for e, form in enumerate(schedule.entries):
+        for slot, value in form:
+            table[e, slot] = value
+    index = torch.tensor(schedule.slot_logit, dtype=torch.int32)
+    return points.to(device), index.to(device), table.to(device)
+
+
+@triton.jit
+def _sigmoid(logit):
+    """(sigmoid(t), 1 - sigmoid(t)) in float64, from exp(-|t|) so that neither overflows nor cancels."""
+    t = logit.to(tl.float64)
+    decay = tl.exp(-tl.abs(t))
+    high, low = 1.0 / (1.0 + decay), decay / (1.0 + decay)
+    return tl.where(t >= 0, high, low), tl.where(t >= 0, low, high)
+
+
+@triton.jit
+def _slots(
+    logits_ptr, points_ptr, index_ptr, lanes, live, K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr
+):
+    """The slots [1, x_1, ..., x_K] (BLOCK, P) float64 of the tape, for the matrices in `lanes`."""
+    slot = tl.arange(0, P)[None, :]
+    values = tl.where(slot == 0, 1.0, 0.0).to(tl.float64) + tl.zeros((BLOCK, P), tl.float64)
+    for k in range(K):
+        forms = points_ptr + k * 3 * P + tl.arange(0, P)
+        total = tl.sum(values * tl.load(forms)[None, :], axis=1)
+        over_first = tl.sum(values * tl.load(forms + P)[None, :], axis=1)
+        over_second = tl.sum(values * tl.load(forms + 2 * P)[None, :], axis=1)
+        s, _ = _sigmoid(tl.load(logits_ptr + lanes * K + tl.load(index_ptr + k), mask=live, other=0.0))
+        low = tl.maximum(over_second, 0.0)
+        x = low + (total - tl.maximum(over_first, 0.0) - low) * s
+        values = tl.where(slot == k + 1, x[:, None], values)
+    return values
+
+
+@triton.jit
+def _chart_forward_kernel(
+    logits_ptr, points_ptr, index_ptr, table_ptr, out_ptr, batch,
+    K: tl.constexpr, NN: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    lanes = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = lanes < batch
+    values = _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K, P, BLOCK)
+    for e in range(NN):
+        entry = tl.sum(values * tl.load(table_ptr + e * P + tl.arange(0, P))[None, :], axis=1)
+        # Every entry is >= 0 in exact arithmetic; the clamp only removes float64 rounding below 0.
+        tl.store(out_ptr + lanes * NN + e, tl.maximum(entry, 0.0).to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _chart_backward_kernel(
+    logits_ptr, points_ptr, index_ptr, table_ptr, grad_out_ptr, grad_ptr, batch,
+    K: tl.constexpr, NN: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    lanes = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = lanes < batch
+    slot = tl.arange(0, P)
+    values = _slots(logits_ptr, points_ptr, index_ptr, lanes, live, K, P, BLOCK)
+    adjoint = tl.zeros((BLOCK, P), tl.float64)  # dL/d slot, through the affine entries
+    for e in range(NN):
+        g = tl.load(grad_out_ptr + lanes * NN + e, mask=live, other=0.0).to(tl.float64)
+        adjoint += g[:, None] * tl.load(table_ptr + e * P + slot)[None, :]
+    for step in range(K):
+        k = K - 1 - step
+        forms = points_ptr + k * 3 * P + slot
+        form_total, form_first, form_second = tl.load(forms), tl.load(forms + P), tl.load(forms + 2 * P)
+        total = tl.sum(values * form_total[None, :], axis=1)
+        over_first = tl.sum(values * form_first[None, :], axis=1)
+        over_second = tl.sum(values * form_second[None, :], axis=1)
+        j = tl.load(index_ptr + k)
+        s, one_minus_s = _sigmoid(tl.load(logits_ptr + lanes * K + j, mask=live, other=0.0))
+        low = tl.maximum(over_second, 0.0)
+        width = total - tl.maximum(over_first, 0.0) - low
+        grad_x = tl.sum(tl.where(slot[None, :] == k + 1, adjoint, 0.0), axis=1)
+        tl.store(
+            grad_ptr + lanes * K + j,
+            (grad_x * width * s * one_minus_s).to(grad_ptr.dtype.element_ty),
+            mask=live,
+        )
+        # x = relu(C2') + (T - relu(C1') - relu(C2')) s with C1' = T - C1, C2' = T - C2 (relu'(0) = 0).
+        d_first = tl.where(over_first > 0, -s, 0.0)
+        d_second = tl.where(over_second > 0, one_minus_s, 0.0)
+        adjoint += grad_x[:, None] * (
+            s[:, None] * form_total[None, :]
+            + d_first[:, None] * form_first[None, :]
+            + d_second[:, None] * form_second[None, :]
+        )
+
+
+def _launch(logits: torch.Tensor, n: int, method: str) -> tuple[tuple, dict]:
+    points, index, table = _tables(method, n, logits.device)
+    batch = logits.shape[0]
+    padded = points.shape[-1]
+    block = min(triton.next_power_of_2(max(batch, 1)), max(4, 1024 // padded))
+    meta = {"K": points.shape[0], "NN": n * n, "P": padded, "BLOCK": block}
+    return (points, index, table), {"grid": (triton.cdiv(batch, block),), "meta": meta}
+
+
+class TritonChart(torch.autograd.Function):
+    """tbp / rtbp chart of logits (B, (n-1)^2) -> (B, n, n), forward and backward in Triton."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, n: int, method: str) -> torch.Tensor:
+        tables, launch = _launch(logits, n, method)
+        out = logits.new_empty(logits.shape[0], n, n)
+        _chart_forward_kernel[launch["grid"]](logits, *tables, out, logits.shape[0], **launch["meta"])
+        ctx.save_for_backward(logits)
+        ctx.n, ctx.method = n, method
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: torch.Tensor):
+        (logits,) = ctx.saved_tensors
+        tables, launch = _launch(logits, ctx.n, ctx.method)
+        grad = torch.empty_like(logits)
+        grad_output = grad_output.to(logits.dtype).contiguous()
+        _chart_backward_kernel[launch["grid"]](
+            logits, *tables, grad_output, grad, logits.shape[0], **launch["meta"]
+        )
+        return grad, None, None
+
+
+def triton_chart(logits: torch.Tensor, n: int, method: str) -> torch.Tensor:
+    """Chart `method` ("tbp" or "rtbp") of logits (B, (n-1)^2), n >= 2, B >= 1, float32 or float64,
+    -> (B, n, n) in the logits' dtype; the dispatcher `birkhoff` checks and shapes the input."""
+    if method not in CHARTS:
+        raise ValueError(f"triton_chart supports method in {CHARTS}, got {method!r}")
+    return TritonChart.apply(logits.contiguous(), n, method)
