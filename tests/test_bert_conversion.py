@@ -13,6 +13,7 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling import wrap_bert_embeddings
 from geoformers.modeling.bert_conversion import bert_parts, freeze_bert_parts, load_bert
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.modeling.hub_code import remote_code_files
 from geoformers.tokenization import load_bert_tokenizer
 
 # SST-2 validation sentences (GLUE dev.tsv), real text for the real tokenizer.
@@ -134,8 +135,9 @@ def test_save_load_round_trip_rebuilds_the_same_structure(tiny_bert_path, tmp_pa
                                  use_encoder_outputs=use_encoder_outputs)
     model.prune_head(0, 0)
     model.save_pretrained(tmp_path / "wrapped")
-    assert {p.name for p in (tmp_path / "wrapped").iterdir()} == {
-        "config.json", "model.safetensors", "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py"}
+    code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    assert {"configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py"} <= set(code)
+    assert {p.name for p in (tmp_path / "wrapped").iterdir()} == {"config.json", "model.safetensors", *code}
     stored = load_file(tmp_path / "wrapped" / "model.safetensors")
     assert any(key.startswith("model.bert_encoder.") for key in stored) == use_encoder_outputs
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "wrapped")
