@@ -17,6 +17,7 @@ from script_modules import load_script
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.modeling.hub_code import remote_code_files
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
     build_nonstationary_stream,
@@ -65,9 +66,9 @@ def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path
                          "--output_dir", str(tmp_path)]
     summary = grow_demo.main(argv)
     printed = capsys.readouterr().out
+    code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
     assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors", "growth_history.json",
-                                                     "growth_history.png", "summary.json",
-                                                     "configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py"}
+                                                     "growth_history.png", "summary.json", *code}
     assert (tmp_path / "growth_history.png").read_bytes()[:8] == PNG_MAGIC
     assert json.loads((tmp_path / "summary.json").read_text())["num_heads"] == summary["num_heads"]
     # Events are printed as they happen, on global steps: the gate's verdicts once growth starts (step 8).
