@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from geoformers.configuration.ddl_mhc import HC_IMPLEMENTATIONS
 from geoformers.modeling.ops.dispatch import kernels
 from geoformers.modeling.ops.stream_read.naive import (
     map_terms,
@@ -22,7 +23,7 @@ from geoformers.modeling.ops.stream_read.naive import (
 )
 from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead, run_node
 
-IMPLEMENTATIONS = ("fused", "reference")
+IMPLEMENTATIONS = HC_IMPLEMENTATIONS  # the config field `hc_implementation` takes the same values
 
 __all__ = [
     "IMPLEMENTATIONS",
