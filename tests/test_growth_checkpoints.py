@@ -129,23 +129,29 @@ def test_an_interrupted_save_never_loads_wrongly_and_is_skipped(run, task, tmp_p
     weights_intact = interruption in ("before the completion marker", "before optimizer.pt")
     if weights_intact:  # config and weights agree: the model itself loads, at its grown size
         assert AutoModelForSequenceClassification.from_pretrained(broken).config.num_heads == [4]
-    else:
-        with pytest.raises(Exception, match="do not match|header|deserializ|incomplete|invalid"):
+    elif interruption == "inside model.safetensors":
+        with pytest.raises(Exception, match="header|deserializ|incomplete|invalid"):
             AutoModelForSequenceClassification.from_pretrained(broken)
+    else:  # older weights under the newer config: as in transformers, the heads they lack are new ones,
+        # reported missing (the completeness check above is what refuses the checkpoint)
+        _, info = AutoModelForSequenceClassification.from_pretrained(broken, output_loading_info=True)
+        assert info["missing_keys"] and all(".attention.heads." in key for key in info["missing_keys"])
 
 
-def test_from_pretrained_refuses_weights_whose_heads_disagree_with_the_config(run, tmp_path):
+def test_from_pretrained_refuses_weights_of_heads_the_config_lacks(run, tmp_path):
+    """A head the file lacks is initialised and reported missing, as in transformers; weights of heads the
+    config does not build are refused (they would change the function)."""
     _, source = run
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(source / "checkpoint-20", checkpoint)  # four heads in config and weights
     weights = load_file(checkpoint / "model.safetensors")
     save_file({k: v for k, v in weights.items() if ".heads.3." not in k}, checkpoint / "model.safetensors",
               metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"missing \[model\.layers\.0\.attention\.heads\.3\."):
-        AutoModelForSequenceClassification.from_pretrained(checkpoint)
+    _, info = AutoModelForSequenceClassification.from_pretrained(checkpoint, output_loading_info=True)
+    assert info["missing_keys"] and all(".heads.3." in key for key in info["missing_keys"])
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "num_heads": [2]}))
-    with pytest.raises(ValueError, match=r"unexpected \[model\.layers\.0\.attention\.heads\.2\."):
+    with pytest.raises(ValueError, match=r"no place for: \[model\.layers\.0\.attention\.heads\.2\."):
         AutoModelForSequenceClassification.from_pretrained(checkpoint)
 
 
