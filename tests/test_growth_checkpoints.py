@@ -276,9 +276,14 @@ def test_a_copy_keeps_the_checkpoint_complete_only_with_its_modification_times(r
         (lambda c: add_file_record(c, "../config.json", {"size": 1, "mtime_ns": 0}), "points outside"),
         (lambda c: edit_json(c / MARKER_FILE, global_step=30), "is for step 30"),
         (lambda c: remark(c, drop="num_heads"), "config.json has no `num_heads`"),
+        (lambda c: keep_records(c, "config.json", "trainer_state.json", "model.safetensors"),
+         "is in the checkpoint but not in geoformers_checkpoint.json"),
+        (lambda c: keep_records(c, "config.json", "model.safetensors"), "does not record trainer_state.json"),
+        (lambda c: keep_records(c, "config.json", "trainer_state.json"), "records no model weights"),
     ],
     ids=["empty marker", "marker a list", "truncated marker", "non-UTF-8 config", "bad file record",
-         "path outside", "marker of another step", "config without num_heads"],
+         "path outside", "marker of another step", "config without num_heads",
+         "marker rewritten without a file", "marker without the trainer state", "marker without the weights"],
 )
 def test_a_malformed_marker_or_config_is_skipped_with_a_logged_reason(run, tmp_path, transformers_log, damage,
                                                                      reason):
@@ -298,6 +303,12 @@ def edit_json(path: Path, **fields) -> None:
 def add_file_record(checkpoint: Path, name: str, record) -> None:
     marker = json.loads((checkpoint / MARKER_FILE).read_text())
     edit_json(checkpoint / MARKER_FILE, files={**marker["files"], name: record})
+
+
+def keep_records(checkpoint: Path, *names: str) -> None:
+    """A marker rewritten by hand to list only `names` (with their true records)."""
+    marker = json.loads((checkpoint / MARKER_FILE).read_text())
+    edit_json(checkpoint / MARKER_FILE, files={name: marker["files"][name] for name in names})
 
 
 def remark(checkpoint: Path, drop: str) -> None:
