@@ -65,8 +65,10 @@ from geoformers.modeling.hub_code import HubCodeMixin
 from geoformers.modeling.input_checks import (
     check_attention_mask,
     check_cache,
+    check_generation_attention_mask,
     check_inputs_embeds,
     check_labels,
+    check_logits_to_keep,
     check_position_ids,
     check_token_ids,
     embeds_bound,
@@ -541,7 +543,9 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         boundaries = [] if output_hidden_states else None
         for decoder_layer in self.layers[: self.config.num_hidden_layers]:
             if boundaries is not None:
-                boundaries.append(self._read_out(streams))
+                hidden_states = self._read_out(streams)
+                boundaries.append(hidden_states)
+                streams = self._through_read_out(streams, hidden_states)
             streams = decoder_layer(
                 streams,
                 attention_mask=causal_mask,
@@ -561,6 +565,15 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
     def _read_out(self, streams: torch.Tensor) -> torch.Tensor:
         """Streams (batch, seq, n, hidden) -> (batch, seq, hidden): the learned read-out (n = 1: X itself)."""
         return streams.squeeze(-2) if self.stream_readout is None else self.stream_readout(streams)
+
+    def _through_read_out(self, streams: torch.Tensor, read_out: torch.Tensor) -> torch.Tensor:
+        """X = r 1^T + (X - r' 1^T), r' the read-out recomputed: the streams rebuilt from their read-out r (a
+        returned hidden state) so that r is on the gradient path with dL/dr = sum_j dL/dX_j, while the
+        gradients of X and of the read-out weights are unchanged (r' cancels r's extra terms). Equal to X up
+        to one rounding per element; for n = 1 it is r itself, as in Llama (docs/ddl_mhc.md, 'Outputs')."""
+        if self.stream_readout is None:
+            return read_out.unsqueeze(-2)
+        return read_out.unsqueeze(-2) + (streams - self.stream_readout(streams).unsqueeze(-2))
 
 
 class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
@@ -596,6 +609,7 @@ class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
             no token is scored (`causal_lm_loss.py`).
         Pass `output_mixing=True` to get the per-sublayer `StreamMixing` records.
         """
+        check_logits_to_keep(logits_to_keep)
         if labels is not None:
             reference = input_ids if input_ids is not None else inputs_embeds
             shape = tuple(reference.shape[:2]) if isinstance(reference, torch.Tensor) else None
@@ -629,6 +643,15 @@ class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             mixing=outputs.mixing,
         )
+
+    def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
+        """`generate` derives position ids from the attention mask: check the mask's shape first, so that
+        a wrong one is named (`input_checks.check_generation_attention_mask`)."""
+        if "input_ids" in model_kwargs and model_kwargs["input_ids"].shape[1] > 0:
+            inputs_tensor = model_kwargs["input_ids"]
+        cache = model_kwargs.get("cache")
+        check_generation_attention_mask(model_kwargs.get("attention_mask"), inputs_tensor, cache)
+        return super()._prepare_position_ids_for_generation(inputs_tensor, model_kwargs)
 
 
 __all__ = ["DDLmHCForCausalLM", "DDLmHCModel", "DDLmHCPreTrainedModel"]

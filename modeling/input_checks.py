@@ -177,3 +177,44 @@ def check_labels(
                 f"got values in [{low}, {high}]"
             )
     return labels.long()
+
+
+def check_logits_to_keep(logits_to_keep) -> None:
+    """Llama's `logits_to_keep`: an int >= 0 (0 keeps every position, k > 0 the last k) or a 1-D integer
+    tensor of the sequence positions to keep."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        if logits_to_keep.ndim != 1 or logits_to_keep.is_floating_point() or logits_to_keep.is_complex() or (
+            logits_to_keep.dtype == torch.bool
+        ):
+            raise TypeError(
+                "`logits_to_keep` given as a tensor must be a 1-D integer tensor of sequence positions, got "
+                f"{logits_to_keep.dtype} of shape {_shape(logits_to_keep)}"
+            )
+        return
+    if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+        raise TypeError(
+            "`logits_to_keep` must be an int >= 0 (0 = every position, k = the last k) or a 1-D integer "
+            f"tensor of positions, got {type(logits_to_keep).__name__} ({logits_to_keep!r})"
+        )
+    if logits_to_keep < 0:
+        raise ValueError(
+            f"`logits_to_keep` must be >= 0 (0 = every position, k = the last k), got {logits_to_keep}"
+        )
+
+
+def check_generation_attention_mask(attention_mask, inputs: torch.Tensor, cache: Cache | None) -> None:
+    """`generate`'s 2-D `attention_mask`: one row per prompt and one column per token of the prompt
+    (`inputs`: ids or embeddings), or of the cache and the prompt. transformers derives `position_ids` from
+    it and then drops an all-ones mask, so a wrong length would otherwise surface as a `position_ids` shape
+    error or not at all."""
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2:
+        return
+    batch, length = inputs.shape[:2]
+    past = cache.get_seq_length() if cache is not None else 0
+    lengths = sorted({length, past + length})
+    if attention_mask.shape[0] != batch or attention_mask.shape[1] not in lengths:
+        columns = " or ".join(str(n) for n in lengths)
+        raise ValueError(
+            f"`attention_mask` must have shape (batch, prompt length) = ({batch}, {columns}) like the "
+            f"prompt, got {_shape(attention_mask)}"
+        )

@@ -1,21 +1,26 @@
-"""Strict `from_pretrained`: weights that do not fit the model built from the config are an error.
+"""`from_pretrained` with transformers' semantics, plus the two refusals a silent load would hide
+(docs/reliability.md, 'Loading checkpoints').
 
-transformers initialises missing weights at random and drops unexpected ones with only a load-report
-warning; for these models that silently yields a different model (a dropped `lm_head`, one head's `k_proj`,
-a config edited to more layers, another model's weights). Here any missing or unexpected key raises
-ValueError naming the keys. Weights tied by `_tied_weights_keys` (e.g. `lm_head` to the embeddings) are not
-missing: transformers ties them before the check.
+As in transformers: a weight the checkpoint lacks (a new task head, a layer an edited config adds) is
+initialised and listed as MISSING in the load report; a weight whose shape differs from the model's is an
+error unless `ignore_mismatched_sizes=True`; the weights of another class's task head (`classifier`,
+`lm_head`) are left unused and listed as UNEXPECTED.
 
-Loading another class of the same family keeps working as in transformers: the base model from a task
-checkpoint leaves the task head's weights unused, a task model on a base checkpoint starts a new head
-(missing keys outside `base_model_prefix`); weights missing inside the base model still raise. Pass
-`strict=False` for a deliberate partial load (transformers' behaviour: initialise, drop, warn).
+Refused here:
+- a checkpoint of another model type (`config.json` names `ddl_mhc` where a `ddcl_incrt` class loads it, or
+  the reverse): transformers only warns and then fails on whatever field of the other config does not fit;
+- unexpected weights of the base model (under `base_model_prefix`, or named after one of its modules): the
+  file holds encoder or decoder weights the config does not build (a head count or layer count edited down,
+  another model's weights), so the loaded model would compute another function. Every class refuses them,
+  base or task model. `strict=False` drops them with transformers' warning.
 """
 
 _SHOWN_KEYS = 12
+_DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_only", "revision",
+                    "subfolder")
 
 
-def _named(keys: set[str]) -> str:
+def _named(keys: list[str]) -> str:
     ordered = sorted(keys)
     shown = ", ".join(ordered[:_SHOWN_KEYS])
     return f"[{shown}{f', ... ({len(ordered) - _SHOWN_KEYS} more)' if len(ordered) > _SHOWN_KEYS else ''}]"
@@ -25,30 +30,49 @@ class StrictLoadingMixin:
     """`from_pretrained(..., strict=True)` (module docstring)."""
 
     @classmethod
-    def from_pretrained(cls, *args, strict: bool = True, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, strict: bool = True, **kwargs):
         if not isinstance(strict, bool):
             raise TypeError(f"`strict` must be a bool, got {type(strict).__name__} ({strict!r})")
+        if kwargs.get("config") is None and pretrained_model_name_or_path is not None:
+            cls._check_model_type(pretrained_model_name_or_path, kwargs)
         output_loading_info = kwargs.pop("output_loading_info", False)
-        model, loading_info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model, loading_info = super().from_pretrained(
+            pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
+        )
         if strict:
-            missing = set(loading_info["missing_keys"])
-            unexpected = set(loading_info["unexpected_keys"])
-            saved_as = model.config.architectures or [type(model).__name__]
-            if type(model).__name__ not in saved_as:  # another class of the family: heads differ
-                if model.base_model is model:  # a task checkpoint's head weights are not ours
-                    modules = {key.split(".")[0] for key in model.state_dict()}
-                    unexpected = {key for key in unexpected if key.split(".")[0] in modules}
-                else:  # a new task head on a base checkpoint
-                    prefix = f"{model.base_model_prefix}."
-                    missing = {key for key in missing if key.startswith(prefix)}
-            if missing or unexpected:
+            foreign = model._base_model_keys(loading_info["unexpected_keys"])
+            if foreign:
                 raise ValueError(
-                    f"the checkpoint's weights do not match the {type(model).__name__} its config builds "
-                    f"(an interrupted or mixed save, an edited config, or another model's weights?): missing "
-                    f"{_named(missing)}, unexpected {_named(unexpected)}. Pass `strict=False` to load anyway "
-                    "(missing weights initialised at random, unexpected ones dropped)"
+                    f"the checkpoint holds base-model weights that the {type(model).__name__} its config "
+                    f"builds has no place for: {_named(foreign)} (an edited config.json, e.g. fewer heads or "
+                    "layers than were saved, or another model's weights?). Restore the saved config, or pass "
+                    "`strict=False` to drop them"
                 )
         return (model, loading_info) if output_loading_info else model
+
+    @classmethod
+    def _check_model_type(cls, pretrained_model_name_or_path, kwargs: dict) -> None:
+        """The checkpoint's `model_type` is this class's: loading another model's folder is an error naming
+        both types (transformers warns, then fails on a field of the other config)."""
+        download = {name: kwargs[name] for name in _DOWNLOAD_KWARGS if name in kwargs}
+        config_dict, _ = cls.config_class.get_config_dict(pretrained_model_name_or_path, **download)
+        saved, expected = config_dict.get("model_type"), cls.config_class.model_type
+        if saved is not None and saved != expected:
+            raise ValueError(
+                f"{pretrained_model_name_or_path} holds a `{saved}` model (config.json model_type), but "
+                f"{cls.__name__} loads `{expected}` checkpoints: use the class of that model type, or an "
+                "Auto class (AutoModel, ...), which picks it from config.json"
+            )
+
+    def _base_model_keys(self, keys: list[str]) -> list[str]:
+        """The checkpoint keys among `keys` that name base-model weights: under `base_model_prefix` (a task
+        checkpoint's naming) or starting with one of the base model's top-level modules, built or left out
+        by the config (`bert_encoder = None`), as a base checkpoint names them."""
+        prefix = f"{self.base_model_prefix}."
+        base = self.base_model
+        modules = {name for name, _ in base.named_children()}
+        modules |= {name for name, value in vars(base).items() if value is None and not name.startswith("_")}
+        return [key for key in keys if key.startswith(prefix) or key.split(".")[0] in modules]
 
 
 __all__ = ["StrictLoadingMixin"]

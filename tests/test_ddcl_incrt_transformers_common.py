@@ -1,21 +1,35 @@
-"""transformers' own common model tests (`ModelTesterMixin` of the installed version) against DDCL-INCRT,
-with a `ModelTester` as every in-tree model has one. The mixin comes from transformers' sdist
-(`transformers_common.py`); its generation and export mixins are empty stand-ins (an encoder does not
-generate; `torch.export` is tested in test_ddcl_incrt_contract.py). Slow (a download and ~120 tests).
+"""transformers' own common tests of the installed version, unmodified, against DDCL-INCRT, set up as
+transformers sets up BERT's: a `ModelTester`, the test class with `ModelTesterMixin` and
+`PipelineTesterMixin`, the config tests, and the model listed in the auto mappings the mixins consult (base
+model, sequence classification). The test files come from `transformers_common.py`; the mixins whose folders
+the sdist lacks skip with that reason, and tests/test_ddcl_incrt_contract.py covers what they check. Slow (a
+download and ~120 tests).
 """
 
 import unittest
 
 import pytest
 import torch
-from transformers_common import import_modeling_common
+from transformers_common import (
+    import_modeling_common,
+    list_in_auto_mappings,
+    pipeline_tester_mixin,
+    run_config_tests,
+)
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
 
 pytestmark = pytest.mark.slow
-common = import_modeling_common()
+COVERED_BY = "tests/test_ddcl_incrt_contract.py"
+common = import_modeling_common(
+    generation_covered_by="nothing: an encoder does not generate",
+    export_covered_by=f"{COVERED_BY} (torch.export and full-graph compile give the eager logits)",
+)
+PipelineTesterMixin = pipeline_tester_mixin(
+    f"{COVERED_BY} (text-classification, feature-extraction and zero-shot pipelines, batched)"
+)
 
 
 class DDCLIncrtModelTester:
@@ -38,46 +52,41 @@ class DDCLIncrtModelTester:
             classifier_dropout=0.0, pad_token_id=0,
         )
 
-    def prepare_config_and_inputs(self):
+    def prepare_config_and_inputs_for_common(self):
+        """Token ids, right padding (pooling reads position 0) and token types; the mixin adds the labels
+        of a sequence classifier itself."""
         input_ids = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
         attention_mask = torch.ones(self.batch_size, self.seq_length, dtype=torch.long)
-        attention_mask[1:, self.seq_length - 2:] = 0  # right padding (pooling reads position 0)
+        attention_mask[1:, self.seq_length - 2:] = 0
         token_type_ids = common.ids_tensor([self.batch_size, self.seq_length], 2)
-        labels = common.ids_tensor([self.batch_size], self.num_labels)
-        return self.get_config(), input_ids, attention_mask, token_type_ids, labels
-
-    def prepare_config_and_inputs_for_common(self):
-        config, input_ids, attention_mask, token_type_ids, _ = self.prepare_config_and_inputs()
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        return config, inputs
+        return self.get_config(), inputs
 
 
-class DDCLIncrtModelTest(common.ModelTesterMixin, unittest.TestCase):
+class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.TestCase):
     all_model_classes = (DDCLIncrtModel, DDCLIncrtForSequenceClassification)
+    pipeline_model_mapping = {"feature-extraction": DDCLIncrtModel,
+                              "text-classification": DDCLIncrtForSequenceClassification,
+                              "zero-shot": DDCLIncrtForSequenceClassification}
     test_resize_embeddings = True
-    test_torch_exportable = False  # the exporters mixin is not in the sdist; see test_ddcl_incrt_contract.py
+    # the mixin runs this test only for models whose config file has a copyright year >= 2023 (ours has no
+    # such header) or that opt in, as transformers' priority models do
+    test_can_init_all_missing_weights_before_2023 = True
 
     def setUp(self):
         self.model_tester = DDCLIncrtModelTester(self)
+        list_in_auto_mappings(self, DDCLIncrtConfig.model_type,
+                              (common.MODEL_MAPPING_NAMES, "DDCLIncrtModel"),
+                              (common.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+                               "DDCLIncrtForSequenceClassification"))
 
-    def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
-        inputs_dict = super()._prepare_for_class(inputs_dict, model_class, return_labels=return_labels)
-        if return_labels and model_class is DDCLIncrtForSequenceClassification:
-            inputs_dict["labels"] = torch.zeros(self.model_tester.batch_size, dtype=torch.long)
-        return inputs_dict
+    def test_config(self):
+        run_config_tests(self, "tests/test_ddcl_incrt_contract.py (standard config attributes, edits)",
+                         config_class=DDCLIncrtConfig, hidden_size=37)
 
-    def test_training(self):
-        """The mixin skips base models by their names in transformers' own MODEL_MAPPING, which an
-        out-of-tree encoder is not in: train the classifier only, as it does for BERT."""
-        self.all_model_classes = (DDCLIncrtForSequenceClassification,)
-        super().test_training()
-
-    @unittest.skip("nukes every weight of a checkpoint; DDCL-INCRT refuses checkpoints lacking whole heads "
-                   "(from_pretrained raises ValueError by design)")
-    def test_model_weights_reload_no_missing_tied_weights(self):
-        pass
-
-    @unittest.skip("transformers 5.24's check_equal calls state_dict() on a dict for bool tensors (the "
-                   "INCRT gate's `calibrated` buffer); reloads are checked in test_ddcl_incrt.py")
+    @unittest.skip("transformers 5.24's test compares bool tensors with `state_dict()[key]`, calling the "
+                   "state dict (a dict) it holds, so it fails for any model with a bool buffer (the INCRT "
+                   "gate's `calibrated`); save/load round trips are tested in test_ddcl_incrt.py and "
+                   "test_strict_loading.py")
     def test_torch_save_load(self):
         pass

@@ -1,24 +1,38 @@
-"""transformers' own common model tests (`ModelTesterMixin` of the installed version) against the DDL-mHC
-causal LM, with a `ModelTester` shaped like transformers' Llama tester (tiny decoder, 4 streams, default
-chart). The mixin comes from transformers' sdist (`transformers_common.py`), which has no
-`tests/generation`: `GenerationTesterMixin` is an empty stand-in, and generation is tested in
-test_ddl_mhc.py. Slow (a download and ~170 tests).
+"""transformers' own common tests of the installed version, unmodified, against the DDL-mHC causal LM, set up
+as transformers sets up Llama's: a `ModelTester` (tiny decoder, 4 streams, default chart), the test class
+with `ModelTesterMixin`, `GenerationTesterMixin` and `PipelineTesterMixin`, the config tests, and the model
+listed in the auto mappings the mixins consult. The test files come from `transformers_common.py`; the
+mixins whose folders the sdist lacks skip with that reason, and
+tests/test_ddl_mhc_contract.py covers what they check. Slow (a download and ~170 tests).
 """
 
-import contextlib
-import functools
 import unittest
-from unittest import mock
 
 import pytest
-from transformers_common import import_modeling_common
+from transformers_common import (
+    generation_tester_mixin,
+    import_modeling_common,
+    list_in_auto_mappings,
+    pipeline_tester_mixin,
+    run_config_tests,
+)
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
 
 pytestmark = pytest.mark.slow
-common = import_modeling_common()
+COVERED_BY = "tests/test_ddl_mhc_contract.py"
+common = import_modeling_common(
+    generation_covered_by=f"{COVERED_BY} (generate from inputs_embeds with a static cache and "
+    "eos_token_id=-1) and tests/test_ddl_mhc.py, tests/test_fused_streams.py (greedy, sampled, cached and "
+    "compiled decoding)",
+    export_covered_by=f"{COVERED_BY} (torch.export of the causal LM gives the eager logits)",
+)
+GenerationTesterMixin = generation_tester_mixin()
+PipelineTesterMixin = pipeline_tester_mixin(
+    f"{COVERED_BY} (text-generation and feature-extraction pipelines past 512 positions)"
+)
 
 
 class DDLmHCModelTester:
@@ -50,38 +64,18 @@ class DDLmHCModelTester:
         return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-class DDLmHCModelTest(common.ModelTesterMixin, unittest.TestCase):
+class DDLmHCModelTest(common.ModelTesterMixin, GenerationTesterMixin, PipelineTesterMixin, unittest.TestCase):
     all_model_classes = (DDLmHCModel, DDLmHCForCausalLM)
-    test_torch_exportable = False  # the exporters mixin is not in the sdist; see test_ddl_mhc_inputs.py
+    pipeline_model_mapping = {"feature-extraction": DDLmHCModel, "text-generation": DDLmHCForCausalLM}
+    # the mixin runs this test only for models whose config file has a copyright year >= 2023 (ours has no
+    # such header) or that opt in, as transformers' priority models do
+    test_can_init_all_missing_weights_before_2023 = True
 
     def setUp(self):
-        """The mixin finds base models and causal LM heads by their names in transformers' auto mappings
-        (to train only heads, add token labels, pick the model whose RoPE to scale): list ours there, as an
-        in-tree model is, for the duration of each test."""
         self.model_tester = DDLmHCModelTester(self)
-        for mapping, name in ((common.MODEL_MAPPING_NAMES, "DDLmHCModel"),
-                              (common.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "DDLmHCForCausalLM")):
-            listed = mock.patch.dict(mapping, {DDLmHCConfig.model_type: name})
-            listed.start()
-            self.addCleanup(listed.stop)
+        list_in_auto_mappings(self, DDLmHCConfig.model_type,
+                              (common.MODEL_MAPPING_NAMES, "DDLmHCModel"),
+                              (common.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "DDLmHCForCausalLM"))
 
-    def test_model_weights_reload_no_missing_tied_weights(self):
-        """The mixin loads a checkpoint with every weight replaced by one stray tensor, which the strict
-        `from_pretrained` refuses by design (ValueError, `strict_loading.py`): check on the lenient load
-        (`strict=False`, transformers' own behaviour) that exactly the model's weights are reported
-        missing."""
-        with contextlib.ExitStack() as lenient:
-            for model_class in self.all_model_classes:
-                load = functools.partial(model_class.from_pretrained, strict=False)
-                lenient.enter_context(mock.patch.object(model_class, "from_pretrained", load))
-            super().test_model_weights_reload_no_missing_tied_weights()
-
-    @unittest.skip("the sdist has no tests/generation, so GenerationTesterMixin is an empty stand-in that "
-                   "would run no generate tests; generate is tested in test_ddl_mhc.py")
-    def test_generation_tester_mixin_inheritance(self):
-        pass
-
-    @unittest.skip("hidden_states are read-outs of the n streams (a side branch: the next layer reads the "
-                   "streams, not the read-out), so the output has no gradient to hidden_states[0]")
-    def test_retain_grad_hidden_states_attentions(self):
-        pass
+    def test_config(self):
+        run_config_tests(self, "tests/test_ddl_mhc_config.py", config_class=DDLmHCConfig, hidden_size=37)

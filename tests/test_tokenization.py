@@ -309,6 +309,15 @@ def test_load_bert_tokenizer_rejects_bad_folders(tmp_path, bpe):
         load_bert_tokenizer(42)
 
 
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_load_bert_tokenizer_names_an_invalid_json_file(tmp_path, name):
+    train_wordpiece(CORPUS, vocab_size=60).save_pretrained(tmp_path)
+    path = tmp_path / name
+    path.write_bytes(path.read_bytes()[:20])  # a truncated file
+    with pytest.raises(ValueError, match=rf"{name}' is not valid JSON"):
+        load_bert_tokenizer(tmp_path)
+
+
 # ----------------------------------------------------------------------------------------------------- k-mers
 
 

@@ -1,12 +1,16 @@
-"""transformers' own common model tests (`tests/test_modeling_common.py` of the installed version), for the
-test modules that run them against the geoformers models.
+"""transformers' own common tests (`tests/test_modeling_common.py`, `tests/test_configuration_common.py`,
+`tests/test_pipeline_mixin.py` of the installed version), for the test modules that run them, unmodified,
+against the geoformers models.
 
-The test files are not in the transformers wheel: they are taken from the source distribution of the
-installed version at test time (`pip download transformers==<version> --no-binary :all:`) into a cache
-folder (`GEOFORMERS_TRANSFORMERS_TESTS` names one already holding `test_modeling_common.py`), never copied
-into this repository. The sdist ships only the top level of `tests/`: it lacks `tests/models`,
-`tests/exporters` and `tests/generation`, the last two imported by `test_modeling_common.py`, so their
-mixins are replaced by empty classes.
+The test files are not in the transformers wheel. `GEOFORMERS_TRANSFORMERS_TESTS` may name a `tests/`
+folder of a transformers checkout at the installed version; otherwise the top level of `tests/` is taken
+from the source distribution (`pip download transformers==<version> --no-binary :all:`) into a cache folder
+at test time. Nothing of it is copied into this repository.
+
+The sdist ships only the top level of `tests/`: it lacks `tests/generation`, `tests/exporters`,
+`tests/pipelines` and `tests/utils`. Each mixin that lives there (or imports from there) is then replaced by
+`absent_mixin`: a mixin with one test that is skipped, naming the missing folder and the project tests that
+cover what the mixin checks. With a checkout's `tests/` folder the real mixins run.
 """
 
 import importlib
@@ -17,12 +21,13 @@ import sys
 import tarfile
 import tempfile
 import types
+import unittest
 from pathlib import Path
 
 import pytest
 import transformers
 
-PACKAGE = "transformers_common_tests"  # the sdist's tests/ folder, imported under this name
+PACKAGE = "transformers_common_tests"  # the tests/ folder, imported under this name
 
 
 def _common_tests_folder() -> Path:
@@ -59,22 +64,87 @@ def _common_tests_folder() -> Path:
     return folder
 
 
-def import_modeling_common() -> types.ModuleType:
-    """transformers' `test_modeling_common` module (`ModelTesterMixin`, `ids_tensor`, ...), or skip."""
-    if importlib.util.find_spec("parameterized") is None:
-        pytest.skip("transformers' common tests need the `parameterized` package (pip install parameterized)",
-                    allow_module_level=True)
-    if f"{PACKAGE}.test_modeling_common" in sys.modules:
-        return sys.modules[f"{PACKAGE}.test_modeling_common"]
-    folder = _common_tests_folder()
-    package = types.ModuleType(PACKAGE)
-    package.__path__ = [str(folder)]
-    sys.modules[PACKAGE] = package
-    for name, mixin in (("exporters.test_export", "ExportTesterMixin"), ("generation.test_utils",
-                                                                       "GenerationTesterMixin")):
-        parent = name.split(".")[0]
-        stub = types.ModuleType(f"{PACKAGE}.{name}")
-        setattr(stub, mixin, type(mixin, (), {}))
-        sys.modules.setdefault(f"{PACKAGE}.{parent}", types.ModuleType(f"{PACKAGE}.{parent}"))
-        sys.modules[f"{PACKAGE}.{name}"] = stub
+def absent_mixin(name: str, missing: str, covered_by: str) -> type:
+    """A stand-in for transformers' test mixin `name`, which lives in (or imports) `missing`, a part of
+    transformers' tests/ that the folder in use lacks: its one test is skipped with that reason."""
+
+    def test_mixin_is_absent(self):
+        self.skipTest(f"transformers' {name} needs tests/{missing}, which the transformers "
+                      f"{transformers.__version__} sdist does not ship (set GEOFORMERS_TRANSFORMERS_TESTS to "
+                      f"a checkout's tests/ folder to run it); covered here by {covered_by}")
+
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    return type(name, (), {f"test_{snake}_is_absent": test_mixin_is_absent, "__module__": __name__})
+
+
+def _package() -> Path:
+    """The tests/ folder registered as package `PACKAGE` (once)."""
+    if PACKAGE not in sys.modules:
+        if importlib.util.find_spec("parameterized") is None:
+            pytest.skip("transformers' common tests need the `parameterized` package (pip install "
+                        "parameterized)", allow_module_level=True)
+        package = types.ModuleType(PACKAGE)
+        package.__path__ = [str(_common_tests_folder())]
+        sys.modules[PACKAGE] = package
+    return Path(sys.modules[PACKAGE].__path__[0])
+
+
+def _mixin_module(module: str, mixin: str, covered_by: str) -> None:
+    """Make `PACKAGE.module` importable: the real file when the folder has it, else a module holding
+    `absent_mixin(mixin, ...)`."""
+    folder = _package()
+    full = f"{PACKAGE}.{module}"
+    if full in sys.modules or (folder / f"{module.replace('.', '/')}.py").is_file():
+        return
+    parent = module.rpartition(".")[0]
+    sys.modules.setdefault(f"{PACKAGE}.{parent}", types.ModuleType(f"{PACKAGE}.{parent}"))
+    stand_in = types.ModuleType(full)
+    setattr(stand_in, mixin, absent_mixin(mixin, f"{parent}/", covered_by))
+    sys.modules[full] = stand_in
+
+
+def import_modeling_common(generation_covered_by: str, export_covered_by: str) -> types.ModuleType:
+    """transformers' `test_modeling_common` module (`ModelTesterMixin`, `ids_tensor`, ...), or skip. Its
+    imports `GenerationTesterMixin` and `ExportTesterMixin` are the real ones or `absent_mixin`s naming the
+    project tests given."""
+    _mixin_module("generation.test_utils", "GenerationTesterMixin", generation_covered_by)
+    _mixin_module("exporters.test_export", "ExportTesterMixin", export_covered_by)
     return importlib.import_module(f"{PACKAGE}.test_modeling_common")
+
+
+def generation_tester_mixin() -> type:
+    return importlib.import_module(f"{PACKAGE}.generation.test_utils").GenerationTesterMixin
+
+
+def pipeline_tester_mixin(covered_by: str) -> type:
+    """transformers' `PipelineTesterMixin` when `tests/pipelines` is there (its tests live in that folder),
+    else an `absent_mixin`."""
+    if (_package() / "pipelines").is_dir():
+        return importlib.import_module(f"{PACKAGE}.test_pipeline_mixin").PipelineTesterMixin
+    return absent_mixin("PipelineTesterMixin", "pipelines/", covered_by)
+
+
+def run_config_tests(testcase: unittest.TestCase, covered_by: str, **tester_kwargs) -> None:
+    """transformers' `ConfigTester(testcase, **tester_kwargs).run_common_tests()`, or a skip naming its
+    missing import (`tests/utils/test_configuration_utils.py`) and the project tests given."""
+    if not (_package() / "utils" / "test_configuration_utils.py").is_file():
+        testcase.skipTest("transformers' ConfigTester imports tests/utils/test_configuration_utils.py, "
+                          f"which the transformers {transformers.__version__} sdist does not ship (set "
+                          "GEOFORMERS_TRANSFORMERS_TESTS to a checkout's tests/ folder to run it); covered "
+                          f"here by {covered_by}")
+    tester = importlib.import_module(f"{PACKAGE}.test_configuration_common").ConfigTester
+    tester(testcase, **tester_kwargs).run_common_tests()
+
+
+def list_in_auto_mappings(testcase: unittest.TestCase, model_type: str, *listings: tuple[dict, str]) -> None:
+    """List the model's classes in transformers' `*_MAPPING_NAMES` tables (`listings`: (table, class name)
+    pairs), where an in-tree model is listed and where the mixins look up which class is a base model, a
+    causal LM, a sequence classifier; `AutoModel.register` fills only the lazy mappings. Undone after the
+    test."""
+    for table, class_name in listings:
+        previous = table.get(model_type)
+        table[model_type] = class_name
+        if previous is None:
+            testcase.addCleanup(table.pop, model_type)
+        else:
+            testcase.addCleanup(table.__setitem__, model_type, previous)

@@ -1,6 +1,7 @@
 """BERT-style WordPiece: trained on a classification split, or loaded from a local BERT vocabulary."""
 
 import itertools
+import json
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -16,6 +17,7 @@ BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BERT_MAX_LENGTH = 512
 CHUNK_TEXTS = 1000
 PRIVATE_USE_START = 0xF0000
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def _word_counts(corpus: Corpus, normalizer: normalizers.Normalizer) -> Counter:
@@ -118,6 +120,7 @@ def load_bert_tokenizer(
     if not folder.is_dir():
         raise FileNotFoundError(f"folder {str(folder)!r} is not a directory")
     if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+        _check_json_files(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     elif (folder / "vocab.txt").is_file():
         tokenizer = BertTokenizer.from_pretrained(folder, local_files_only=True)
@@ -133,3 +136,16 @@ def load_bert_tokenizer(
     elif tokenizer.model_max_length >= VERY_LARGE_INTEGER:
         tokenizer.model_max_length = BERT_MAX_LENGTH
     return tokenizer
+
+
+def _check_json_files(folder: Path) -> None:
+    """The tokenizer's JSON files in `folder` parse: a truncated or hand-edited one is named (transformers
+    raises a bare JSONDecodeError that names no file)."""
+    for name in TOKENIZER_JSON_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_bytes())
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                message = f"{str(path)!r} is not valid JSON (truncated or edited?): {error}"
+                raise ValueError(message) from error

@@ -4,11 +4,13 @@ marker written last, checked before use.
 `IncrtGrowthCallback.on_save` runs after the Trainer wrote `checkpoint-<step>` (model, optimizer, scheduler,
 RNG, trainer_state.json), flushes its files to disk and writes `geoformers_checkpoint.json`: the step, the
 head counts and the size and modification time (ns) of every file. A checkpoint is complete when the marker
-parses, names config.json, every file it lists has its recorded size and modification time, and config.json
-holds its head counts: an interrupted save, a file written after the marker (bytes changed in place, files of
-another checkpoint, a second run writing into the same folder) all fail the check, which reads no file but the
-marker and config.json. Copies keep a checkpoint complete if they keep modification times (`shutil.copytree`,
-`cp -p`, `rsync -a`). `checkpoint_problem` returns the reason instead of raising, whatever the files contain.
+parses, lists every file of the folder (config.json, trainer_state.json and the weights among them), every
+file it lists has its recorded size and modification time, and config.json holds its head counts: an
+interrupted save, a file written after the marker (bytes changed in place, files of another checkpoint, a
+second run writing into the same folder), a marker rewritten by hand all fail the check, which reads no file
+but the marker and config.json. Copies keep a checkpoint complete if they keep modification times
+(`shutil.copytree`, `cp -p`, `rsync -a`). `checkpoint_problem` returns the reason instead of raising,
+whatever the files contain.
 
 With `save_total_limit=1` the Trainer deletes the previous checkpoint before `on_save` marks the new one, so
 after marking a checkpoint the callback keeps a hard-linked copy `.kept-checkpoint-<step>` of it (hidden from
@@ -30,6 +32,7 @@ from geoformers.modeling.atomic_save import link_or_copy
 logger = logging.get_logger(__name__)
 
 MARKER_FILE = "geoformers_checkpoint.json"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 KEPT_PREFIX = ".kept-"
 _CANDIDATE = re.compile(rf"(?P<kept>{re.escape(KEPT_PREFIX)})?{PREFIX_CHECKPOINT_DIR}-(?P<step>\d+)")
 
@@ -99,6 +102,21 @@ def _marker_problem(marker) -> str | None:
     return None
 
 
+def _unrecorded_files(checkpoint: Path, files: dict) -> str | None:
+    """A marker lists every file of its checkpoint, the trainer state and the model weights among them: one
+    rewritten by hand (or files added after the save) fails here rather than at resume."""
+    for name in ("trainer_state.json",):
+        if name not in files:
+            return f"{MARKER_FILE} does not record {name} (rewritten by hand?)"
+    if not any(name in files for name in WEIGHT_FILES):
+        return f"{MARKER_FILE} records no model weights ({', '.join(WEIGHT_FILES)}; rewritten by hand?)"
+    for path in sorted(checkpoint.rglob("*")):
+        name = path.relative_to(checkpoint).as_posix()
+        if path.is_file() and name != MARKER_FILE and name not in files:
+            return f"{name} is in the checkpoint but not in {MARKER_FILE} (marker rewritten, or file added)"
+    return None
+
+
 def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
     """Why `checkpoint` is not a complete growth checkpoint (None when it is; module docstring). Never raises
     for what the folder contains."""
@@ -118,6 +136,9 @@ def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
     named = _CANDIDATE.fullmatch(checkpoint.name)
     if named is not None and int(named["step"]) != marker["global_step"]:
         return f"{MARKER_FILE} is for step {marker['global_step']}, the folder for step {named['step']}"
+    problem = _unrecorded_files(checkpoint, marker["files"])
+    if problem is not None:
+        return problem
     for name, record in marker["files"].items():
         path = checkpoint / name
         if not path.is_file() or path.stat().st_size != record["size"]:
