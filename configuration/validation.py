@@ -129,6 +129,7 @@ class ValidatedConfig(PreTrainedConfig):
 
     @property
     def num_labels(self) -> int | None:
+        """transformers' `num_labels` (the length of `id2label`), checked when set."""
         return PreTrainedConfig.num_labels.fget(self)
 
     @num_labels.setter
@@ -151,7 +152,8 @@ class ValidatedConfig(PreTrainedConfig):
                     raise TypeError(f"`{name}` must be None or {kind}, got {value!r}")
                 lowest = -math.inf if name == "eos_token_id" else 0
                 if not lowest <= token_id < self.vocab_size:
-                    raise ValueError(f"`{name}` ({value}) must be >= 0 and < `vocab_size` {self.vocab_size}")
+                    bounds = f"in [0, `vocab_size` = {self.vocab_size})" if lowest == 0 else "< `vocab_size`"
+                    raise ValueError(f"`{name}` ({value}) must be {bounds}")
 
 
 def plain_error(error: StrictDataclassError, prefix: str = "") -> ValueError | TypeError:
