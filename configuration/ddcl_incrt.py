@@ -1,41 +1,64 @@
 """Configuration of the DDCL-INCRT encoder (docs/ddcl_incrt.md): grown heads, prototype blocks, spectral
 gate."""
 
-from __future__ import annotations
+from typing import Literal, get_args
 
-import math
+from huggingface_hub.dataclasses import as_validated_field
+from huggingface_hub.errors import StrictDataclassError
+from transformers import BertConfig
 
-import torch
-from transformers import BertConfig, PreTrainedConfig
+from geoformers.configuration.validation import (
+    ValidatedConfig,
+    layers,
+    number,
+    plain_error,
+    size,
+    strict_config,
+)
 
-from geoformers.configuration.validation import PROBLEM_TYPES, check_float, check_int
-
-POOLING_MODES = ("cls", "mean")
-GATE_THRESHOLDS = ("calibrated", "relative")
-GATE_RULES = ("max_only", "bidirectional")
+Pooling = Literal["cls", "mean"]
+GateThreshold = Literal["calibrated", "relative"]
+GateRule = Literal["max_only", "bidirectional"]
+GATE_THRESHOLDS, GATE_RULES = get_args(GateThreshold), get_args(GateRule)
 # tau enters the prototype block as -||o - p_k||^2 / tau with gradient ||o - p_k||^2 / tau^2 (float32): a
 # floor of 1e-6 keeps both finite for squared distances up to 1e26; the ceiling keeps rho = softplus^-1(tau)
 # finite.
-TAU_FLOOR, TAU_CEILING = 1e-6, 1e30
-# initializer_range is a weight standard deviation; above 1 the attention and prototype distances of a fresh
-# model overflow float32 long before training could recover.
-INITIALIZER_RANGE_CEILING = 1.0
+temperature = number(1e-6, 1e30)
 # layer_norm_eps below float32's smallest positive number rounds to 0, and the LayerNorm of a constant input
 # (e.g. a model initialised at a tiny initializer_range) is then 0 / 0.
 LAYER_NORM_EPS_FLOOR = 1e-30
 # lambda in loss = task loss + lambda * mean L_q; far above this the sum overflows or swamps the task loss.
 PROTOTYPE_LOSS_WEIGHT_CEILING = 1e6
+positive = number(0.0, low_open=True)
+probability = number(0.0, 1.0, high_open=True)
+step = number(0.0, 1.0, low_open=True)
 
 
-class DDCLIncrtConfig(PreTrainedConfig):
+@as_validated_field
+def bert_config_dict(bert_config) -> None:
+    """A `BertConfig.to_dict()` (its `hidden_size` must equal the DDCL-INCRT one: `validate_architecture`)."""
+    if bert_config is None:
+        return
+    if bert_config.get("model_type", "bert") != "bert":
+        raise ValueError(f"must describe a BERT encoder, got model_type {bert_config['model_type']!r}")
+    try:
+        BertConfig.from_dict(bert_config)
+    except StrictDataclassError as error:
+        raise plain_error(error, "is not a valid BertConfig: ") from None
+
+
+@strict_config
+class DDCLIncrtConfig(ValidatedConfig):
     r"""Configuration of [`DDCLIncrtModel`] / [`DDCLIncrtForSequenceClassification`] (docs/ddcl_incrt.md).
 
     `num_heads` (one count per layer) is the single source of truth for the architecture: `grow_head`,
     `prune_head` and `resize_heads` edit it, `from_pretrained` builds exactly that many heads per layer.
 
-    Validation runs at construction, when a model is built from the config and at `save_pretrained`
-    (`validate`); fields assigned in between are checked then, not on assignment (coupled fields such as
-    `num_hidden_layers` and `num_heads` would otherwise have to change in one step).
+    Validated as both configurations are (`configuration/validation.py`): each field's type and range when it
+    is set, the fields that must agree (`num_heads`, `num_hidden_layers` and `max_heads`, `tau_init` and
+    `tau_min`, `bert_config` and `hidden_size`, the token ids and `vocab_size`) at construction, at model
+    build and at `save_pretrained`, so coupled fields can change one at a time. Sizes are at most 2^24,
+    layers 2^14.
 
     Args:
         vocab_size, hidden_size, num_hidden_layers, max_position_embeddings, type_vocab_size (0 = no
@@ -97,50 +120,49 @@ class DDCLIncrtConfig(PreTrainedConfig):
         "min_prototype_distance", "prototype_perplexity",
     ]
 
-    vocab_size: int = 30522
-    hidden_size: int = 256
-    num_hidden_layers: int = 1
+    vocab_size: int = size(default=30522)
+    hidden_size: int = size(default=256)
+    num_hidden_layers: int = layers(default=1)
     num_heads: int | list[int] | None = None
-    head_dim: int = 32
-    max_heads: int | None = None
-    num_prototypes: int = 16
-    tau_init: float = 1.0
-    tau_min: float = 0.05
-    prototype_loss_weight: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.0
-    classifier_dropout: float = 0.1
-    pooling: str = "cls"
-    initializer_range: float = 0.02
+    head_dim: int = size(default=32)
+    max_heads: int | None = size(default=None)
+    num_prototypes: int = number(2, 2**24, integer=True)(default=16)
+    tau_init: int | float = temperature(default=1.0)
+    tau_min: int | float = temperature(default=0.05)
+    prototype_loss_weight: int | float = number(0.0, PROTOTYPE_LOSS_WEIGHT_CEILING)(default=0.1)
+    max_position_embeddings: int = size(default=512)
+    type_vocab_size: int = number(0, 2**24, integer=True)(default=2)
+    layer_norm_eps: int | float = number(LAYER_NORM_EPS_FLOOR)(default=1e-12)
+    hidden_dropout_prob: int | float = probability(default=0.1)
+    attention_probs_dropout_prob: int | float = probability(default=0.0)
+    classifier_dropout: int | float = probability(default=0.1)
+    pooling: Pooling = "cls"
+    # a weight standard deviation; above 1 the attention and prototype distances of a fresh model overflow
+    initializer_range: int | float = number(0.0, 1.0, low_open=True)(default=0.02)
     pad_token_id: int | None = 0
-    gate_theta_w: float | None = None
-    gate_threshold: str = "relative"
-    gate_rule: str = "max_only"
-    gate_phi_w_factor: float = 0.5
-    gate_dwell_kappa: float = 2.0
-    gate_dwell_eps: float = 0.05
+    gate_theta_w: int | float | None = positive(default=None)
+    gate_threshold: GateThreshold = "relative"
+    gate_rule: GateRule = "max_only"
+    gate_phi_w_factor: int | float = number()(default=0.5)
+    gate_dwell_kappa: int | float = positive(default=2.0)
+    gate_dwell_eps: int | float = number(0.0, 1.0, low_open=True, high_open=True)(default=0.05)
     gate_use_lambda_min_test: bool = True
     gate_use_dwell: bool = True
     gate_couple_trackers: bool = True
-    gate_calibration_factor: float = 0.1
-    gate_calibration_checks: int = 3
-    gate_prune_factor: float = 0.05
-    gate_prune_patience: int = 3
-    gate_oja_step: float = 0.9
-    gate_mca_step: float = 0.9
-    gate_tracker_steps: int = 200
-    gate_tracker_tolerance: float = 0.02
-    gate_num_tokens: int = 512
-    gate_check_every: int = 100
+    gate_calibration_factor: int | float = positive(default=0.1)
+    gate_calibration_checks: int = size(default=3)
+    gate_prune_factor: int | float = number(0.0)(default=0.05)
+    gate_prune_patience: int = size(default=3)
+    gate_oja_step: int | float = step(default=0.9)
+    gate_mca_step: int | float = step(default=0.9)
+    gate_tracker_steps: int = size(default=200)
+    gate_tracker_tolerance: int | float = step(default=0.02)
+    gate_num_tokens: int = number(2, 2**24, integer=True)(default=512)
+    gate_check_every: int = size(default=100)
     gate_use_exact_eigh: bool = False
-    bert_config: dict | None = None
+    bert_config: dict | None = bert_config_dict(default=None)
 
     def __post_init__(self, **kwargs):
-        for name in ("vocab_size", "hidden_size", "head_dim", "num_hidden_layers"):
-            check_int(name, getattr(self, name), 1)
         heads = kwargs.pop("num_attention_heads", None)
         if heads is not None:
             if self.num_heads is not None and self.num_heads != heads:
@@ -154,19 +176,14 @@ class DDCLIncrtConfig(PreTrainedConfig):
                     "when `max_heads` is left to its default hidden_size // head_dim"
                 )
             self.max_heads = self.hidden_size // self.head_dim
-        check_int("max_heads", self.max_heads, 1)
-        self.num_heads = self._validated_num_heads(self.num_heads)
-        self._validate_labels(kwargs)
-        self._validate_transformers_fields()
+        if self.num_heads is None:
+            self.num_heads = 1
         super().__post_init__(**kwargs)
-        self._validate_fields()
-        self._validate_problem_type()
 
     def __setattr__(self, key, value):
         """An int assigned to `num_heads` is expanded to every layer, as in the constructor."""
         layers = self.__dict__.get("num_hidden_layers")
-        if (key == "num_heads" and isinstance(value, int) and not isinstance(value, bool)
-                and isinstance(layers, int) and not isinstance(layers, bool)):
+        if key == "num_heads" and isinstance(value, int) and isinstance(layers, int):
             value = [value] * layers
         super().__setattr__(key, value)
 
@@ -179,152 +196,24 @@ class DDCLIncrtConfig(PreTrainedConfig):
     def num_attention_heads(self, value: int) -> None:
         self.num_heads = value
 
-    def validate(self) -> None:
-        """transformers' checks, then every DDCL-INCRT field (fields assigned after construction included)."""
-        super().validate()
-        self._validate_transformers_fields()
-        self._validate_fields()
-        self._validate_labels({})
-        self._validate_problem_type()
-
-    def _validate_fields(self) -> None:
-        minimums = {
-            "vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "head_dim": 1, "num_prototypes": 2,
-            "max_position_embeddings": 1, "type_vocab_size": 0, "gate_calibration_checks": 1,
-            "gate_prune_patience": 1, "gate_tracker_steps": 1, "gate_num_tokens": 2, "gate_check_every": 1,
-            "max_heads": 1,
-        }
-        for name, minimum in minimums.items():
-            check_int(name, getattr(self, name), minimum)
-        self._validated_num_heads(self.num_heads)
-        check_float("tau_min", self.tau_min, low=TAU_FLOOR, high=TAU_CEILING)
-        check_float("tau_init", self.tau_init, low=self.tau_min, high=TAU_CEILING, low_open=True)
-        check_float("prototype_loss_weight", self.prototype_loss_weight, low=0.0,
-                       high=PROTOTYPE_LOSS_WEIGHT_CEILING)
-        check_float("layer_norm_eps", self.layer_norm_eps, low=LAYER_NORM_EPS_FLOOR)
-        check_float("initializer_range", self.initializer_range, low=0.0, high=INITIALIZER_RANGE_CEILING,
-                       low_open=True)
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
-            check_float(name, getattr(self, name), low=0.0, high=1.0, high_open=True)
-        if self.pooling not in POOLING_MODES:
-            raise ValueError(f"`pooling` must be one of {POOLING_MODES}, got {self.pooling!r}")
-        self._validate_token_ids()
-        if self.gate_threshold not in GATE_THRESHOLDS:
-            raise ValueError(
-                f"`gate_threshold` must be one of {GATE_THRESHOLDS}, got {self.gate_threshold!r}"
-            )
-        if self.gate_theta_w is not None:
-            check_float("gate_theta_w", self.gate_theta_w, low=0.0, low_open=True)
-        check_float("gate_calibration_factor", self.gate_calibration_factor, low=0.0, low_open=True)
-        if self.gate_rule not in GATE_RULES:
-            raise ValueError(f"`gate_rule` must be one of {GATE_RULES}, got {self.gate_rule!r}")
-        check_float("gate_phi_w_factor", self.gate_phi_w_factor, low=-math.inf)
-        check_float("gate_dwell_kappa", self.gate_dwell_kappa, low=0.0, low_open=True)
-        check_float("gate_dwell_eps", self.gate_dwell_eps, low=0.0, high=1.0, low_open=True,
-                    high_open=True)
-        check_float("gate_prune_factor", self.gate_prune_factor, low=0.0)
-        for name in ("gate_oja_step", "gate_mca_step", "gate_tracker_tolerance"):
-            check_float(name, getattr(self, name), low=0.0, high=1.0, low_open=True)
-        flags = ("gate_use_exact_eigh", "gate_use_lambda_min_test", "gate_use_dwell", "gate_couple_trackers")
-        for name in flags:
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
-        if self.bert_config is not None:
-            self._validate_bert_config(self.bert_config)
-
-    def _validate_token_ids(self) -> None:
-        """Every `*_token_id` (transformers' too) is None or an int in [0, vocab_size); `eos_token_id` may
-        also be a list of them, as generation allows."""
-        fields = (*vars(self), *type(self).__dataclass_fields__)
-        for name in sorted({name for name in fields if name.endswith("_token_id")}):
-            value = getattr(self, name, None)
-            entries = value if isinstance(value, list) and name == "eos_token_id" else [value]
-            for entry in entries:
-                if entry is None and entries is not value:
-                    continue
-                check_int(name, entry, 0)
-                if entry >= self.vocab_size:
-                    raise ValueError(f"`{name}` ({entry}) must be < `vocab_size` ({self.vocab_size})")
-
-    def _validate_labels(self, kwargs: dict) -> None:
-        """`id2label` maps label ids (ints, or decimal strings as in JSON) to names, `label2id` back."""
-        if "num_labels" in kwargs:
-            check_int("num_labels", kwargs["num_labels"], 1)
-        id2label = kwargs.get("id2label", self.id2label)
-        if id2label is not None:
-            if not isinstance(id2label, dict) or not id2label:
-                raise TypeError(f"`id2label` must be a non-empty dict {{label id: name}}, got {id2label!r}")
-            for key, value in id2label.items():
-                valid_key = (isinstance(key, int) and not isinstance(key, bool)) or (
-                    isinstance(key, str) and key.isdigit())
-                if not valid_key or not isinstance(value, str):
-                    raise TypeError(f"`id2label` must map int label ids to str names, got {key!r}: {value!r}")
-            if sorted(int(key) for key in id2label) != list(range(len(id2label))):
-                raise ValueError(f"`id2label` keys must be 0 .. {len(id2label) - 1}, got {sorted(id2label)}")
-        label2id = kwargs.get("label2id", self.label2id)
-        if label2id is not None:
-            if not isinstance(label2id, dict) or not all(
-                isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
-                for key, value in label2id.items()
-            ):
-                raise TypeError(f"`label2id` must be a dict {{name: int label id}}, got {label2id!r}")
-
-    def _validate_transformers_fields(self) -> None:
-        """The fields `PreTrainedConfig` declares (it does not check them) must have their declared types."""
-        for name in ("output_hidden_states", "return_dict", "is_encoder_decoder"):
-            value = getattr(self, name)
-            if not isinstance(value, bool) and not (value is None and name != "is_encoder_decoder"):
-                raise TypeError(f"`{name}` must be a bool, got {value!r}")
-        check_int("chunk_size_feed_forward", self.chunk_size_feed_forward, 0)
-        architectures = self.architectures
-        if architectures is not None and (
-            not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures)
-        ):
-            raise TypeError(f"`architectures` must be a list of class names or None, got {architectures!r}")
-        dtype = self.dtype
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype, dtype)
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise ValueError(f"`dtype` must be None, a torch.dtype or its name, got {self.dtype!r}")
-
-    def _validate_problem_type(self) -> None:
-        check_int("num_labels", self.num_labels, 1)
-        if self.problem_type not in (None, *PROBLEM_TYPES):
-            raise ValueError(
-                f"`problem_type` must be None or one of {PROBLEM_TYPES}, got {self.problem_type!r}"
-            )
-        if self.problem_type == "single_label_classification" and self.num_labels < 2:
-            raise ValueError("`problem_type='single_label_classification'` needs `num_labels` >= 2")
-
-    def _validate_bert_config(self, bert_config) -> None:
-        """`bert_config` must be a BERT config dict whose hidden_size matches (its encoder feeds layer 0)."""
-        if not isinstance(bert_config, dict):
-            raise TypeError(f"`bert_config` must be a dict (BertConfig.to_dict()) or None, got "
-                            f"{type(bert_config).__name__}")
-        if bert_config.get("model_type", "bert") != "bert":
-            raise ValueError(f"`bert_config` must describe a BERT encoder, got model_type "
-                             f"{bert_config['model_type']!r}")
-        encoder_width = BertConfig.from_dict(bert_config).hidden_size
-        if encoder_width != self.hidden_size:
-            raise ValueError(f"`bert_config['hidden_size']` ({encoder_width}) must equal `hidden_size` "
-                             f"({self.hidden_size})")
-
-    def _validated_num_heads(self, num_heads) -> list[int]:
-        """`num_heads` as a list with one count in [1, max_heads] per layer; an int is expanded."""
-        if num_heads is None:
-            num_heads = 1
-        if isinstance(num_heads, int) and not isinstance(num_heads, bool):
-            num_heads = [num_heads] * self.num_hidden_layers
-        if not isinstance(num_heads, (list, tuple)):
-            raise TypeError(f"`num_heads` must be an int or a list of ints, got {type(num_heads).__name__}")
-        if len(num_heads) != self.num_hidden_layers:
-            raise ValueError(f"`num_heads` has {len(num_heads)} entries but `num_hidden_layers` is "
+    def validate_architecture(self) -> None:
+        """`num_heads` has one count in [1, max_heads] per layer; `tau_init` > `tau_min`; a `bert_config`
+        encoder is as wide as the layers it feeds."""
+        if len(self.num_heads) != self.num_hidden_layers:
+            raise ValueError(f"`num_heads` has {len(self.num_heads)} entries but `num_hidden_layers` is "
                              f"{self.num_hidden_layers}")
-        for layer, count in enumerate(num_heads):
-            check_int(f"num_heads[{layer}]", count, 1)
-            if count > self.max_heads:
-                raise ValueError(f"`num_heads[{layer}]` = {count} exceeds `max_heads` = {self.max_heads}")
-        return list(num_heads)
+        for layer, count in enumerate(self.num_heads):
+            if not 1 <= count <= self.max_heads:
+                raise ValueError(
+                    f"`num_heads[{layer}]` = {count} must lie in [1, `max_heads` = {self.max_heads}]"
+                )
+        if not self.tau_init > self.tau_min:
+            raise ValueError(f"`tau_init` ({self.tau_init}) must exceed `tau_min` ({self.tau_min})")
+        if self.bert_config is not None:
+            encoder_width = self.bert_config.get("hidden_size", BertConfig.hidden_size)
+            if encoder_width != self.hidden_size:
+                raise ValueError(f"`bert_config['hidden_size']` ({encoder_width}) must equal `hidden_size` "
+                                 f"({self.hidden_size})")
 
 
 __all__ = ["DDCLIncrtConfig"]

@@ -412,6 +412,10 @@ class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, P
         "mixing": HyperConnection,
     }
 
+    def __init__(self, config: DDLmHCConfig, *inputs, **kwargs):
+        config.validate()  # fields that must agree, assigned one at a time since construction
+        super().__init__(config, *inputs, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """Linear/embedding/norm/rotary as transformers does; the DDL-mHC parameters start at the

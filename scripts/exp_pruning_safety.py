@@ -110,7 +110,7 @@ def load_data(args: argparse.Namespace, tokenizer):
 
 def fine_tune(model, train, collator, args: argparse.Namespace, *, epochs: float = 0.0,
               steps: int = -1) -> float:
-    """Train with `Trainer` (a fresh AdamW over `growth_parameter_groups`, linear decay, batches grouped by
+    """Train with `Trainer` (a fresh AdamW over `parameter_groups`, linear decay, batches grouped by
     length); returns the wall seconds."""
     with tempfile.TemporaryDirectory() as scratch:
         training_args = TrainingArguments(

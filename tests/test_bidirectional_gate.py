@@ -208,9 +208,9 @@ def test_author_pruning_needs_t_prune_consecutive_checks_below_phi_g():
 
 
 def test_bidirectional_settings_are_validated():
-    with pytest.raises(ValueError, match="`gate_rule` must be one of"):
+    with pytest.raises(TypeError, match="`gate_rule`: .* expected one of"):
         bidirectional_config(gate_rule="min_max")
-    with pytest.raises(ValueError, match="`gate_dwell_eps` must be finite and lie in"):
+    with pytest.raises(ValueError, match="`gate_dwell_eps`: must be finite in"):
         bidirectional_config(gate_dwell_eps=0.0)
-    with pytest.raises(TypeError, match="`gate_couple_trackers` must be a bool"):
+    with pytest.raises(TypeError, match="`gate_couple_trackers`: .* expected bool"):
         bidirectional_config(gate_couple_trackers="no")

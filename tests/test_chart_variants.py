@@ -380,10 +380,10 @@ def test_default_mix_is_unchanged_and_lazy_starts_next_to_it():
 
 
 def test_lazy_mix_config_validation():
-    with pytest.raises(ValueError, match="hc_res_mix"):
+    with pytest.raises(TypeError, match="hc_res_mix"):
         DDLmHCConfig(**SMALL, hc_res_mix="minorized")
     config = DDLmHCConfig(**SMALL)
-    with pytest.raises(ValueError, match="hc_res_mix"):
+    with pytest.raises(TypeError, match="hc_res_mix"):
         config.hc_res_mix = 1
     assert config.hc_res_mix == "identity"
     for chart in VARIANTS:

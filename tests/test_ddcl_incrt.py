@@ -1,6 +1,7 @@
 """DDCL-INCRT encoder: config validation, forward against an fp64 reference, growth API, checkpoints, gate."""
 
 import math
+import time
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def reference_forward(model, input_ids, attention_mask):
         ({"tau_min": 0.0}, "tau_min", ValueError),
         ({"tau_min": 0.5, "tau_init": 0.5}, "tau_init", ValueError),
         ({"num_prototypes": 1}, "num_prototypes", ValueError),
-        ({"pooling": "max"}, "pooling", ValueError),
+        ({"pooling": "max"}, "pooling", TypeError),
         ({"prototype_loss_weight": -1.0}, "prototype_loss_weight", ValueError),
         ({"classifier_dropout": 1.0}, "classifier_dropout", ValueError),
         ({"head_dim": 32}, "head_dim", ValueError),
@@ -106,7 +107,7 @@ def reference_forward(model, input_ids, attention_mask):
         ({"gate_calibration_factor": float("nan")}, "gate_calibration_factor", ValueError),
         ({"gate_num_tokens": 1}, "gate_num_tokens", ValueError),
         ({"num_labels": 0}, "num_labels", ValueError),
-        ({"problem_type": "ranking"}, "problem_type", ValueError),
+        ({"problem_type": "ranking"}, "problem_type", TypeError),
         ({"num_labels": 1, "problem_type": "single_label_classification"}, "single_label", ValueError),
         ({"pad_token_id": VOCAB}, "pad_token_id", ValueError),
         ({"tau_min": 1e-300}, "tau_min", ValueError),
@@ -121,11 +122,46 @@ def reference_forward(model, input_ids, attention_mask):
         ({"bos_token_id": VOCAB}, "bos_token_id", ValueError),
         ({"sep_token_id": -3}, "sep_token_id", ValueError),
         ({"num_attention_heads": 2}, "num_attention_heads", ValueError),
+        # size ceilings as in DDL-mHC: refused at once, before any per-layer list is built
+        ({"num_hidden_layers": 10**6, "num_heads": 1}, "num_hidden_layers", ValueError),
+        ({"num_prototypes": 18_000_000_000}, "num_prototypes", ValueError),
+        ({"bert_config": {"hidden_size": "x"}}, "bert_config", TypeError),
+        ({"bert_config": {"hidden_size": 8}}, r"bert_config\['hidden_size'\]", ValueError),
+        ({"bert_config": {"model_type": "gpt2"}}, "bert_config", ValueError),
     ],
 )
 def test_bad_config_names_the_field(overrides, field, error):
     with pytest.raises(error, match=field):
         small_config(**overrides)
+
+
+def test_size_ceilings_answer_at_once():
+    start = time.perf_counter()
+    for overrides in ({"num_hidden_layers": 10**6, "num_heads": 1}, {"num_prototypes": 18_000_000_000}):
+        with pytest.raises(ValueError, match="must be an int in"):
+            small_config(**overrides)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem_type"),
+    [({"problem_type": "regression"}, "regression"), ({}, None)],
+)
+def test_num_labels_one_is_accepted_as_transformers_accepts_it(tmp_path, overrides, problem_type):
+    config = small_config(num_labels=1, **overrides)
+    assert (config.num_labels, config.problem_type) == (1, problem_type)
+    config.save_pretrained(tmp_path)
+    loaded = DDCLIncrtConfig.from_pretrained(tmp_path)
+    assert (loaded.num_labels, loaded.problem_type) == (1, problem_type)
+    config.problem_type = "single_label_classification"  # transformers refuses it at construction only
+    config.validate()
+    DDCLIncrtForSequenceClassification(config)
+
+
+def test_label2id_with_string_ids_as_transformers_types_it(tmp_path):
+    config = small_config(num_labels=1, id2label={0: "label"}, label2id={"label": "0"})
+    config.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).label2id == {"label": "0"}
 
 
 def test_config_defaults_expansion_and_json_round_trip(tmp_path):

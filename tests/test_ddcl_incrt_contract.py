@@ -230,21 +230,34 @@ def test_tau_init_800_builds_and_the_temperatures_are_800():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("pooling", "max", "pooling"), ("num_heads", [5, 1], r"num_heads\[0\]"),
-     ("hidden_size", 0, "hidden_size"), ("tau_min", 0.0, "tau_min"), ("num_hidden_layers", 3, "num_heads")],
+    [("pooling", "max", "pooling"), ("hidden_size", 0, "hidden_size"), ("tau_min", 0.0, "tau_min"),
+     ("num_heads", ["2"], "num_heads")],
+)
+def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(field, value, message):
+    config = small_config(max_heads=4)
+    before = config.to_dict()
+    with pytest.raises((ValueError, TypeError), match=message):
+        setattr(config, field, value)
+    assert config.to_dict() == before
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("num_heads", [5, 1], r"num_heads\[0\]"), ("num_hidden_layers", 3, "num_heads"),
+     ("tau_init", 0.01, "tau_init")],
 )
 def test_fields_assigned_after_construction_are_checked_at_build_and_save(tmp_path, field, value, message):
     config = small_config(max_heads=4)
-    setattr(config, field, value)
-    with pytest.raises((ValueError, TypeError), match=message):
+    setattr(config, field, value)  # fields that must agree change one at a time
+    with pytest.raises(ValueError, match=message):
         DDCLIncrtForSequenceClassification(config)
-    with pytest.raises((ValueError, TypeError), match=message):
+    with pytest.raises(ValueError, match=message):
         config.save_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("pooling", "max", "pooling"), ("hidden_size", 15, "hidden_size"), ("num_heads", [1, 3], "num_heads"),
+    [("hidden_size", 15, "hidden_size"), ("num_heads", [1, 3], "num_heads"),
      ("num_prototypes", 4, "num_prototypes")],
 )
 def test_fields_assigned_after_build_are_refused_by_forward(field, value, message):

@@ -1,6 +1,8 @@
-"""DDLmHCConfig validation: values that used to be accepted and then fail at build (or give NaN later) are
-refused at construction naming the field, transformers' own fields included; assignments after construction
-are validated and undone when invalid; eps fields accept any finite value large enough not to round to 0."""
+"""DDLmHCConfig validation (huggingface_hub's strict dataclass validators, as transformers' configs): values
+that used to be accepted and then fail at build (or give NaN later) are refused at construction naming the
+field, transformers' own fields included; an assigned value of the wrong type or range is refused and not
+stored, fields that must agree are checked by `validate()` at model build and save; eps fields accept any
+finite value large enough not to round to 0."""
 
 import copy
 import math
@@ -31,7 +33,8 @@ def without_path(config_dict: dict) -> dict:
         ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, ValueError, "rope_parameters"),
         ({"rope_theta": 1e-300}, ValueError, "rope_parameters"),  # inverse frequencies overflow float32
         ({"rope_theta": math.inf}, ValueError, "rope_theta"),
-        ({"hidden_act": ["silu"]}, ValueError, "hidden_act"),
+        ({"hidden_act": ["silu"]}, TypeError, "hidden_act"),
+        ({"hidden_act": "bogus"}, ValueError, "hidden_act"),
         ({"eos_token_id": "x"}, TypeError, "eos_token_id"),
         ({"eos_token_id": [1, "x"]}, TypeError, "eos_token_id"),
         ({"eos_token_id": []}, TypeError, "eos_token_id"),
@@ -45,7 +48,7 @@ def without_path(config_dict: dict) -> dict:
         ({"label2id": [1]}, TypeError, "label2id"),
         ({"num_labels": "x"}, TypeError, "num_labels"),
         ({"dtype": "bogus"}, ValueError, "dtype"),
-        ({"problem_type": "ranking"}, ValueError, "problem_type"),
+        ({"problem_type": "ranking"}, TypeError, "problem_type"),
         ({"output_hidden_states": 2}, TypeError, "output_hidden_states"),
         ({"initializer_range": 1e300}, ValueError, "initializer_range"),
         ({"rms_norm_eps": 0.0}, ValueError, "rms_norm_eps"),
@@ -59,7 +62,12 @@ def without_path(config_dict: dict) -> dict:
         # found by tests/test_fuzz_ddl_mhc.py
         ({"head_dim": None}, TypeError, "head_dim"),
         ({"pad_token_id": [0]}, TypeError, "pad_token_id"),  # only eos_token_id may list several
-        ({"id2label": {0: "a", "0": "b"}}, ValueError, "id2label"),
+        ({"id2label": {0: "a", "0": "b"}}, TypeError, "id2label"),  # one key type
+        ({"id2label": {0: "a", 2: "b"}}, ValueError, "id2label"),
+        ({"label2id": {"a": "x"}}, TypeError, "label2id"),
+        ({"num_labels": 0}, ValueError, "num_labels"),
+        ({"chunk_size_feed_forward": -1}, ValueError, "chunk_size_feed_forward"),
+        ({"eos_token_id": [1, None]}, TypeError, "eos_token_id"),
         ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}, ValueError, "rope_parameters"),
         ({"num_hidden_layers": 2.5}, TypeError, "num_hidden_layers"),
         ({"num_hidden_layers": 2**40}, ValueError, "num_hidden_layers"),  # was a MemoryError
@@ -89,7 +97,7 @@ def test_accepts_the_valid_forms_of_transformers_fields():
     config = DDLmHCConfig(
         **SMALL,
         id2label={"0": "negative", "1": "positive"},  # JSON keys are strings
-        label2id={"negative": "0", "positive": 1},
+        label2id={"negative": "0", "positive": "1"},  # transformers' type allows digit strings
         eos_token_id=[1, 2],
         dtype="bfloat16",
         problem_type="regression",
@@ -99,28 +107,66 @@ def test_accepts_the_valid_forms_of_transformers_fields():
 
 
 @pytest.mark.parametrize(
+    ("overrides", "values"),
+    [
+        # the values transformers' generation accepts: -1 ("never stop"), lists of ids, None
+        ({"eos_token_id": -1}, {"eos_token_id": -1}),
+        ({"eos_token_id": [2, -1]}, {"eos_token_id": [2, -1]}),
+        ({"eos_token_id": None, "pad_token_id": None}, {"eos_token_id": None}),
+    ],
+)
+def test_accepts_the_eos_token_ids_generation_accepts(tmp_path, overrides, values):
+    config = DDLmHCConfig(**SMALL, **overrides)
+    config.save_pretrained(tmp_path)
+    loaded = DDLmHCConfig.from_pretrained(tmp_path)
+    assert {name: getattr(loaded, name) for name in values} == values
+    config.eos_token_id = -1  # also when assigned
+    config.validate()
+
+
+@pytest.mark.parametrize(
     ("field", "value", "error", "named"),
     [
-        ("hc_chart", "max", ValueError, "hc_chart"),
+        ("hc_chart", "max", TypeError, "hc_chart"),
         ("num_attention_heads", [5], TypeError, "num_attention_heads"),
-        ("hidden_size", 15, ValueError, "hidden_size"),
-        ("hc_streams", 3, ValueError, "hc_streams"),  # kromhc needs a power of two
+        ("hidden_size", 0, ValueError, "hidden_size"),
         ("eos_token_id", "x", TypeError, "eos_token_id"),
         ("id2label", 5, TypeError, "id2label"),
         ("num_labels", "x", TypeError, "num_labels"),
-        ("rope_parameters", {"rope_type": "bogus"}, ValueError, "rope_type"),
-        ("vocab_size", 5, ValueError, "pad_token_id"),  # the pad token would leave the vocabulary
+        ("rope_parameters", [1], TypeError, "rope_parameters"),
         ("rms_norm_eps", -1.0, ValueError, "rms_norm_eps"),
         ("use_cache", "yes", TypeError, "use_cache"),
+        ("problem_type", "ranking", TypeError, "problem_type"),
     ],
 )
-def test_assignment_is_validated_and_an_invalid_one_changes_nothing(field, value, error, named):
+def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(field, value, error, named):
     config = DDLmHCConfig(**SMALL, hc_streams=4, hc_chart="kromhc", pad_token_id=10)
     before = copy.deepcopy(config.to_dict())
     with pytest.raises(error, match=named):
         setattr(config, field, value)
     assert config.to_dict() == before
     DDLmHCForCausalLM(config)  # still builds
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("hidden_size", 15, "hidden_size"),
+        ("hc_streams", 3, "hc_streams"),  # kromhc needs a power of two
+        ("rope_parameters", {"rope_type": "bogus"}, "rope_type"),
+        ("vocab_size", 5, "pad_token_id"),  # the pad token would leave the vocabulary
+        ("sep_token_id", "x", "sep_token_id"),  # an extra token id has no field validator
+    ],
+)
+def test_fields_that_must_agree_are_checked_at_validate_build_and_save(tmp_path, field, value, named):
+    config = DDLmHCConfig(**SMALL, hc_streams=4, hc_chart="kromhc", pad_token_id=10)
+    setattr(config, field, value)  # coupled fields change one at a time
+    error = TypeError if field == "sep_token_id" else ValueError
+    save = lambda: config.save_pretrained(tmp_path)  # noqa: E731
+    for refused in (config.validate, lambda: DDLmHCForCausalLM(config), save):
+        with pytest.raises(error, match=named):
+            refused()
+    assert not (tmp_path / "config.json").exists()
 
 
 def default_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
@@ -143,20 +189,16 @@ def test_valid_assignments_reach_the_model_and_rope_stays_in_step():
     assert config.rope_theta == 1e4
 
 
-def test_update_validates_fields_that_are_only_valid_together():
+def test_fields_that_are_only_valid_together_change_one_at_a_time():
     """(32, 4 heads) -> (36, 6 heads): neither field alone is valid (36 / 4 = 9 is odd, 32 % 6 != 0)."""
     config = DDLmHCConfig(**SMALL)
+    config.hidden_size = 36
     with pytest.raises(ValueError, match="hidden_size"):
-        config.hidden_size = 36
-    with pytest.raises(ValueError, match="num_attention_heads"):
-        config.num_attention_heads = 6
-    config.update({"hidden_size": 36, "num_attention_heads": 6, "num_key_value_heads": 6})
-    assert (config.hidden_size, config.num_attention_heads) == (36, 6)
-    before = config.to_dict()
-    with pytest.raises(ValueError, match="hc_streams"):
-        config.update({"hidden_size": 48, "hc_streams": 0})
-    assert config.to_dict() == before
-    config.hc_streams = 2  # single assignments are still validated after `update`
+        config.validate()
+    config.update({"num_attention_heads": 6, "num_key_value_heads": 6})
+    config.validate()
+    model = DDLmHCForCausalLM(config)
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (36, 36)
     with pytest.raises(TypeError, match="hc_streams"):
         config.hc_streams = "2"
 
@@ -170,7 +212,7 @@ def test_transformers_post_construction_patterns_still_work():
     assert config.initializer_range == 1e-10
     for clone in (copy.deepcopy(config), pickle.loads(pickle.dumps(config))):
         assert clone.to_dict() == config.to_dict()
-        with pytest.raises(ValueError, match="hc_chart"):
+        with pytest.raises(TypeError, match="hc_chart"):
             clone.hc_chart = "max"
     assert "_post_init_done" not in config.to_dict()
 

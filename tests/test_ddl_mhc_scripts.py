@@ -62,7 +62,7 @@ def test_train_script_flags_cover_every_config_field_and_report_bad_values():
     args = parser.parse_args(["--hc_streams", "2", "--rope_parameters", '{"rope_type": "default"}'])
     config = script.config_from_args(args, tokenizer, block_size=64)
     assert config.hc_streams == 2 and config.vocab_size == len(tokenizer)
-    with pytest.raises(ValueError, match="hc_chart"):
+    with pytest.raises(TypeError, match="hc_chart"):
         script.config_from_args(parser.parse_args(["--hc_chart", "birkhoff"]), tokenizer, block_size=64)
 
 

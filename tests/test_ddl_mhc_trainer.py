@@ -29,7 +29,7 @@ from geoformers.modeling.ops.charts import ds_violation
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.tokenization.char_tokenizer import CHAR_SPECIAL_TOKENS, PAD
 from geoformers.training.data import causal_lm_blocks
-from geoformers.training.evaluation import causal_lm_metrics, load_metric
+from geoformers.training.evaluation import causal_lm_metrics
 
 TEXT = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
@@ -169,15 +169,6 @@ def test_causal_lm_blocks_are_consecutive_windows_and_the_collator_makes_labels(
 def test_causal_lm_blocks_reject_bad_input(token_ids, block_size, error, match):
     with pytest.raises(error, match=match):
         causal_lm_blocks(token_ids, block_size)
-
-
-def test_perplexity_module_is_exp_of_the_mean_loss_and_rejects_bad_losses():
-    perplexity = load_metric("perplexity")
-    losses = [0.25, 1.5, 3.0, 0.0]
-    assert perplexity.compute(losses=losses)["perplexity"] == pytest.approx(math.exp(4.75 / 4), rel=1e-15)
-    for bad, match in (([], "losses is empty"), ([1.0, -0.5], "non-negative"), ([1.0, math.nan], "NaN")):
-        with pytest.raises(ValueError, match=match):
-            perplexity.compute(losses=bad)
 
 
 def test_causal_lm_metrics_score_shifted_targets_and_skip_ignored_labels():

@@ -1,18 +1,28 @@
-"""Metrics shipped as local `evaluate` modules, checked against scikit-learn."""
+"""The Trainer metrics of `training/evaluation.py`, checked against scikit-learn and hand computation."""
+
+import math
 
 import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score
 from transformers import EvalPrediction
 
-from geoformers.training.evaluation import classification_metrics, load_metric
+from geoformers.training.evaluation import accuracy, classification_metrics, perplexity
 
 
-def test_accuracy_module_matches_sklearn():
+def test_accuracy_matches_sklearn():
     rng = np.random.default_rng(0)
     predictions, references = rng.integers(0, 3, 200), rng.integers(0, 3, 200)
-    result = load_metric("accuracy").compute(predictions=predictions, references=references)
+    result = accuracy(predictions, references)
     assert result["accuracy"] == pytest.approx(accuracy_score(references, predictions), abs=1e-12)
+
+
+def test_perplexity_is_exp_of_the_mean_loss_and_rejects_bad_losses():
+    losses = [0.25, 1.5, 3.0, 0.0]
+    assert perplexity(losses)["perplexity"] == pytest.approx(math.exp(4.75 / 4), rel=1e-15)
+    for bad, match in (([], "losses is empty"), ([1.0, -0.5], "non-negative"), ([1.0, math.nan], "NaN")):
+        with pytest.raises(ValueError, match=match):
+            perplexity(bad)
 
 
 def test_trainer_compute_metrics_takes_argmax_of_logits():
@@ -20,8 +30,3 @@ def test_trainer_compute_metrics_takes_argmax_of_logits():
     labels = np.array([1, 0, 0, 0])
     result = classification_metrics()(EvalPrediction(predictions=(logits,), label_ids=labels))
     assert result == {"accuracy": 0.75}
-
-
-def test_unknown_metric_names_the_shipped_ones():
-    with pytest.raises(ValueError, match="shipped metrics: \\['accuracy', 'perplexity'\\]"):
-        load_metric("bleu")

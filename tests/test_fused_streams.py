@@ -182,7 +182,7 @@ def test_run_node_skips_the_autograd_node_only_when_no_gradient_is_needed():
 
 
 def test_invalid_implementation_is_refused():
-    with pytest.raises(ValueError, match="hc_implementation"):
+    with pytest.raises(TypeError, match="hc_implementation"):
         DDLmHCConfig(**SMALL, hc_implementation="triton!")
 
 

@@ -133,7 +133,9 @@ def test_config_fields_are_valid_or_refused_naming_a_field(fields):
 
 @SETTINGS
 @given(st.sampled_from(sorted(FIELDS)).flatmap(lambda name: st.tuples(st.just(name), FIELDS[name])))
-def test_config_assignment_is_valid_or_refused_naming_the_field_and_undone(assignment):
+def test_config_assignment_is_valid_or_refused_naming_the_field(assignment):
+    """A value of the wrong type or range is refused and not stored; one that disagrees with another field
+    is refused by `validate()` (run at model build and save), naming the field."""
     name, value = assignment
     config = DDLmHCConfig(**BASE, hc_streams=2)
     before = config.to_dict()
@@ -142,6 +144,11 @@ def test_config_assignment_is_valid_or_refused_naming_the_field_and_undone(assig
     except (ValueError, TypeError) as error:
         assert_names_one_of(error, [name])
         assert config.to_dict() == before
+        return
+    try:
+        config.validate()
+    except (ValueError, TypeError) as error:
+        assert_names_one_of(error, [name])
         return
     assert_usable(config)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from growth_worker import tiny_model, training_args
 
-from geoformers.training.optim import growth_parameter_groups, make_optimizer, sync_optimizer_with_model
+from geoformers.training.optim import make_optimizer, parameter_groups, sync_optimizer_with_model
 
 LR = 1e-2
 
@@ -34,7 +34,7 @@ def train_steps(model, optimizer, steps: int, seed: int = 0) -> None:
 def test_parameter_groups_follow_the_documented_rules():
     model = tiny_model(num_heads=2)
     model.model.embeddings.position_embeddings.weight.requires_grad_(False)
-    groups = growth_parameter_groups(model, learning_rate=LR, weight_decay=0.01, prototype_lr_multiplier=5.0)
+    groups = parameter_groups(model, LR, 0.01, prototype_lr_multiplier=5.0)
     names = {id(p): name for name, p in model.named_parameters()}
     by_name = {group["group_name"]: [names[id(p)] for p in group["params"]] for group in groups}
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -46,24 +46,32 @@ def test_parameter_groups_follow_the_documented_rules():
     assert by_name["decay"] == [n for n in trainable if n not in expected_prototypes + expected_no_decay]
     assert "model.embeddings.position_embeddings.weight" not in sum(by_name.values(), [])
     settings = {g["group_name"]: (g["lr"], g["weight_decay"]) for g in groups}
-    assert settings == {"decay": (LR, 0.01), "no_decay": (LR, 0.0), "prototypes": (5 * LR, 0.0)}
+    expected = {"decay": (LR, 0.01), "no_decay": (LR, 0.0), "prototypes": (5 * LR, 0.0),
+                "hc_chart": (LR / 6, 0.0), "hc_gates": (LR, 0.0), "hc_mix": (LR, 0.0)}
+    assert settings.keys() == expected.keys()
+    for group, (lr, weight_decay) in expected.items():
+        assert settings[group] == pytest.approx((lr, weight_decay), rel=1e-15), group
+    assert not any(by_name[group] for group in ("hc_chart", "hc_gates", "hc_mix"))  # DDL-mHC's, kept empty
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [({"learning_rate": -1.0}, "learning_rate"), ({"weight_decay": float("nan")}, "weight_decay"),
-     ({"prototype_lr_multiplier": 0.0}, "prototype_lr_multiplier"),
-     ({"learning_rate": "1e-3"}, "learning_rate")],
+    ("kwargs", "message", "error"),
+    [
+        ({"learning_rate": -1.0}, "learning_rate", ValueError),
+        ({"weight_decay": float("nan")}, "weight_decay", ValueError),
+        ({"prototype_lr_multiplier": 0.0}, "prototype_lr_multiplier", ValueError),
+        ({"learning_rate": "1e-3"}, "learning_rate", TypeError),
+    ],
 )
-def test_bad_group_arguments_name_the_argument(kwargs, message):
+def test_bad_group_arguments_name_the_argument(kwargs, message, error):
     arguments = {"learning_rate": LR, "weight_decay": 0.0, **kwargs}
-    with pytest.raises(ValueError, match=message):
-        growth_parameter_groups(tiny_model(), **arguments)
+    with pytest.raises(error, match=message):
+        parameter_groups(tiny_model(), **arguments)
 
 
 def test_bad_model_optimizer_and_args_are_refused(tmp_path):
     with pytest.raises(TypeError, match="model"):
-        growth_parameter_groups("model", learning_rate=LR, weight_decay=0.0)
+        parameter_groups("model", learning_rate=LR, weight_decay=0.0)
     with pytest.raises(TypeError, match="args"):
         make_optimizer(tiny_model(), {"learning_rate": LR})
     with pytest.raises(TypeError, match="optimizer"):
@@ -76,8 +84,9 @@ def test_make_optimizer_uses_the_training_arguments(tmp_path):
     assert isinstance(optimizer, torch.optim.AdamW)
     settings = {g["group_name"]: (g["lr"], g["weight_decay"], g["betas"], g["eps"])
                 for g in optimizer.param_groups}
-    assert settings == {"decay": (2e-3, 0.1, (0.9, 0.95), 1e-6), "no_decay": (2e-3, 0.0, (0.9, 0.95), 1e-6),
-                        "prototypes": (8e-3, 0.0, (0.9, 0.95), 1e-6)}
+    assert settings["decay"] == (2e-3, 0.1, (0.9, 0.95), 1e-6)
+    assert settings["no_decay"] == (2e-3, 0.0, (0.9, 0.95), 1e-6)
+    assert settings["prototypes"] == (8e-3, 0.0, (0.9, 0.95), 1e-6)
 
 
 def test_sync_keeps_moments_drops_pruned_state_and_places_new_parameters(tmp_path):

@@ -220,10 +220,11 @@ def test_bad_input_names_the_argument():
         hc_diagnostics(torch.nn.Linear(2, 2), IDS)
     with pytest.raises(TypeError, match="`model`"):
         hc_diagnostics("model", IDS)
-    bad = [({"every": 0}, "every"), ({"probe_size": 1.5}, "probe_size"), ({"delta": -1}, "delta"),
-           ({"input_ids": [[1, 2]]}, "input_ids"), ({"attention_mask": IDS}, "attention_mask")]
-    for kwargs, name in bad:
-        with pytest.raises(ValueError, match=f"`{name}`"):
+    bad = [({"every": 0}, "every", ValueError), ({"probe_size": 1.5}, "probe_size", TypeError),
+           ({"delta": -1}, "delta", ValueError), ({"input_ids": [[1, 2]]}, "input_ids", ValueError),
+           ({"attention_mask": IDS}, "attention_mask", ValueError)]
+    for kwargs, name, error in bad:
+        with pytest.raises(error, match=f"`{name}`"):
             HyperConnectionDiagnosticsCallback(**kwargs)
 
 

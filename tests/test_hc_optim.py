@@ -1,4 +1,4 @@
-"""Optimizer groups for DDL-mHC (`training/hc_optim.py`, docs/hc_diagnostics.md "Optimizer groups"):
+"""Optimizer groups for DDL-mHC (`training/optim.py`, docs/hc_diagnostics.md "Optimizer groups"):
 membership against the parameter names and transformers' own decay split, the groups' hyper-parameters,
 PEFT, bad arguments, and a stock `Trainer` run whose first Adam step and scheduled learning rates show the
 multipliers."""
@@ -12,12 +12,12 @@ from peft import LoraConfig, TaskType, get_peft_model
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import geoformers
-from geoformers.training.hc_optim import hc_parameter_groups, make_ddl_mhc_optimizer
+from geoformers.training.optim import make_optimizer, parameter_groups
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 LAYERS, VOCAB = 2, 29
-GROUPS = ["decay", "no_decay", "hc_chart", "hc_gates", "hc_mix"]
+GROUPS = ["decay", "no_decay", "prototypes", "hc_chart", "hc_gates", "hc_mix"]
 
 
 def tiny_model(**overrides) -> geoformers.DDLmHCForCausalLM:
@@ -52,7 +52,7 @@ def connection_names(leaf: str) -> set[str]:
 
 def test_groups_hold_every_trainable_parameter_once_with_the_documented_members(tmp_path):
     model = tiny_model()
-    groups = hc_parameter_groups(model, 1e-3, 0.1)
+    groups = parameter_groups(model, 1e-3, 0.1)
     assert [group["group_name"] for group in groups] == GROUPS
     counts = Counter(id(p) for group in groups for p in group["params"])
     assert set(counts.values()) == {1}
@@ -78,16 +78,17 @@ def test_groups_hold_every_trainable_parameter_once_with_the_documented_members(
 
 def test_group_learning_rates_and_weight_decay():
     model = tiny_model(residual="add", hc_dynamic=False)  # H_post instead of beta; no gates, no maps_proj
-    groups = {g["group_name"]: g for g in hc_parameter_groups(model, 3e-3, 0.05, gate_lr_multiplier=2.0,
+    groups = {g["group_name"]: g for g in parameter_groups(model, 3e-3, 0.05, gate_lr_multiplier=2.0,
                                                               mix_lr_multiplier=0.5)}
-    expected = {"decay": (3e-3, 0.05), "no_decay": (3e-3, 0.0), "hc_chart": (3e-3 / 6, 0.0),
-                "hc_gates": (6e-3, 0.0), "hc_mix": (1.5e-3, 0.0)}
+    expected = {"decay": (3e-3, 0.05), "no_decay": (3e-3, 0.0), "prototypes": (3e-2, 0.0),
+                "hc_chart": (3e-3 / 6, 0.0), "hc_gates": (6e-3, 0.0), "hc_mix": (1.5e-3, 0.0)}
     assert groups.keys() == expected.keys()
     for name, (lr, weight_decay) in expected.items():
         assert (groups[name]["lr"], groups[name]["weight_decay"]) == pytest.approx((lr, weight_decay)), name
     assert groups["hc_gates"]["params"] == []  # static maps have no gates: the group stays, empty
+    assert groups["prototypes"]["params"] == []  # DDCL-INCRT's group, kept empty
     assert len(groups["hc_mix"]["params"]) == 3 * 2 * LAYERS + 1
-    custom = hc_parameter_groups(model, 1.0, 0.0, chart_lr_multiplier=0.25)
+    custom = parameter_groups(model, 1.0, 0.0, chart_lr_multiplier=0.25)
     assert custom[GROUPS.index("hc_chart")]["lr"] == 0.25
 
 
@@ -95,7 +96,7 @@ def test_peft_model_groups_only_the_adapters():
     model = tiny_model()
     lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "maps_proj"], task_type=TaskType.CAUSAL_LM)
     model = get_peft_model(model, lora)
-    groups = {g["group_name"]: g for g in hc_parameter_groups(model, 1e-3, 0.1)}
+    groups = {g["group_name"]: g for g in parameter_groups(model, 1e-3, 0.1)}
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     assert {id(p) for g in groups.values() for p in g["params"]} == trainable
     assert len(groups["decay"]["params"]) == 2 * 3 * LAYERS  # lora_A, lora_B of q_proj + two maps_proj
@@ -103,27 +104,27 @@ def test_peft_model_groups_only_the_adapters():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "name"),
+    ("kwargs", "name", "error"),
     [
-        ({"learning_rate": -1.0}, "learning_rate"),
-        ({"weight_decay": float("nan")}, "weight_decay"),
-        ({"chart_lr_multiplier": 0.0}, "chart_lr_multiplier"),
-        ({"gate_lr_multiplier": "2"}, "gate_lr_multiplier"),
-        ({"mix_lr_multiplier": True}, "mix_lr_multiplier"),
-        ({"chart_lr_multiplier": float("inf")}, "chart_lr_multiplier"),
+        ({"learning_rate": -1.0}, "learning_rate", ValueError),
+        ({"weight_decay": float("nan")}, "weight_decay", ValueError),
+        ({"chart_lr_multiplier": 0.0}, "chart_lr_multiplier", ValueError),
+        ({"gate_lr_multiplier": "2"}, "gate_lr_multiplier", TypeError),
+        ({"mix_lr_multiplier": True}, "mix_lr_multiplier", TypeError),
+        ({"chart_lr_multiplier": float("inf")}, "chart_lr_multiplier", ValueError),
     ],
 )
-def test_bad_arguments_name_the_argument(kwargs, name):
+def test_bad_arguments_name_the_argument(kwargs, name, error):
     arguments = {"learning_rate": 1e-3, "weight_decay": 0.0, **kwargs}
-    with pytest.raises(ValueError, match=f"`{name}`"):
-        hc_parameter_groups(tiny_model(), **arguments)
+    with pytest.raises(error, match=f"`{name}`"):
+        parameter_groups(tiny_model(), **arguments)
 
 
 def test_bad_model_or_args_types(tmp_path):
     with pytest.raises(TypeError, match="`model`"):
-        hc_parameter_groups("model", 1e-3, 0.0)
+        parameter_groups("model", 1e-3, 0.0)
     with pytest.raises(TypeError, match="`args`"):
-        make_ddl_mhc_optimizer(tiny_model(), {"learning_rate": 1e-3})
+        make_optimizer(tiny_model(), {"learning_rate": 1e-3})
 
 
 def test_trainer_steps_with_the_groups_first_adam_step_and_scheduled_rates(tmp_path):
@@ -141,7 +142,7 @@ def test_trainer_steps_with_the_groups_first_adam_step_and_scheduled_rates(tmp_p
     )
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     trainer = Trainer(model=model, args=args, train_dataset=train,
-                      optimizers=(make_ddl_mhc_optimizer(model, args), None))
+                      optimizers=(make_optimizer(model, args), None))
     trainer.train()
     names = names_by_group(model, trainer.optimizer.param_groups)
     parameters = dict(model.named_parameters())
@@ -158,7 +159,7 @@ def test_trainer_steps_with_the_groups_first_adam_step_and_scheduled_rates(tmp_p
     )
     recorder = LearningRateRecorder()
     trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[recorder],
-                      optimizers=(make_ddl_mhc_optimizer(model, args, gate_lr_multiplier=3.0), None))
+                      optimizers=(make_optimizer(model, args, gate_lr_multiplier=3.0), None))
     trainer.train()
     assert sorted(recorder.rates) == list(range(1, steps + 1))
     for step, rates in recorder.rates.items():

@@ -299,7 +299,7 @@ def test_conversion_rejects_bad_stream_counts_naming_them(streams, error):
 
 
 def test_conversion_rejects_bad_overrides_naming_them():
-    with pytest.raises(ValueError, match="residual"):
+    with pytest.raises(TypeError, match="residual"):
         convert_llama_to_ddl_mhc(random_llama(), hc_streams=4, residual="mix")
     with pytest.raises(ValueError, match="delta_eps"):
         convert_llama_to_ddl_mhc(random_llama(), hc_streams=4, residual="delta", delta_eps=0.0)

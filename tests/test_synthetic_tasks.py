@@ -246,7 +246,7 @@ def test_cov2_fragments_and_determinism():
         ({"kmer_stride": 0}, "kmer_stride"),
         ({"background_rate": 1.0}, "background_rate"),
         ({"n_rate": -0.1}, "n_rate"),
-        ({"error_rate": "0.1"}, "error_rate"),
+        ({"error_rate": 1e400}, "error_rate"),
         ({"fragment_length": 4000}, "fragment_length"),
         ({"fragment_length": 3}, "fragment_length"),
         ({"genome_length": 40}, "genome_length"),
@@ -257,6 +257,11 @@ def test_cov2_fragments_and_determinism():
 def test_cov2_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         build_cov2_variant_task(**kwargs)
+
+
+def test_cov2_rejects_a_rate_that_is_not_a_number():
+    with pytest.raises(TypeError, match="error_rate"):
+        build_cov2_variant_task(error_rate="0.1")
 
 
 def test_module_constants_match_the_tokenizers():

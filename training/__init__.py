@@ -5,8 +5,7 @@ from geoformers.training.checkpoints import checkpoint_problem, latest_complete_
 from geoformers.training.data import causal_lm_blocks, encode_dataset, load_sst2
 from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history
 from geoformers.training.hc_diagnostics import HyperConnectionDiagnosticsCallback, hc_diagnostics
-from geoformers.training.hc_optim import hc_parameter_groups, make_ddl_mhc_optimizer
-from geoformers.training.optim import growth_parameter_groups, make_optimizer, sync_optimizer_with_model
+from geoformers.training.optim import make_optimizer, parameter_groups, sync_optimizer_with_model
 from geoformers.training.resume import resume_growth_training
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
@@ -24,13 +23,11 @@ __all__ = [
     "causal_lm_blocks",
     "checkpoint_problem",
     "encode_dataset",
-    "growth_parameter_groups",
     "hc_diagnostics",
-    "hc_parameter_groups",
     "latest_complete_checkpoint",
     "load_sst2",
-    "make_ddl_mhc_optimizer",
     "make_optimizer",
+    "parameter_groups",
     "plot_growth_history",
     "resume_growth_training",
     "sync_optimizer_with_model",

@@ -1,49 +1,52 @@
-"""Metrics through `evaluate` from modules shipped in this package (no hub download at run time)."""
+"""`compute_metrics` for `transformers.Trainer`: accuracy for sequence classification, next-token accuracy
+and perplexity for a causal LM (plain numpy functions: no `evaluate` module, no download)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import evaluate
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-METRIC_MODULES = Path(__file__).resolve().parent / "metric_modules"
 IGNORE_INDEX = -100  # label of tokens without a loss (transformers' convention)
 
 
-def load_metric(name: str) -> evaluate.EvaluationModule:
-    """`evaluate.load` of a metric module shipped in `training/metric_modules/<name>/`."""
-    available = sorted(p.name for p in METRIC_MODULES.iterdir() if (p / f"{p.name}.py").is_file())
-    if name not in available:
-        raise ValueError(f"unknown metric {name!r}; shipped metrics: {available}")
-    return evaluate.load(str(METRIC_MODULES / name / f"{name}.py"))
+def accuracy(predictions, references) -> dict[str, float]:
+    """The fraction of predictions equal to the references."""
+    return {"accuracy": float(np.mean(np.asarray(predictions) == np.asarray(references)))}
+
+
+def perplexity(losses) -> dict[str, float]:
+    """exp of the mean per-token negative log-likelihood (natural log; every token weighs the same)."""
+    losses = np.asarray(losses, dtype=np.float64)
+    if losses.size == 0:
+        raise ValueError("losses is empty: perplexity needs at least one scored token")
+    if np.isnan(losses).any():
+        raise ValueError(f"losses holds {int(np.isnan(losses).sum())} NaN values")
+    if losses.min() < 0:
+        raise ValueError(f"losses must be non-negative log-likelihoods, got {losses.min()}")
+    return {"perplexity": float(np.exp(losses.mean()))}
 
 
 def classification_metrics():
     """A `compute_metrics` function for `transformers.Trainer` on sequence classification."""
-    accuracy = load_metric("accuracy")
 
     def compute_metrics(eval_prediction) -> dict[str, float]:
         logits = eval_prediction.predictions
         logits = logits[0] if isinstance(logits, tuple) else logits
-        return accuracy.compute(predictions=np.argmax(logits, axis=-1), references=eval_prediction.label_ids)
+        return accuracy(np.argmax(logits, axis=-1), eval_prediction.label_ids)
 
     return compute_metrics
 
 
 def causal_lm_metrics() -> dict:
-    """`Trainer` keyword arguments for a causal LM: next-token accuracy and perplexity through the shipped
-    `accuracy` and `perplexity` modules, over the shifted targets whose label is not -100.
+    """`Trainer` keyword arguments for a causal LM: next-token `accuracy` and `perplexity` over the shifted
+    targets whose label is not -100.
 
     `Trainer(..., **causal_lm_metrics())`. Its `preprocess_logits_for_metrics` reduces each batch's logits to
     (argmax, token negative log-likelihood), so evaluation never holds (tokens x vocab) logits. The perplexity
     weighs every scored token equally; `eval_loss` averages per-batch mean losses weighted by rows, so
     exp(eval_loss) equals it only when every row scores as many tokens (unpadded `causal_lm_blocks`).
     """
-    accuracy, perplexity = load_metric("accuracy"), load_metric("perplexity")
-
     def preprocess_logits_for_metrics(logits, labels) -> tuple[torch.Tensor, torch.Tensor]:
         logits = logits[0] if isinstance(logits, tuple) else logits
         if labels is None:
@@ -68,8 +71,8 @@ def causal_lm_metrics() -> dict:
         if not scored.any():
             raise ValueError("no evaluation token has a label other than -100: nothing to score")
         return {
-            **accuracy.compute(predictions=next_tokens[scored], references=targets[scored]),
-            **perplexity.compute(losses=token_losses[scored]),
+            **accuracy(next_tokens[scored], targets[scored]),
+            **perplexity(token_losses[scored]),
         }
 
     return dict(compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics)

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 
+from geoformers.configuration.validation import check_number
 from geoformers.modeling.ddl_mhc import HyperConnection
 
 METRICS = ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")
@@ -96,11 +97,6 @@ def _token_max(values: torch.Tensor, valid: torch.Tensor) -> float:
     return float(values.detach().cpu().expand(valid.shape)[valid].max())
 
 
-def _check_delta(delta) -> None:
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 0.5:
-        raise ValueError(f"`delta` must be a number in (0, 0.5), got {delta!r}")
-
-
 @torch.no_grad()
 def hc_diagnostics(
     model: nn.Module,
@@ -113,7 +109,7 @@ def hc_diagnostics(
     `attention_mask` (padded tokens are left out). The model runs once in eval mode (its mode is restored)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
-    _check_delta(delta)
+    check_number("delta", delta, 0.0, 0.5, low_open=True, high_open=True)
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
         raise ValueError(
             f"`input_ids` must be a (batch, seq) tensor, got {getattr(input_ids, 'shape', input_ids)!r}"
@@ -193,9 +189,8 @@ class HyperConnectionDiagnosticsCallback(TrainerCallback):
         delta: float = 0.01,
     ):
         for name, value in (("every", every), ("probe_size", probe_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}` must be an int >= 1, got {value!r}")
-        _check_delta(delta)
+            check_number(name, value, 1, integer=True)
+        check_number("delta", delta, 0.0, 0.5, low_open=True, high_open=True)
         if input_ids is not None and (not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2):
             raise ValueError(
                 f"`input_ids` must be a (batch, seq) tensor or None, got {type(input_ids).__name__}"

@@ -1,8 +1,16 @@
-"""Optimizer parameter groups for DDCL-INCRT and their upkeep while heads grow and are pruned
-(docs/ddcl_incrt.md, 'Growth and pruning').
+"""Optimizer parameter groups of both models, and their upkeep while DDCL-INCRT heads grow and are pruned.
 
-Two-timescale training (DDCL-Attention): prototypes learn at `prototype_lr_multiplier` times the encoder's
-learning rate. No weight decay on biases, LayerNorm weights, prototypes and temperatures (`rho`).
+Groups (each without weight decay but `decay`, each with its own learning-rate multiplier):
+
+- `decay` / `no_decay`: every other parameter, split as transformers' `Trainer.get_decay_parameter_names`
+  splits it (no decay for biases and norm weights), plus no decay for the DDCL temperatures `rho`;
+- `prototypes` (DDCL-INCRT, docs/ddcl_incrt.md): two-timescale training (DDCL-Attention), lr x 10 by default;
+- `hc_chart`, `hc_gates`, `hc_mix` (DDL-mHC, docs/hc_diagnostics.md, "Optimizer groups"): the static chart
+  logits `res_bias` (lr x 1/6 by default, the TBP authors' setting), the dynamic gates (mHC's alpha) and the
+  other static map logits (lr x 1 each). Decay would pull them towards a fixed map, a modelling choice.
+
+Parameters are matched by name, so PEFT-wrapped models and the remote-code copy get the same groups; frozen
+parameters are left out; empty groups are kept, so every model gets the same six groups.
 
 The Trainer builds its optimizer once, so after every grow/prune `sync_optimizer_with_model` rewrites each
 group's `params` in the canonical order of `model.named_parameters()`: surviving parameters keep their Adam
@@ -18,66 +26,76 @@ import re
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import get_parameter_names
 
-DECAY, NO_DECAY, PROTOTYPES = "decay", "no_decay", "prototypes"
-# The Trainer's own no-decay name patterns (Trainer.get_decay_parameter_names), plus the DDCL temperature.
+from geoformers.configuration.validation import check_number
+
+# transformers' Trainer.get_decay_parameter_names (and nn.LayerNorm weights), plus the DDCL temperature
 NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)",
                      r"prototype_bank\.rho$"]
-PROTOTYPE_PATTERN = re.compile(r"prototype_bank\.prototypes$")
+GROUP_PATTERNS = {
+    "prototypes": re.compile(r"prototype_bank\.prototypes$"),
+    "hc_chart": re.compile(r"(?:^|\.)res_bias$"),
+    "hc_gates": re.compile(r"(?:^|\.)(?:pre|res|write)_gate$"),
+    "hc_mix": re.compile(r"(?:^|\.)(?:res_mix_logits?|write_bias|pre_bias|stream_readout\.logits)$"),
+}
 HEAD_PARAMETER = re.compile(r"^(?P<layer>.*\.heads\.)(?P<head>\d+)(?P<rest>\..+)$")
 
 
-def growth_parameter_groups(
-    model: nn.Module, *, learning_rate: float, weight_decay: float, prototype_lr_multiplier: float = 10.0
+def parameter_groups(
+    model: nn.Module,
+    learning_rate: float,
+    weight_decay: float,
+    *,
+    prototype_lr_multiplier: float = 10.0,
+    chart_lr_multiplier: float = 1 / 6,
+    gate_lr_multiplier: float = 1.0,
+    mix_lr_multiplier: float = 1.0,
 ) -> list[dict]:
-    """Parameter groups `decay`, `no_decay` and `prototypes` (lr = learning_rate * prototype_lr_multiplier,
-    no decay), each in `named_parameters()` order and tagged with its `group_name`; frozen parameters are
-    left out. Empty groups are kept, so every model of this type gets the same three groups."""
+    """Groups `decay`, `no_decay`, `prototypes`, `hc_chart`, `hc_gates`, `hc_mix` (module docstring), each
+    tagged with its `group_name` and holding the trainable parameters in `named_parameters()` order."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
-    for name, value in (("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                        ("prototype_lr_multiplier", prototype_lr_multiplier)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"`{name}` must be a number >= 0, got {value!r}")
-    if prototype_lr_multiplier == 0:
-        raise ValueError("`prototype_lr_multiplier` must be > 0 (0 would freeze the prototypes)")
-    decay_names = set(get_parameter_names(model, [nn.LayerNorm], NO_DECAY_PATTERNS))
+    check_number("learning_rate", learning_rate, 0.0)
+    check_number("weight_decay", weight_decay, 0.0)
+    multipliers = {"prototypes": ("prototype_lr_multiplier", prototype_lr_multiplier),
+                   "hc_chart": ("chart_lr_multiplier", chart_lr_multiplier),
+                   "hc_gates": ("gate_lr_multiplier", gate_lr_multiplier),
+                   "hc_mix": ("mix_lr_multiplier", mix_lr_multiplier)}
     groups = {
-        DECAY: {"group_name": DECAY, "params": [], "lr": learning_rate, "weight_decay": weight_decay},
-        NO_DECAY: {"group_name": NO_DECAY, "params": [], "lr": learning_rate, "weight_decay": 0.0},
-        PROTOTYPES: {"group_name": PROTOTYPES, "params": [], "lr": learning_rate * prototype_lr_multiplier,
-                     "weight_decay": 0.0},
+        "decay": {"group_name": "decay", "params": [], "lr": learning_rate, "weight_decay": weight_decay},
+        "no_decay": {"group_name": "no_decay", "params": [], "lr": learning_rate, "weight_decay": 0.0},
     }
+    for group, (argument, multiplier) in multipliers.items():
+        check_number(argument, multiplier, 0.0, low_open=True)  # 0 would freeze the group
+        lr = learning_rate * multiplier
+        groups[group] = {"group_name": group, "params": [], "lr": lr, "weight_decay": 0.0}
+    decay_names = set(get_parameter_names(model, [nn.LayerNorm], NO_DECAY_PATTERNS))
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        if PROTOTYPE_PATTERN.search(name):
-            groups[PROTOTYPES]["params"].append(parameter)
-        elif name in decay_names:
-            groups[DECAY]["params"].append(parameter)
-        else:
-            groups[NO_DECAY]["params"].append(parameter)
+        group = next((group for group, pattern in GROUP_PATTERNS.items() if pattern.search(name)), None)
+        if group is None:
+            group = "decay" if name in decay_names else "no_decay"
+        groups[group]["params"].append(parameter)
     return list(groups.values())
 
 
-def make_optimizer(
-    model: PreTrainedModel, args: TrainingArguments, *, prototype_lr_multiplier: float = 10.0
-) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, args: TrainingArguments, **lr_multipliers) -> torch.optim.Optimizer:
     """The optimizer `args.optim` names (AdamW by default, with args' betas and epsilon) over
-    `growth_parameter_groups(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay, ...)`.
+    `parameter_groups(model, args.learning_rate, args.weight_decay, **lr_multipliers)`.
 
-    Pass it as `Trainer(..., optimizers=(make_optimizer(model, args), None))`; the Trainer then builds its
-    learning-rate schedule over these groups (each group keeps its own base learning rate).
+    Pass it as `Trainer(..., optimizers=(make_optimizer(model, args), None))`: the Trainer builds its
+    learning-rate schedule over these groups, which scales every group's own base learning rate alike, so the
+    multipliers hold at every step.
     """
     if not isinstance(args, TrainingArguments):
         raise TypeError(f"`args` must be a transformers.TrainingArguments, got {type(args).__name__}")
     optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     if {"params", "model", "optimizer_dict"} & optimizer_kwargs.keys():
         raise ValueError(f"`args.optim`={args.optim!r} builds its own parameter groups; use an Adam-type one")
-    groups = growth_parameter_groups(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-                                     prototype_lr_multiplier=prototype_lr_multiplier)
+    groups = parameter_groups(model, args.learning_rate, args.weight_decay, **lr_multipliers)
     return optimizer_cls(groups, **optimizer_kwargs)
 
 
@@ -128,4 +146,4 @@ def sync_optimizer_with_model(optimizer: torch.optim.Optimizer, model: nn.Module
     return added, len(removed)
 
 
-__all__ = ["growth_parameter_groups", "make_optimizer", "sync_optimizer_with_model"]
+__all__ = ["make_optimizer", "parameter_groups", "sync_optimizer_with_model"]

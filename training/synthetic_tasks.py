@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, List, Value
 
+from geoformers.configuration.validation import check_number
 from geoformers.tokenization.arguments import require_int
 from geoformers.tokenization.kmer_tokenizer import AMBIGUOUS_BASE, MAX_KMER_SIZE, NUCLEOTIDES
 from geoformers.tokenization.wordpiece_tokenizer import BERT_SPECIAL_TOKENS
@@ -290,13 +291,6 @@ BASE_CODES = NUCLEOTIDES + AMBIGUOUS_BASE
 N_CODE = BASE_CODES.index(AMBIGUOUS_BASE)
 
 
-def _check_rate(name: str, value: float) -> float:
-    """A probability in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    return float(value)
-
-
 def _mutate(rng: np.random.Generator, genomes: np.ndarray, rate: float) -> None:
     """Substitute each base, with probability `rate`, by one of the three other bases (in place)."""
     hits = (rng.random(genomes.shape) < rate) & (genomes != N_CODE)
@@ -347,10 +341,12 @@ def build_cov2_variant_task(
     if kmer_size > MAX_KMER_SIZE:
         raise ValueError(f"kmer_size must be <= {MAX_KMER_SIZE}, got {kmer_size}")
     kmer_stride = kmer_size if kmer_stride is None else require_int("kmer_stride", kmer_stride, 1)
+    for name, rate in (("background_rate", background_rate), ("error_rate", error_rate), ("n_rate", n_rate)):
+        check_number(name, rate, 0.0, 1.0, high_open=True)  # a probability
     rates = {
-        "background_rate": _check_rate("background_rate", background_rate),
-        "error_rate": _check_rate("error_rate", error_rate),
-        "n_rate": _check_rate("n_rate", n_rate),
+        "background_rate": float(background_rate),
+        "error_rate": float(error_rate),
+        "n_rate": float(n_rate),
     }
     num_sites = len(SHARED_SITES) + private_mutations * sum(PRIVATE_SITE_MULTIPLIER.values())
     require_int("genome_length", genome_length, max(num_sites, kmer_size))

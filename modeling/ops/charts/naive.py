@@ -23,7 +23,6 @@ import torch
 #     n=4    7.5e-8/1.6e-7   7.5e-8/1.3e-4   2.4e-4/4.7e-2   2.9e-2/3.7e-1
 #     n=8    9.7e-8/2.5e-7   1.0e-7/1.7e-6   3.4e-4/5.5e-2   5.2e-2/4.9e-1
 #     n=16   1.9e-7/3.3e-7   1.5e-7/1.6e-6   3.1e-4/4.6e-2   6.7e-2/4.6e-1
-# `training.chart_monitor.ChartViolationCallback` logs it during training (warning above a tolerance).
 SINKHORN_DEFAULT_ITERS = 20
 SCALED_BETA = 4.0  # the authors' STBP/SRTBP/MSTBP/MSRTDP2N defaults
 SCALED_EPS = 1e-3
