@@ -13,7 +13,7 @@ Writes results/cov2/cov2.json and cov2.png, and growth_history.{json,png}.
 
     python scripts/exp_cov2.py
     python scripts/exp_cov2.py --num_train_per_lineage 8 --num_validation_per_lineage 4 --genome_length 300 \\
-        --max_steps 12 --pre_growth_steps 4 --output_dir /tmp/cov2
+        --max_steps 12 --pre_growth_steps 4 --output_dir outputs/cov2
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ marked) at the end of a task. A run already in the file with the same kind, head
 
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 sst2
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 --seeds 0 --static_heads 1 2 \\
-        --output_dir /tmp/gvs --task_flags planted="--max_steps 60 --pre_growth_steps 20" \\
+        --output_dir outputs/gvs --task_flags planted="--max_steps 60 --pre_growth_steps 20" \\
         cov2="--genome_length 300 --max_steps 40"
 """
 

@@ -30,7 +30,7 @@ counted per `--window_steps` bin.
     python scripts/exp_nonstationary.py
     python scripts/exp_nonstationary.py --seeds 0 1 2 --output_dir results/nonstationary_seeds
     python scripts/exp_nonstationary.py --max_steps 40 --switch_step 20 --pre_growth_steps 10 \\
-        --window_steps 10 --output_dir /tmp/nonstationary
+        --window_steps 10 --output_dir outputs/nonstationary
 """
 
 from __future__ import annotations

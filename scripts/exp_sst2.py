@@ -25,7 +25,7 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
     python scripts/exp_sst2.py                                   # from scratch, the default recipe
     python scripts/exp_sst2.py --bert                            # on frozen MiniLM embeddings
     python scripts/exp_sst2.py --batch_size 32 --ensemble_size 5 --member_processes 2  # 2 at a time
-    python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 --output_dir /tmp/x
+    python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 --output_dir outputs/x
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ results/synthetic/<run>/.
 
     python scripts/exp_synthetic.py
     python scripts/exp_synthetic.py --seeds 0 --max_steps 40 --pre_growth_steps 10 --num_train 256 \\
-        --output_dir /tmp/synthetic
+        --output_dir outputs/synthetic
 """
 
 from __future__ import annotations
