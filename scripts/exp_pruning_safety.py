@@ -46,7 +46,6 @@ from geoformers.training.optim import make_optimizer  # noqa: E402
 
 from harness.results import (  # noqa: E402
     REPO_ROOT,
-    SST2_DATA_DIR,
     command_line,
     default_bert_path,
     environment,
@@ -60,7 +59,9 @@ MIN_EFFECTIVE_PROTOTYPES = 1.5
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bert", default=None, help="BERT checkpoint folder (default: the offline MiniLM)")
-    parser.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
+    parser.add_argument("--data_dir", default=None,
+                       help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's "
+                            "nyu-mll/glue sst2")
     parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "pruning_safety"))
     parser.add_argument("--use_encoder_outputs", action="store_true",
                         help="feed BERT's frozen encoder outputs instead of its embeddings")

@@ -25,7 +25,8 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
     python scripts/exp_sst2.py                                   # from scratch, the default recipe
     python scripts/exp_sst2.py --bert                            # on frozen MiniLM embeddings
     python scripts/exp_sst2.py --batch_size 32 --ensemble_size 5 --member_processes 2  # 2 at a time
-    python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 --output_dir outputs/x
+    python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 \\
+        --output_dir outputs/x
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ from harness.probes import gate_spectrum  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import (  # noqa: E402
     REPO_ROOT,
-    SST2_DATA_DIR,
     command_line,
     default_bert_path,
     environment,
@@ -79,7 +79,9 @@ TARGET_ACCURACY = 0.83
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     paths = parser.add_argument_group("data and outputs")
-    paths.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
+    paths.add_argument("--data_dir", default=None,
+                       help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's "
+                            "nyu-mll/glue sst2")
     paths.add_argument("--output_dir", default=None,
                        help="default results/sst2 (results/sst2_bert with --bert)")
     paths.add_argument("--max_train_samples", type=int, default=None,

@@ -6,7 +6,7 @@ against hand computations and float64 references; bad arguments."""
 import argparse
 import json
 import math
-from pathlib import Path
+import os
 
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.modeling.hub_code import remote_code_files
+from geoformers.training.checkpoints import write_json_atomically
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
     build_nonstationary_stream,
@@ -37,7 +38,7 @@ from harness.flags import add_experiment_arguments, build_model
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
-from harness.results import markdown_table, write_json
+from harness.results import markdown_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
@@ -469,27 +470,27 @@ def test_grow_order_stop_summary_and_temperature_split():
 
 
 def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
-    write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)})
+    content = {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)}
+    write_json_atomically(tmp_path / "r.json", content)
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.0, None], "c": 2.5}
 
 
 def test_write_json_interrupted_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
-    """A write that dies after half the text (a killed sweep) must not truncate the runs saved before."""
+    """A write killed before its rename (a killed sweep) must not truncate the runs saved before, nor leave
+    its temporary file."""
     target = tmp_path / "summary.json"
-    write_json(target, {"runs": [1, 2, 3]})
-    real_write_text = Path.write_text
+    write_json_atomically(target, {"runs": [1, 2, 3]})
 
-    def dies_halfway(self, text, *args, **kwargs):
-        real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+    def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Path, "write_text", dies_halfway)
+    monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        write_json(target, {"runs": [1, 2, 3, 4]})
+        write_json_atomically(target, {"runs": [1, 2, 3, 4]})
     monkeypatch.undo()
     assert json.loads(target.read_text()) == {"runs": [1, 2, 3]}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["summary.json"]
-    write_json(target, {"runs": [1, 2, 3, 4]})
+    write_json_atomically(str(target), {"runs": [1, 2, 3, 4]})
     assert json.loads(target.read_text()) == {"runs": [1, 2, 3, 4]}
 
 
