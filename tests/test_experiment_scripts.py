@@ -227,7 +227,7 @@ def test_exp_nonstationary_seeds_summarise_switch_against_stationary(tmp_path):
                             .read_text())
         assert result["stationary"] == (entry["stream"] == "stationary")
         assert (result["final_accuracy_per_phase"][1] is None) == result["stationary"]
-        assert result["args"]["seed"] == entry["seed"]
+        assert result["settings"]["seed"] == entry["seed"]
         for action in ("grow", "prune"):
             assert entry[f"{action}_after"] == sum(e["action"] == action and e["step"] >= 9
                                                    for e in result["events"])
@@ -246,7 +246,7 @@ def test_exp_nonstationary_continuous_checks_every_step_with_one_callback(tmp_pa
         "--check_every", "1", "--probe_every", "8", "--heldout_rows", "16", "--continuous",
         "--output_dir", str(tmp_path)])
     history = json.loads((tmp_path / "growth_history.json").read_text())
-    assert "window_steps" not in history and result["args"]["continuous"]
+    assert "window_steps" not in history and result["settings"]["continuous"]
     assert [check["step"] for check in history["checks"]] == list(range(5, 17))  # regrow: never final
     assert history["growth_stopped_at_step"] is None
 

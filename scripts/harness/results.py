@@ -49,16 +49,15 @@ def command_line(script: str, argv: list[str] | None) -> str:
 
 
 def write_results(path: str | os.PathLike, script: str, argv: list[str] | None, settings: dict,
-                  content: dict) -> Path:
+                  content: dict) -> dict:
     """A script's result file: `{"command", "environment", "settings", **content}` (`settings`: the parsed
-    flags), written atomically; prints where it went and returns the path."""
-    path = Path(path)
+    flags), written atomically; prints where it went and returns what it wrote."""
     record = {"command": command_line(script, argv), "environment": environment(),
               "settings": {key: str(value) if isinstance(value, os.PathLike) else value
-                           for key, value in settings.items()}}
-    write_json_atomically(path, {**record, **content})
+                           for key, value in settings.items()}, **content}
+    write_json_atomically(path, record)
     print(f"wrote {path}")
-    return path
+    return record
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
