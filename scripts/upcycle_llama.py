@@ -260,9 +260,9 @@ def main() -> None:
                         help="results/upcycle_llama: the committed run")
     args = parser.parse_args()
     if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.max_steps:
-        parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --steps")
+        parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --max_steps")
     if args.max_steps % args.eval_interval:
-        parser.error("--steps must be a multiple of --eval_interval")
+        parser.error("--max_steps must be a multiple of --eval_interval")
     set_threads(args.threads)
     device = torch.device(args.device)
     start = time.perf_counter()
