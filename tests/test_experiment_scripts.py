@@ -4,9 +4,11 @@ claim, with numbers checked against independent recomputations; the shared helpe
 against hand computations and float64 references; bad arguments."""
 
 import argparse
+import ast
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +41,7 @@ from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
 from harness.results import markdown_table
+from harness.threads import add_threads_argument, set_threads
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
@@ -544,3 +547,38 @@ def test_a_bad_model_field_raises_naming_the_config_field(tmp_path):
     grow_demo = load_script("grow_demo.py")
     with pytest.raises(ValueError, match="head_dim"):
         grow_demo.main(["--hidden_size", "8", "--head_dim", "16", "--output_dir", str(tmp_path)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# How the scripts share code and threads
+
+
+def test_no_script_imports_another_script_or_edits_sys_path():
+    """Scripts share code through `scripts/harness/` only (docs/experiments.md, 'Flags')."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    names = {path.stem for path in scripts.glob("*.py")}
+    offenders = []
+    for path in [*scripts.glob("*.py"), *scripts.glob("harness/*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            imported = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name} imports {name}" for name in imported if name.split(".")[0] in names]
+            is_attribute = isinstance(node, ast.Attribute)
+            if is_attribute and (getattr(node.value, "id", ""), node.attr) == ("sys", "path"):
+                offenders.append(f"{path.name} uses sys.path")
+    assert not offenders, offenders
+
+
+def test_threads_default_to_one_and_reject_bad_counts(restore_torch_threads):
+    parser = argparse.ArgumentParser()
+    add_threads_argument(parser)
+    assert parser.parse_args([]).threads == 1
+    torch.set_num_threads(2)
+    set_threads(0)  # 0: leave torch's default
+    assert torch.get_num_threads() == 2
+    set_threads(1)
+    assert torch.get_num_threads() == 1
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="--threads"):
+            set_threads(bad)
