@@ -29,6 +29,7 @@ invocation does not ask for are dropped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
@@ -45,7 +46,7 @@ from geoformers.training.optim import make_optimizer
 from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
 
 from harness.results import REPO_ROOT, markdown_table, saved_runs, write_results
-from harness.threads import add_threads_argument, set_threads
+from harness.threads import DEFAULT_THREADS, set_threads
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -57,38 +58,36 @@ RULES = {
 }
 
 
+@dataclasses.dataclass
+class TrainerDefaultsArguments:
+    """`trainer_defaults`' own flags; the training flags are `TrainingArguments`' (HfArgumentParser)."""
+
+    gate_threshold: str = dataclasses.field(metadata={"choices": GATE_THRESHOLDS})
+    gate_rule: str = dataclasses.field(metadata={"choices": GATE_RULES})
+    max_heads: int = 16
+    check_every: int = dataclasses.field(default=100, metadata={"help": "optimizer steps between checks"})
+    threads: int = dataclasses.field(default=DEFAULT_THREADS, metadata={"help": "torch CPU threads"})
+
+
 def trainer_defaults(argv: list[str]) -> None:
     """The stock Trainer and `IncrtGrowthCallback` with the library's defaults on the planted task: only the
     shape, `max_heads` and the rule's two gate fields are set; growth_history.json lands in --output_dir."""
-    parser = argparse.ArgumentParser(prog="trainer_defaults")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, required=True)
-    parser.add_argument("--gate_rule", choices=GATE_RULES, required=True)
-    parser.add_argument("--max_heads", type=int, default=16)
-    add_threads_argument(parser)
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--max_steps", type=int, default=1000)
-    parser.add_argument("--check_every", type=int, default=100)
-    parser.add_argument("--learning_rate", type=float, default=3e-3)
-    parser.add_argument("--batch_size", type=int, default=32)
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
+    parser = HfArgumentParser((TrainerDefaultsArguments, TrainingArguments), prog="trainer_defaults")
+    parser.set_defaults(seed=0, max_steps=1000, learning_rate=3e-3, per_device_train_batch_size=32,
+                        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    options, training = parser.parse_args_into_dataclasses(argv)
+    training = dataclasses.replace(training, logging_steps=training.max_steps)
+    set_threads(options.threads)
     task = build_spectral_task(num_train=4000, num_validation=64, seed=0)
     spec = task_spec(task)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(training.seed)
     model = DDCLIncrtForSequenceClassification(DDCLIncrtConfig(
-        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=args.max_heads,
+        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=options.max_heads,
         max_position_embeddings=spec["seq_len"], num_labels=2, type_vocab_size=0,
-        gate_threshold=args.gate_threshold, gate_rule=args.gate_rule))
-    training = TrainingArguments(
-        output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed,
-        learning_rate=args.learning_rate,
-        per_device_train_batch_size=args.batch_size, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, logging_steps=args.max_steps,
-    )
+        gate_threshold=options.gate_threshold, gate_rule=options.gate_rule))
     Trainer(model=model, args=training, train_dataset=task["train"],
             optimizers=(make_optimizer(model, training, prototype_lr_multiplier=10.0), None),
-            callbacks=[IncrtGrowthCallback(check_every=args.check_every, save_plot=False)]).train()
+            callbacks=[IncrtGrowthCallback(check_every=options.check_every, save_plot=False)]).train()
 
 
 # Each task's script (None: `trainer_defaults` in this process), its per-seed flags and where it leaves the
