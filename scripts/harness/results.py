@@ -51,13 +51,24 @@ def command_line(script: str, argv: list[str] | None) -> str:
 def write_results(path: str | os.PathLike, script: str, argv: list[str] | None, settings: dict,
                   content: dict) -> dict:
     """A script's result file: `{"command", "environment", "settings", **content}` (`settings`: the parsed
-    flags), written atomically; prints where it went and returns what it wrote."""
+    flags, paths inside the checkout made relative to it), written atomically; prints where it went and
+    returns what it wrote."""
     record = {"command": command_line(script, argv), "environment": environment(),
-              "settings": {key: str(value) if isinstance(value, os.PathLike) else value
-                           for key, value in settings.items()}, **content}
+              "settings": {key: portable_path(value) for key, value in settings.items()}, **content}
     write_json_atomically(path, record)
     print(f"wrote {path}")
     return record
+
+
+def portable_path(value):
+    """A path inside the checkout as a path relative to it (committed files name no machine's folders);
+    other paths as strings, other values unchanged."""
+    if not isinstance(value, (str, os.PathLike)):
+        return value
+    path = Path(value)
+    if path.is_absolute() and path.is_relative_to(REPO_ROOT):
+        return str(path.relative_to(REPO_ROOT))
+    return str(value)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
