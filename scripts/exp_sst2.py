@@ -129,6 +129,8 @@ def plot(result: dict, history: dict | None, path: Path) -> None:
             heads_axis.step(steps, heads, where="post", label=f"layer {layer}")
         heads_axis.legend(fontsize=8)
     heads_axis.set(xlabel="optimizer step", ylabel="heads", title="heads per layer (INCRT growth)")
+    for axis in (accuracy_axis, heads_axis):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     heads_axis.yaxis.set_major_locator(MaxNLocator(integer=True))
     heads_axis.grid(alpha=0.3)
     figure.tight_layout()

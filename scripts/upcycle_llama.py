@@ -183,6 +183,7 @@ def plot(args, result: dict, path: Path) -> None:
     difference after the switch; right: the whole run (running mean of the training loss, validation every
     --eval_interval)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     switch, losses, history = args.switch_step, result["losses"], result["history"]
     end = args.max_steps + 1
@@ -234,6 +235,7 @@ def plot(args, result: dict, path: Path) -> None:
         axis.set_ylabel("loss (nats / char)")
     for axis in (near, gap, whole):
         axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     near.set_title(f"per-step training loss, steps {low + 1}-{high} (same batches)")
     near.legend(fontsize=8)
     gap.set_title("upcycled - Llama, per-step training loss")
