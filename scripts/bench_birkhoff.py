@@ -5,16 +5,16 @@ repetitions, the worst doubly-stochastic violation, the logit count and the time
 Sinkhorn-20, all in one process. Repetitions are interleaved across methods (round robin) so a
 noisy, shared CPU slows every method alike. The chart variants (docs/chart_variants.md) get rows of their
 own, timed interleaved with tbp, rtbp and Sinkhorn-20, with their time ratio to the chart they vary.
-Prints markdown tables and writes a JSON file.
+Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_function.json`) to `--output_dir`
+(default outputs/benchmarks; `--output_dir benchmarks` replaces the committed report).
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
-    python scripts/bench_birkhoff.py --rtbp-function --sizes 4 8 16 --batch 1536 --threads 1
+    python scripts/bench_birkhoff.py --rtbp_function --sizes 4 8 16 --batch 1536
         # RTBP: the naive reference (naive.py) vs the one-node chart (rtbp_node.py), fwd and fwd+bwd
 """
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -34,7 +34,8 @@ from geoformers.modeling.ops.charts import (
 from geoformers.modeling.ops.charts.naive import rtbp
 from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 
-from harness.results import markdown_table
+from harness.results import markdown_table, write_results
+from harness.threads import add_threads_argument, set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The project's speed targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time
@@ -230,27 +231,23 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32])
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--logit-std", type=float, default=1.0, help="logits ~ N(0, std^2)")
+    parser.add_argument("--logit_std", type=float, default=1.0, help="logits ~ N(0, std^2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors take the Triton charts)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    parser.add_argument("--output", type=Path, default=None, help="default benchmarks/birkhoff.json")
-    parser.add_argument(
-        "--rtbp-function",
-        action="store_true",
-        help="only RTBP autograd reference vs one-node chart (default output benchmarks/rtbp_function.json)",
-    )
+    add_threads_argument(parser)
+    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "outputs" / "benchmarks",
+                        help="folder of the report (benchmarks: the committed reports)")
+    parser.add_argument("--rtbp_function", action="store_true",
+                        help="only RTBP autograd reference vs one-node chart (rtbp_function.json)")
     args = parser.parse_args()
     if args.reps < 5:
         parser.error("--reps must be >= 5 (medians of at least five repetitions)")
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     generator = torch.Generator().manual_seed(args.seed)
     if args.rtbp_function:
         run_rtbp_function(args, generator)
         return
-    args.output = args.output or REPO_ROOT / "benchmarks" / "birkhoff.json"
     results = []
     for n in args.sizes:
         results += bench_size(n, args.batch, args.reps, args.logit_std, generator, args.device)
@@ -263,7 +260,6 @@ def main() -> None:
     print()
     print(variants_table(variants))
 
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     config = {
         "batch": args.batch,
         "reps": args.reps,
@@ -271,15 +267,9 @@ def main() -> None:
         "logits": f"N(0, {args.logit_std}^2)",
         "timing": "forward + backward of sum(X * G), G ~ N(0, 1); median over interleaved repetitions",
         **timing_environment(),
-        "command": (
-            f"python scripts/bench_birkhoff.py --sizes {' '.join(map(str, args.sizes))} --batch {args.batch} "
-            f"--reps {args.reps} --logit-std {args.logit_std} --seed {args.seed}"
-            + ("" if args.threads is None else f" --threads {args.threads}")
-        ),
     }
     report = {"config": config, "results": results, "variants": variants}
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.output}")
+    write_results(args.output_dir / "birkhoff.json", "bench_birkhoff.py", None, vars(args), report)
 
 
 def timing_environment() -> dict:
@@ -293,8 +283,6 @@ def run_rtbp_function(args, generator: torch.Generator) -> None:
     for n in args.sizes:
         results += bench_rtbp_function(n, args.batch, args.reps, generator, args.device)
     print(rtbp_function_table(results))
-    output = args.output or REPO_ROOT / "benchmarks" / "rtbp_function.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
     config = {
         "batch": args.batch,
         "reps": args.reps,
@@ -303,14 +291,9 @@ def run_rtbp_function(args, generator: torch.Generator) -> None:
         "timing": "forward (no grad) and forward + backward of sum(X * G), G ~ N(0, 1); medians over "
         "interleaved repetitions of the four timings",
         **timing_environment(),
-        "command": (
-            f"python scripts/bench_birkhoff.py --rtbp-function --sizes {' '.join(map(str, args.sizes))} "
-            f"--batch {args.batch} --reps {args.reps} --seed {args.seed}"
-            + ("" if args.threads is None else f" --threads {args.threads}")
-        ),
     }
-    output.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
-    print(f"\nwrote {output}")
+    write_results(args.output_dir / "rtbp_function.json", "bench_birkhoff.py", None, vars(args),
+                  {"config": config, "results": results})
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
 """Benchmark DDL-mHC against transformers' LlamaForCausalLM of the same shape, all in one process.
 
 Every model of a run sees the same batches of character-level tiny-shakespeare, AdamW lr 1e-3 with warm-up
-and cosine decay (`train_causal_lm.py`'s loop). Training runs round robin (one step of every model in turn)
-and so do the decode repetitions, so a noisy, shared machine slows all models alike; times are medians.
-The default shape is nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64, batch 12).
+and cosine decay (`harness.causal_lm`, `train_causal_lm.py`'s loop). Training runs round robin (one step of
+every model in turn) and so do the decode repetitions, so a noisy, shared machine slows all models alike;
+times are medians. The default shape is nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64,
+batch 12).
 
-    python scripts/bench_causal_lm.py --steps 200            # the variant table -> benchmarks/causal_lm.json
+    python scripts/bench_causal_lm.py --max_steps 200        # the variant table
     python scripts/bench_causal_lm.py --profile              # where an n=4 step's time goes, widths 128 / 512
     python scripts/bench_causal_lm.py --sweep                # widths 128/256/512, n=1/4 and the peer mHC
     python scripts/bench_causal_lm.py --sweep --compile      # the same through torch.compile (+ static cache)
     python scripts/bench_causal_lm.py --equal_time --seeds 0 1 2   # the wall time of Llama's 2,000 steps
     python scripts/bench_causal_lm.py --device cuda --bf16 --sweep --widths 768 --layers 12   # GPU
 
-Modes write benchmarks/causal_lm{,_profile,_sweep,_equal_time}.json (`--output` overrides). Peak memory:
+Modes write causal_lm{,_profile,_sweep,_equal_time}.json to `--output_dir` (default outputs/benchmarks;
+`--output_dir benchmarks` replaces the committed files). Peak memory:
 CUDA's peak allocated; on CPU parameters + gradients + AdamW state + the tensors autograd saves for one
 step (counted once per storage).
 """
@@ -20,52 +22,39 @@ step (counted once per storage).
 import argparse
 import copy
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import geoformers
 
-from profile_causal_lm import markdown_profile, profile_training_steps  # noqa: E402
-from train_causal_lm import (  # noqa: E402
+from harness.causal_lm import (
+    EQUAL_TIME_VARIANTS,
+    GPU_SWEEP_VARIANTS,
+    LLAMA,
+    PEER,
     SMALL_CPU_SHAPE,
+    SWEEP_VARIANTS,
+    VARIANTS,
     add_training_arguments,
+    build_model,
     estimate_loss,
     get_batch,
+    interleaved_step_seconds,
     load_corpus,
     make_trainer,
+    shape_for,
+    train_round_robin,
+    training_memory_bytes,
 )
-
-import geoformers  # noqa: E402
-
-from harness.results import markdown_table  # noqa: E402
+from harness.results import markdown_table, write_results
+from harness.step_profile import markdown_profile, profile_training_steps
+from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-LLAMA = "llama (transformers)"
-PEER = "peer mHC n=4 (hyper-connections)"
-VARIANTS = {
-    LLAMA: None,
-    "ddl-mhc n=1 add": {"hc_streams": 1, "residual": "add"},
-    "ddl-mhc n=1 delta": {"hc_streams": 1, "residual": "delta"},
-    "ddl-mhc n=4 add sinkhorn": {"hc_streams": 4, "residual": "add", "hc_chart": "sinkhorn"},
-    "ddl-mhc n=4 add rtbp": {"hc_streams": 4, "residual": "add", "hc_chart": "rtbp"},
-    "ddl-mhc n=4 delta rtbp": {"hc_streams": 4, "residual": "delta", "hc_chart": "rtbp"},
-    "ddl-mhc n=4 delta rtbp reference": {
-        "hc_streams": 4,
-        "residual": "delta",
-        "hc_chart": "rtbp",
-        "hc_implementation": "reference",
-    },
-}
-SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp", PEER)
-# On CUDA the fused path runs the Triton kernels; the reference row is the same model in plain PyTorch.
-GPU_SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=4 delta rtbp", "ddl-mhc n=4 delta rtbp reference", PEER)
-EQUAL_TIME_VARIANTS = (LLAMA, "llama param-matched", "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp")
 # Targets for the n = 4 delta model (default chart): training throughput relative to Llama of the same shape.
 TARGETS = {
     "train eager, width 128": 0.7,
@@ -76,65 +65,12 @@ TARGETS = {
 }
 
 
-def shape_for(width: int, layers: int) -> dict:
-    """SMALL_CPU_SHAPE's proportions (SwiGLU width 2.6875 x hidden, 4 heads) at another width / depth."""
-    return dict(
-        SMALL_CPU_SHAPE, hidden_size=width, intermediate_size=int(2.6875 * width), num_hidden_layers=layers
-    )
-
-
-def build_model(name: str, tokenizer, max_positions: int, shape: dict, intermediate_size: int | None = None):
-    fields = dict(
-        shape,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=max_positions,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    if intermediate_size is not None:
-        fields["intermediate_size"] = intermediate_size
-    if name == PEER:
-        from peer_mhc import build_peer_mhc_llama
-
-        return build_peer_mhc_llama(LlamaConfig(**fields), num_streams=4)
-    if VARIANTS.get(name) is None:
-        return LlamaForCausalLM(LlamaConfig(**fields))
-    return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**fields, **VARIANTS[name]))
-
-
 def parameter_matched_intermediate(tokenizer, max_positions: int, shape: dict, target: int) -> int:
     """The Llama `intermediate_size` whose parameter count is closest to `target` (it is linear in it)."""
     sizes = [shape["intermediate_size"], shape["intermediate_size"] + 64]
     counts = [build_model(LLAMA, tokenizer, max_positions, shape, size).num_parameters() for size in sizes]
     per_unit = (counts[1] - counts[0]) / (sizes[1] - sizes[0])
     return max(1, round(sizes[0] + (target - counts[0]) / per_unit))
-
-
-def training_memory_bytes(model, batch: torch.Tensor, device: torch.device) -> int:
-    """Peak training memory of one step (see the module docstring)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        model(input_ids=batch, labels=batch).loss.backward()
-        model.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated(device)
-    saved = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = model(input_ids=batch, labels=batch).loss
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    parameter_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    activations = sum(nbytes for ptr, nbytes in saved.items() if ptr not in parameter_ptrs)
-    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
-    return 4 * parameters + activations
 
 
 @torch.no_grad()
@@ -164,38 +100,10 @@ def generation_seconds(model, tokenizer, new_tokens: int, device, static: bool, 
     return time.perf_counter() - start
 
 
-def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int) -> dict:
-    """Round robin until every model has done its `steps[name]`: each model's step times and losses."""
-    seconds = {name: [] for name in models}
-    losses = {name: [] for name in models}
-    for step in range(max(steps.values())):
-        for name in models:
-            if step < steps[name]:
-                loss, wall = trainers[name]()
-                seconds[name].append(wall)
-                losses[name].append(loss)
-        if (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{max(steps.values())}", flush=True)
-    return {"seconds": seconds, "losses": losses}
-
-
-def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) -> dict:
-    """Median step seconds of fresh copies of `models` trained round robin for `steps` steps of `args`'s
-    recipe (the first two, warm-up of the allocator and caches, left out)."""
-    timing_args = copy.copy(args)
-    timing_args.steps = steps
-    trainers = {
-        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
-        for name, model in models.items()
-    }
-    run = train_round_robin(models, trainers, dict.fromkeys(models, steps), 10**9)
-    return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
-
-
 def measure(
     names, tokenizer, train_ids, val_ids, args, device, shape: dict, decode: bool = True
 ) -> list[dict]:
-    """Train `names` round robin for args.steps at `shape`, then decode round robin; one row per model."""
+    """Train `names` round robin for args.max_steps at `shape`, then decode round robin; one row per model."""
     generator = torch.Generator().manual_seed(0)
     probe = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
     max_positions = max(args.block_size, args.gen_tokens + 1)  # RoPE: no weights depend on it
@@ -205,7 +113,8 @@ def measure(
         models[name] = build_model(name, tokenizer, max_positions, shape).to(device)
         memory[name] = training_memory_bytes(models[name], probe, device)
         trainers[name] = make_trainer(models[name], train_ids, args, device)
-    run = train_round_robin(models, trainers, dict.fromkeys(names, args.steps), max(1, args.steps // 5))
+    steps = dict.fromkeys(names, args.max_steps)
+    run = train_round_robin(models, trainers, steps, max(1, args.max_steps // 5))
     generation = {name: [] for name in names}
     for model in models.values():
         model.eval()
@@ -270,8 +179,8 @@ def results_table(rows: list[dict]) -> str:
 
 
 def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
-    """Every model trains for the wall-clock time of Llama's `args.steps` steps. Each model's step count (and
-    so its cosine schedule) comes from its step time relative to Llama's in an interleaved calibration of
+    """Every model trains for the wall-clock time of Llama's `args.max_steps` steps. Each model's step count
+    (and so its cosine schedule) comes from its step time relative to Llama's in an interleaved calibration of
     `args.calibration_steps`; all models then train round robin. Llama is also run parameter-matched
     (`intermediate_size` raised until its parameters match the n=4 delta model's within 2 %)."""
     shape = dict(SMALL_CPU_SHAPE)
@@ -289,14 +198,14 @@ def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
             torch.manual_seed(seed)
             models[name] = build_model(base, tokenizer, max_positions, shape, intermediate).to(device)
         step_time = interleaved_step_seconds(models, train_ids, seed_args, device, args.calibration_steps)
-        steps = {name: max(1, round(args.steps * step_time[LLAMA] / step_time[name])) for name in models}
+        steps = {name: max(1, round(args.max_steps * step_time[LLAMA] / step_time[name])) for name in models}
         trainers = {}
         for name, model in models.items():
             model_args = copy.copy(seed_args)
-            model_args.steps = steps[name]
-            model_args.warmup_steps = round(args.warmup_steps * steps[name] / args.steps)
+            model_args.max_steps = steps[name]
+            model_args.warmup_steps = round(args.warmup_steps * steps[name] / args.max_steps)
             trainers[name] = make_trainer(model, train_ids, model_args, device)
-        run = train_round_robin(models, trainers, steps, max(1, args.steps // 4))
+        run = train_round_robin(models, trainers, steps, max(1, args.max_steps // 4))
         results = {}
         for name, model in models.items():
             loss = estimate_loss(
@@ -389,7 +298,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_training_arguments(parser, steps=2000)
+    add_training_arguments(parser, max_steps=2000)
     parser.add_argument("--gen_tokens", type=int, default=200)
     parser.add_argument("--gen_reps", type=int, default=3)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
@@ -405,10 +314,10 @@ def main() -> None:
     parser.add_argument(
         "--merge", nargs="*", default=None, help="--equal_time: combine the JSON of seed runs"
     )
-    parser.add_argument("--output", default=None)
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "benchmarks"),
+                        help="folder of the report (benchmarks: the committed reports)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     device = torch.device(args.device)
     if args.compile:  # every model (train, eval and decode graphs) shares the forward's code object
         torch._dynamo.config.recompile_limit = 64
@@ -416,18 +325,11 @@ def main() -> None:
     suffix = f"_{mode}" if mode else ""
     suffix += "_compiled" if args.compile and mode != "equal_time" else ""
     suffix += f"_{device.type}" if device.type != "cpu" else ""
-    output = Path(args.output or REPO_ROOT / "benchmarks" / f"causal_lm{suffix}.json")
+    output = Path(args.output_dir) / f"causal_lm{suffix}.json"
 
     report = {
-        "command": "python scripts/bench_causal_lm.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
-        "settings": {key: value for key, value in vars(args).items() if key != "output"},
-        "machine": {
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        },
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "targets": TARGETS,
     }
     if args.profile:
@@ -459,13 +361,12 @@ def main() -> None:
             report["results"] = rows
             report["markdown"] = results_table(rows)
             print(
-                f"\n{args.steps} steps, batch {args.batch_size} x block {args.block_size}, device {device}, "
+                f"\n{args.max_steps} steps, batch {args.batch_size} x block {args.block_size}, "
+                f"device {device}, "
                 f"{'compiled (train) + static cache compiled (decode)' if args.compile else 'eager'}"
             )
             print(report["markdown"])
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"wrote {output}")
+    write_results(output, "bench_causal_lm.py", None, vars(args), report)
 
 
 if __name__ == "__main__":

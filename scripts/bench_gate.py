@@ -1,7 +1,7 @@
 """Benchmark the INCRT gate (docs/experiments.md, 'bench_gate.py'): training-step overhead of gate checks,
 tracker vs eigh.
 
-Part 1, in one process: a small DDCL-INCRT classifier trains (forward + backward + AdamW) for --steps steps
+Part 1, in one process: a small DDCL-INCRT classifier trains (forward + backward + AdamW) --max_steps steps
 with `model.gate_check(batch)` every k steps, and without checks; repetitions are interleaved (round robin)
 so a noisy, shared CPU slows every variant alike. Reported per k: the run-time overhead (median run time
 against the median run without checks; needs a quiet machine), the time spent in checks over the time
@@ -12,15 +12,15 @@ expected overhead t_check / (k * t_step) from the median per-check and per-step 
 Part 2: one gate check's spectral work on A_res (hidden d x d; 2 or 8 random heads) with the trackers
 (Oja + MCA EXIN with their spectral bound; cold start from a seeded vector, and warm start from a slightly
 perturbed converged vector, as between checks) against the exact `eigh` reference. Prints markdown tables
-and writes benchmarks/gate.json.
+and writes gate.json to `--output_dir` (default outputs/benchmarks; `--output_dir benchmarks` replaces the
+committed report).
 
     python scripts/bench_gate.py                 # intervals 10 25 100, hidden 128..1024
-    python scripts/bench_gate.py --steps 100 --reps 3 --threads 1
+    python scripts/bench_gate.py --max_steps 100 --reps 3
 """
 
 import argparse
 import itertools
-import json
 import platform
 import statistics
 import time
@@ -40,6 +40,9 @@ from geoformers.modeling.incrt import (
     spectral_radius_bound,
     track_eigenvector,
 )
+
+from harness.results import write_results
+from harness.threads import add_threads_argument, set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_OVERHEAD = 0.05
@@ -190,18 +193,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--intervals", type=int, nargs="+", default=[10, 25, 100])
-    parser.add_argument("--steps", type=int, default=100, help="training steps per run")
+    parser.add_argument("--max_steps", type=int, default=100, help="training steps per run")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 1024])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "benchmarks" / "gate.json")
+    add_threads_argument(parser)
+    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "outputs" / "benchmarks",
+                        help="folder of the report (benchmarks: the committed reports)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
-    training = bench_training(args.intervals, args.steps, args.reps, args.batch, args.length)
-    print(f"\nTraining step (fwd + bwd + AdamW), {args.steps} steps per run, median of {args.reps} runs: "
+    training = bench_training(args.intervals, args.max_steps, args.reps, args.batch, args.length)
+    print(f"\nTraining step (fwd + bwd + AdamW), {args.max_steps} steps per run, median of {args.reps} runs: "
           f"{1e3 * training['seconds_per_step']:.1f} ms/step, "
           f"{1e3 * training['seconds_per_check']:.1f} ms/check\n")
     print("| check every k | s per run | s per run, no checks | run-time overhead | check time / step time "
@@ -228,16 +232,13 @@ def main() -> None:
     default_interval = training["default_check_every"]
     default_row = next((r for r in training["intervals"] if r["check_every"] == default_interval), None)
     result = {
-        "benchmark": "bench_gate", "torch": torch.__version__, "threads": args.threads,
-        "platform": platform.platform(), "processor": platform.processor(),
+        "benchmark": "bench_gate", "platform": platform.platform(), "processor": platform.processor(),
         "target_overhead_at_default_interval": TARGET_OVERHEAD,
         "meets_target": None if default_row is None else
         max(default_row["in_run_check_share"], default_row["expected_overhead"]) <= TARGET_OVERHEAD,
         "training": training, "spectral": spectral,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.output}")
+    write_results(args.output_dir / "gate.json", "bench_gate.py", None, vars(args), result)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,13 @@
 """Benchmark `save_pretrained` (docs/reliability.md, 'Cost of a save'): a DDL-mHC causal LM upcycled from a
 random Llama of SmolLM2-135M's shape (float32) against transformers' own `LlamaForCausalLM.save_pretrained`
 of that Llama, in one process, interleaved (Llama, DDL-mHC, Llama, ...), each save into a fresh folder.
-Prints the median seconds of each and their ratio, and writes them as JSON to --output_json.
+Prints the median seconds of each and their ratio, and writes them to `--output_dir`/bench_save.json.
 
-    python scripts/bench_save.py                       # 3 repetitions, outputs/bench_save.json
-    python scripts/bench_save.py --reps 5 --hc_streams 4 --output_json outputs/save.json
+    python scripts/bench_save.py                       # 3 repetitions, outputs/benchmarks/bench_save.json
+    python scripts/bench_save.py --reps 5 --hc_streams 4 --output_dir outputs/save
 """
 
 import argparse
-import json
-import platform
 import shutil
 import statistics
 import tempfile
@@ -17,11 +15,13 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging
 
 from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+
+from harness.results import REPO_ROOT, write_results
+from harness.threads import add_threads_argument, set_threads
 
 # SmolLM2-135M's decoder shape (about 135 M parameters with tied embeddings).
 SMOLLM2_135M = {
@@ -50,8 +50,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each save (median reported)")
     parser.add_argument("--hc_streams", type=int, default=4, help="streams of the upcycled DDL-mHC")
     parser.add_argument("--work_dir", type=Path, default=None, help="folder of the saves (default: temp)")
-    parser.add_argument("--output_json", type=Path, default=Path("outputs/bench_save.json"))
+    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "outputs" / "benchmarks")
+    add_threads_argument(parser)
     args = parser.parse_args()
+    set_threads(args.threads)
     if args.reps < 1:
         parser.error("--reps must be >= 1")
     logging.disable_progress_bar()
@@ -72,13 +74,7 @@ def main() -> None:
         "seconds": seconds,
         "median_seconds": medians,
         "ratio": medians["ddl_mhc"] / medians["llama"],
-        "settings": {"reps": args.reps, "hc_streams": args.hc_streams, "dtype": "float32", **SMOLLM2_135M},
-        "environment": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "machine": platform.machine(),
-        },
+        "shape": {"dtype": "float32", **SMOLLM2_135M},
     }
     print(
         f"LlamaForCausalLM.save_pretrained ({result['parameters']['llama']:,} parameters): "
@@ -89,8 +85,7 @@ def main() -> None:
         f"median {medians['ddl_mhc']:.3f} s"
     )
     print(f"ratio DDL-mHC / Llama: {result['ratio']:.2f}")
-    args.output_json.parent.mkdir(parents=True, exist_ok=True)
-    args.output_json.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.output_dir / "bench_save.json", "bench_save.py", None, vars(args), result)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,16 @@ calls, k-mer tokens. Reported: validation accuracy (the paper reports 99.47 % wi
 `spectrum_head_count_law` from the exact spectrum when growth starts), parameters, and a k-mer
 count + logistic regression baseline on the same rows.
 
-Writes results/cov2/cov2.json and cov2.png, and growth_history.{json,png}.
+Writes `<output_dir>`/cov2.json and cov2.png, and growth_history.{json,png} (default outputs/cov2;
+results/cov2 is the committed run).
 
     python scripts/exp_cov2.py
     python scripts/exp_cov2.py --num_train_per_lineage 8 --num_validation_per_lineage 4 --genome_length 300 \\
-        --max_steps 12 --pre_growth_steps 4 --output_dir /tmp/cov2
+        --max_steps 12 --pre_growth_steps 4 --output_dir outputs/cov2
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -27,64 +27,27 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from sklearn.feature_extraction.text import CountVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
-from geoformers.tokenization.kmer_tokenizer import build_kmer_tokenizer  # noqa: E402
-from geoformers.training.synthetic_tasks import LINEAGES, build_cov2_variant_task  # noqa: E402
+from geoformers.training.synthetic_tasks import LINEAGES  # noqa: E402
 
 from harness.analysis import head_count_law, spectrum_head_count_law, stop_summary, theta_at_growth_start  # noqa: E402
-from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.cov2 import build_task, parse_args  # noqa: E402
+from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import (  # noqa: E402
-    REPO_ROOT,
-    command_line,
-    environment,
     events_table,
     markdown_table,
     parameter_count,
-    write_json,
+    write_results,
 )
+from harness.threads import set_threads  # noqa: E402
 
 PAPER_ACCURACY = 0.9947  # DDCL-INCRT, one layer (reported by the DDCL-INCRT papers)
 PAPER_BERT_BASE_ACCURACY = 0.9912
 PAPER_HEAD_RATIO = 1.00  # predicted / observed heads
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    task = parser.add_argument_group("task (build_cov2_variant_task)")
-    task.add_argument("--num_train_per_lineage", type=int, default=200)
-    task.add_argument("--num_validation_per_lineage", type=int, default=50)
-    task.add_argument("--genome_length", type=int, default=3000)
-    task.add_argument("--private_mutations", type=int, default=6)
-    task.add_argument("--background_rate", type=float, default=1e-3)
-    task.add_argument("--error_rate", type=float, default=2e-3)
-    task.add_argument("--n_rate", type=float, default=5e-3)
-    task.add_argument("--fragment_length", type=int, default=None, help="random windows of this many bases")
-    task.add_argument("--kmer_size", type=int, default=6)
-    task.add_argument("--kmer_stride", type=int, default=None, help="default kmer_size (non-overlapping)")
-    task.add_argument("--data_seed", type=int, default=0)
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "cov2"))
-    add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=300, pre_growth_steps=100, eval_steps=100, probe_every=50)
-    args = parser.parse_args(argv)
-    check_experiment_arguments(parser, args)
-    return args
-
-
-def build_task(args: argparse.Namespace):
-    """The flags' task (k-mer ids, no raw sequences) -> (task, k-mer vocabulary size, tokens per row)."""
-    task = build_cov2_variant_task(
-        num_train_per_lineage=args.num_train_per_lineage,
-        num_validation_per_lineage=args.num_validation_per_lineage, genome_length=args.genome_length,
-        private_mutations=args.private_mutations, background_rate=args.background_rate,
-        error_rate=args.error_rate, n_rate=args.n_rate, fragment_length=args.fragment_length,
-        kmer_size=args.kmer_size, kmer_stride=args.kmer_stride, seed=args.data_seed,
-    ).remove_columns("sequence")
-    return task, len(build_kmer_tokenizer(args.kmer_size)), len(task["train"][0]["input_ids"])
 
 
 def kmer_count_baseline(train, validation) -> dict:
@@ -134,8 +97,8 @@ def plot(result: dict, history: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
+    set_threads(args.threads)
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
     task, vocab_size, sequence_length = build_task(args)
@@ -158,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     history = run.history
     thetas = theta_at_growth_start(history, model)
     result = {
-        "experiment": "cov2", "command": command_line("exp_cov2.py", argv),
+        "experiment": "cov2",
         "task": {"lineages": list(LINEAGES), "train": len(task["train"]),
                  "validation": len(task["validation"]), "sequence_length": sequence_length,
                  "vocab_size": vocab_size},
@@ -177,10 +140,10 @@ def main(argv: list[str] | None = None) -> dict:
         "reference": {"paper_accuracy": PAPER_ACCURACY, "paper_bert_base_accuracy": PAPER_BERT_BASE_ACCURACY,
                       "paper_predicted_over_observed_heads": PAPER_HEAD_RATIO},
         "train_time_s": run.train_time_s, "wall_time_s": time.perf_counter() - started,
-        "args": vars(args), "environment": environment(),
     }
-    write_json(output_dir / "cov2.json", result)
+    result = write_results(output_dir / "cov2.json", "exp_cov2.py", argv, vars(args), result)
     plot(result, history, output_dir / "cov2.png")
+    print(f"wrote {output_dir / 'cov2.png'}")
     print_summary(result, history)
     return result
 

@@ -23,7 +23,7 @@ marked) at the end of a task. A run already in the file with the same kind, head
 
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 sst2
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 --seeds 0 --static_heads 1 2 \\
-        --output_dir /tmp/gvs --task_flags planted="--max_steps 60 --pre_growth_steps 20" \\
+        --output_dir outputs/gvs --task_flags planted="--max_steps 60 --pre_growth_steps 20" \\
         cov2="--genome_length 300 --max_steps 40"
 """
 
@@ -33,7 +33,6 @@ import argparse
 import copy
 import shlex
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,31 +40,24 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-
-import exp_cov2  # noqa: E402
-import exp_sst2  # noqa: E402
-import exp_synthetic  # noqa: E402
 import torch  # noqa: E402
 from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
-from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  # noqa: E402
+from geoformers.training.synthetic_tasks import LINEAGES, build_spectral_task, task_spec  # noqa: E402
 
+from harness import cov2, sst2, synthetic  # noqa: E402
 from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import (  # noqa: E402
     REPO_ROOT,
-    command_line,
-    environment,
     markdown_table,
     mean_std,
     parameter_count,
     saved_runs,
-    write_json,
+    write_results,
 )
+from harness.threads import set_threads  # noqa: E402
 
 TASK_NAMES = ("planted", "cov2", "sst2")
 
@@ -87,34 +79,34 @@ def prepare(task: str, extra: list[str]):
     """train(seed, heads, grow, max_heads, folder) -> Trained: the task's recipe (its script's parser and
     defaults, then `extra`) on data built once."""
     if task == "sst2":
-        args = exp_sst2.parse_args(["--batch_size", "32", "--threads", "1", *extra])
-        torch.set_num_threads(args.threads)
-        _, tokenizer, (train_rows, dev) = exp_sst2.load_data(args)
+        args = sst2.parse_args(["--batch_size", "32", "--threads", "1", *extra])
+        set_threads(args.threads)
+        _, tokenizer, (train_rows, dev) = sst2.load_data(args)
 
         def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
             one = argparse.Namespace(**{**vars(args), "seed": seed, "initial_heads": heads,
                                         "max_heads": max_heads, "no_growth": not grow,
                                         "output_dir": str(folder)})
             set_seed(seed)
-            model = exp_sst2.build_model(one, tokenizer)
+            model = sst2.build_model(one, tokenizer)
             initial = parameter_count(model)
-            run = exp_sst2.train(model, one, train_rows, dev, DataCollatorWithPadding(tokenizer), folder)
+            run = sst2.train(model, one, train_rows, dev, DataCollatorWithPadding(tokenizer), folder)
             return Trained(model, initial, run["final"]["eval_accuracy"], run["steps"], run["history"],
                            run["train_time_s"])
 
         return train
     if task == "planted":
-        args = exp_synthetic.parse_args(["--no-ablation", *extra])
+        args = synthetic.parse_args(["--no-ablation", *extra])
         data = build_spectral_task(args.strengths, num_train=args.num_train,
                                    num_validation=args.num_validation, seed=args.data_seed)
         shape = {"vocab_size": task_spec(data)["vocab_size"],
                  "max_position_embeddings": task_spec(data)["seq_len"], "num_labels": 2}
     else:
-        args = exp_cov2.parse_args(extra)
-        data, vocab_size, sequence_length = exp_cov2.build_task(args)
+        args = cov2.parse_args(extra)
+        data, vocab_size, sequence_length = cov2.build_task(args)
         shape = {"vocab_size": vocab_size, "max_position_embeddings": sequence_length,
-                 "num_labels": len(exp_cov2.LINEAGES)}
-    torch.set_num_threads(args.threads)
+                 "num_labels": len(LINEAGES)}
+    set_threads(args.threads)
 
     def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
         one = copy.copy(args)
@@ -242,7 +234,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tolerance", type=float, default=0.005, help="accuracy gap allowed (0.005: 0.5 pt)")
     parser.add_argument("--task_flags", nargs="+", default=[], metavar='TASK="FLAGS"',
                         help="flags passed on to one task's recipe, e.g. cov2=\"--genome_length 600\"")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "grown_vs_swept"))
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "grown_vs_swept"),
+                        help="results/grown_vs_swept: the committed run")
     parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "grown_vs_swept"))
     args = parser.parse_args(argv)
     if min(args.static_heads) < 1 or args.max_heads < 2:
@@ -277,11 +270,12 @@ def main(argv: list[str] | None = None) -> dict:
                 folder = Path(args.runs_dir) / task / kind / f"seed{planned['seed']}"
                 done[key] = run_one(train, planned, folder)
             runs.append(done[key])
-            result = {"experiment": "grown_vs_swept", "task": task,
-                      "command": command_line("exp_grown_vs_swept.py", argv),
-                      "summary": summarise(runs, args.tolerance), "runs": runs, "environment": environment()}
-            write_json(path, result)  # after every run: an interrupted sweep keeps its runs, resumes there
+            # after every run: an interrupted sweep keeps its runs, resumes there
+            result = write_results(path, "exp_grown_vs_swept.py", argv, vars(args),
+                                   {"experiment": "grown_vs_swept", "task": task,
+                                    "summary": summarise(runs, args.tolerance), "runs": runs})
         plot(task, runs, result["summary"], output / f"{task}.png")
+        print(f"wrote {output / f'{task}.png'}")
         print_summary(task, result["summary"])
         results[task] = result
     return results

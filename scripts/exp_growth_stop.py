@@ -1,7 +1,7 @@
 """Stop fraction of the INCRT growth rules (docs/growth_gate.md, "Measured stop fractions").
 
-Runs the growth recipes of `exp_synthetic.py` (planted task), `exp_cov2.py` (synthetic CoV-2) and
-`exp_sst2.py` (SST-2 from scratch) unchanged, once per seed and growth rule, with `--max_heads` raised so
+Runs the scripts `exp_synthetic.py` (planted task), `exp_cov2.py` (synthetic CoV-2) and `exp_sst2.py` (SST-2
+from scratch) unchanged, each in its own process, once per seed and growth rule, with `--max_heads` raised so
 the cap is not what ends growth, and reports per rule the fraction of layer-runs whose growth ended with a
 "stop" verdict (lambda_max <= theta_w, or lambda_min >= phi_w under the bidirectional rule), against "full"
 (the cap) or none (still growing or dwelling when training ended). For every layer-run that did not stop,
@@ -29,34 +29,26 @@ invocation does not ask for are dropped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+from transformers import HfArgumentParser, Trainer, TrainingArguments
+
+from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
+from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback
+from geoformers.training.optim import make_optimizer
+from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
+
+from harness.results import REPO_ROOT, markdown_table, saved_runs, write_results
+from harness.threads import DEFAULT_THREADS, set_threads
+
 SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-
-import exp_cov2  # noqa: E402
-import exp_sst2  # noqa: E402
-import exp_synthetic  # noqa: E402
-import torch  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
-
-from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig  # noqa: E402
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
-from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback  # noqa: E402
-from geoformers.training.optim import make_optimizer  # noqa: E402
-from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  # noqa: E402
-
-from harness.results import (  # noqa: E402
-    REPO_ROOT,
-    command_line,
-    environment,
-    markdown_table,
-    saved_runs,
-    write_json,
-)
 
 RULES = {
     "relative": ["--gate_threshold", "relative", "--gate_rule", "max_only"],
@@ -66,46 +58,45 @@ RULES = {
 }
 
 
+@dataclasses.dataclass
+class TrainerDefaultsArguments:
+    """`trainer_defaults`' own flags; the training flags are `TrainingArguments`' (HfArgumentParser)."""
+
+    gate_threshold: str = dataclasses.field(metadata={"choices": GATE_THRESHOLDS})
+    gate_rule: str = dataclasses.field(metadata={"choices": GATE_RULES})
+    max_heads: int = 16
+    check_every: int = dataclasses.field(default=100, metadata={"help": "optimizer steps between checks"})
+    threads: int = dataclasses.field(default=DEFAULT_THREADS, metadata={"help": "torch CPU threads"})
+
+
 def trainer_defaults(argv: list[str]) -> None:
     """The stock Trainer and `IncrtGrowthCallback` with the library's defaults on the planted task: only the
     shape, `max_heads` and the rule's two gate fields are set; growth_history.json lands in --output_dir."""
-    parser = argparse.ArgumentParser(prog="trainer_defaults")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, required=True)
-    parser.add_argument("--gate_rule", choices=GATE_RULES, required=True)
-    parser.add_argument("--max_heads", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--max_steps", type=int, default=1000)
-    parser.add_argument("--check_every", type=int, default=100)
-    parser.add_argument("--learning_rate", type=float, default=3e-3)
-    parser.add_argument("--batch_size", type=int, default=32)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    parser = HfArgumentParser((TrainerDefaultsArguments, TrainingArguments), prog="trainer_defaults")
+    parser.set_defaults(seed=0, max_steps=1000, learning_rate=3e-3, per_device_train_batch_size=32,
+                        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    options, training = parser.parse_args_into_dataclasses(argv)
+    training = dataclasses.replace(training, logging_steps=training.max_steps)
+    set_threads(options.threads)
     task = build_spectral_task(num_train=4000, num_validation=64, seed=0)
     spec = task_spec(task)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(training.seed)
     model = DDCLIncrtForSequenceClassification(DDCLIncrtConfig(
-        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=args.max_heads,
+        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=options.max_heads,
         max_position_embeddings=spec["seq_len"], num_labels=2, type_vocab_size=0,
-        gate_threshold=args.gate_threshold, gate_rule=args.gate_rule))
-    training = TrainingArguments(
-        output_dir=args.output_dir, max_steps=args.max_steps, seed=args.seed,
-        learning_rate=args.learning_rate,
-        per_device_train_batch_size=args.batch_size, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, logging_steps=args.max_steps,
-    )
+        gate_threshold=options.gate_threshold, gate_rule=options.gate_rule))
     Trainer(model=model, args=training, train_dataset=task["train"],
             optimizers=(make_optimizer(model, training, prototype_lr_multiplier=10.0), None),
-            callbacks=[IncrtGrowthCallback(check_every=args.check_every, save_plot=False)]).train()
+            callbacks=[IncrtGrowthCallback(check_every=options.check_every, save_plot=False)]).train()
 
 
-# Each task's script, its per-seed flags and where it leaves the growth history of a run in its output folder.
+# Each task's script (None: `trainer_defaults` in this process), its per-seed flags and where it leaves the
+# growth history of a run in its output folder.
 TASKS = {
-    "planted": (exp_synthetic.main, lambda seed: ["--seeds", str(seed), "--no-ablation"], "seed{seed}"),
-    "cov2": (exp_cov2.main, lambda seed: ["--seed", str(seed)], ""),
-    "sst2": (exp_sst2.main, lambda seed: ["--seed", str(seed), "--batch_size", "32"], ""),
-    "trainer": (trainer_defaults, lambda seed: ["--seed", str(seed)], ""),
+    "planted": ("exp_synthetic.py", lambda seed: ["--seeds", str(seed), "--no-ablation"], "seed{seed}"),
+    "cov2": ("exp_cov2.py", lambda seed: ["--seed", str(seed)], ""),
+    "sst2": ("exp_sst2.py", lambda seed: ["--seed", str(seed), "--batch_size", "32"], ""),
+    "trainer": (None, lambda seed: ["--seed", str(seed)], ""),
 }
 
 
@@ -121,7 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trajectory_points", type=int, default=40)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="flags passed on to every task script (e.g. a smaller scale)")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "growth_stop"))
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "growth_stop"),
+                        help="results/growth_stop: the committed run")
     parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "growth_stop"))
     args = parser.parse_args(argv)
     if args.max_heads < 2 or args.trajectory_points < 2:
@@ -156,16 +148,18 @@ def layer_endings(history: dict, points: int) -> list[dict]:
 
 
 def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
-    main, seed_flags, history_folder = TASKS[task]
+    script, seed_flags, history_folder = TASKS[task]
     folder = Path(args.runs_dir) / task / rule / f"seed{seed}"
     argv = [*seed_flags(seed), *RULES[rule], "--max_heads", str(args.caps[rule]), "--threads", "1",
             "--output_dir", str(folder), *args.extra]
     started = time.perf_counter()
-    main(argv)
+    if script is None:
+        trainer_defaults(argv)
+    else:
+        subprocess.run([sys.executable, str(SCRIPTS / script), "--no-progress", *argv], check=True)
     history = json.loads((folder / history_folder.format(seed=seed) / HISTORY_FILE).read_text())
     # the recipe script's command line, or the arguments of `trainer_defaults` in this script
-    program = main.__name__ if task == "trainer" else f"python scripts/{main.__module__}.py"
-    command = " ".join([program, *argv])
+    command = " ".join(["trainer_defaults" if script is None else f"python scripts/{script}", *argv])
     return {"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule], "extra": args.extra,
             "command": command, "layers": layer_endings(history, args.trajectory_points),
             "wall_time_s": time.perf_counter() - started}
@@ -209,9 +203,9 @@ def main(argv: list[str] | None = None) -> dict:
                 key = run_key({"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule],
                                "extra": args.extra})
                 runs.append(done[key] if key in done else run(task, rule, seed, args))
-                result = {"experiment": "growth_stop", "command": command_line("exp_growth_stop.py", argv),
-                          "summary": summarise(runs), "runs": runs, "environment": environment()}
-                write_json(path, result)  # after every run: a partial sweep still leaves its numbers
+                # after every run: a partial sweep still leaves its numbers
+                content = {"experiment": "growth_stop", "summary": summarise(runs), "runs": runs}
+                result = write_results(path, "exp_growth_stop.py", argv, vars(args), content)
     columns = ("task", "rule", "max_heads", "layer_runs", "stop", "full", "neither", "stop_fraction",
                "cap_at_least_twice_final", "heads")
     print(markdown_table(["task", "rule", "cap", "layer-runs", "stop", "full (cap)", "neither",

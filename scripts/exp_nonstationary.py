@@ -15,7 +15,7 @@ checks is removed).
 Every `--probe_every` steps a probe on held-out rows of the current step (a second stream, other seed)
 records accuracy and each head's directional energy ||C M_a^h||_F, the prune criterion. Reported: events
 around the switch, whether heads were pruned or grown after it, energies before and after, accuracy on both
-phases at the end. Writes results/nonstationary/nonstationary.json and nonstationary.png, and
+phases at the end. Writes `<output_dir>`/nonstationary.json and nonstationary.png, and
 growth_history.{json,png}.
 
 Growth windows re-arm the gate, so heads are also grown (and pruned) in windows where nothing changed: one run
@@ -30,7 +30,7 @@ counted per `--window_steps` bin.
     python scripts/exp_nonstationary.py
     python scripts/exp_nonstationary.py --seeds 0 1 2 --output_dir results/nonstationary_seeds
     python scripts/exp_nonstationary.py --max_steps 40 --switch_step 20 --pre_growth_steps 10 \\
-        --window_steps 10 --output_dir /tmp/nonstationary
+        --window_steps 10 --output_dir outputs/nonstationary
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
 
 from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
 from harness.probes import PrototypeProbe, evaluate_accuracy, head_energies, rows_as_batch  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
-from harness.results import REPO_ROOT, command_line, environment, events_table, markdown_table, write_json  # noqa: E402
+from harness.results import REPO_ROOT, events_table, markdown_table, write_results  # noqa: E402
+from harness.threads import set_threads  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     experiment.add_argument("--continuous", action="store_true",
                             help="one regrowing callback, gate batches from the last --window_steps steps")
     experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
-    experiment.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "nonstationary"))
+    experiment.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "nonstationary"),
+                            help="results/nonstationary: the committed run")
     experiment.add_argument("--seeds", type=int, nargs="+", default=None,
                             help="run these seeds, each with the switch and --stationary, and summarise")
     add_experiment_arguments(parser)
@@ -163,7 +164,7 @@ def plot(result: dict, history: dict, path: Path) -> None:
         energy_axis.plot(steps, [r["head_energy"][0][head] if len(r["head_energy"][0]) > head else np.nan
                                  for r in records], label=f"head {head}")
     checks = history["checks"]
-    energy_axis.plot([c["step"] for c in checks], [result["args"]["gate_prune_factor"] * c["theta_w"][0]
+    energy_axis.plot([c["step"] for c in checks], [result["settings"]["gate_prune_factor"] * c["theta_w"][0]
                                                    for c in checks],
                      color="black", linestyle="--", linewidth=0.8, label="phi_g (layer 0)")
     energy_axis.set(yscale="log", ylabel="||C M_a^h||_F (layer 0)", title="directional energy per head index")
@@ -184,7 +185,7 @@ def plot(result: dict, history: dict, path: Path) -> None:
         axis.axvline(switch, color="tab:red", linestyle=":", linewidth=1)
         for boundary in result["window_boundaries"]:
             axis.axvline(boundary, color="grey", linewidth=0.4)
-    bins = "event bins" if result["args"]["continuous"] else "growth windows"
+    bins = "event bins" if result["settings"]["continuous"] else "growth windows"
     figure.suptitle(f"non-stationary stream (red: switch, grey: {bins})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -193,7 +194,7 @@ def plot(result: dict, history: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if args.seeds is None:
         return run(args, argv)
     return run_seeds(args, argv)
@@ -221,10 +222,10 @@ def run_seeds(args: argparse.Namespace, argv: list[str] | None) -> dict:
     totals = {stream: {key: sum(r[key] for r in runs if r["stream"] == stream)
                        for key in ("grow_before", "grow_after", "prune_before", "prune_after")}
               for stream in ("switch", "stationary")}
-    summary = {"experiment": "nonstationary_seeds", "command": command_line("exp_nonstationary.py", argv),
-               "switch_step": args.switch_step, "seeds": args.seeds, "runs": runs, "totals": totals,
-               "args": vars(args), "environment": environment()}
-    write_json(Path(args.output_dir) / "summary.json", summary)
+    summary = {"experiment": "nonstationary_seeds", "switch_step": args.switch_step, "seeds": args.seeds,
+               "runs": runs, "totals": totals}
+    summary = write_results(Path(args.output_dir) / "summary.json", "exp_nonstationary.py", argv, vars(args),
+                            summary)
     print(markdown_table(["seed", "stream", "grow before", "grow after", "prune before", "prune after",
                           "heads before switch", "heads at end"],
                          [[r["seed"], r["stream"], r["grow_before"], r["grow_after"], r["prune_before"],
@@ -266,7 +267,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
                           if (phases == p).any() else None for p in (0, 1)]
     checks = history["checks"]
     result = {
-        "experiment": "nonstationary", "command": command_line("exp_nonstationary.py", argv),
+        "experiment": "nonstationary",
         "stationary": args.stationary, "switch_step": switch, "window_boundaries": boundaries,
         "bayes_accuracy": [phase["bayes_accuracy"] for phase in spec["phases"]],
         "verdicts": {
@@ -287,10 +288,11 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
         "energy_at_switch": probe.at_switch,
         "final_accuracy_per_phase": accuracy_per_phase, "events": events, "probes": probe.records,
         "train_time_s": run.train_time_s, "wall_time_s": time.perf_counter() - started,
-        "args": vars(args), "environment": environment(),
     }
-    write_json(output_dir / "nonstationary.json", result)
+    result = write_results(output_dir / "nonstationary.json", "exp_nonstationary.py", argv, vars(args),
+                           result)
     plot(result, history, output_dir / "nonstationary.png")
+    print(f"wrote {output_dir / 'nonstationary.png'}")
     print_summary(result, history)
     return result
 

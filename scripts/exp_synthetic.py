@@ -17,12 +17,12 @@ spectrum at growth start) and validation accuracy against the Bayes accuracy. An
 run starts growth at step 0 (no pre-growth training, so the gate sees untrained weights) to show why the
 recipe trains first.
 
-Writes results/synthetic/synthetic.json and synthetic.png, and each run's growth_history.{json,png} in
-results/synthetic/<run>/.
+Writes `<output_dir>`/synthetic.json and synthetic.png, and each run's growth_history.{json,png} in
+`<output_dir>`/<run>/ (default outputs/synthetic; results/synthetic is the committed run).
 
     python scripts/exp_synthetic.py
     python scripts/exp_synthetic.py --seeds 0 --max_steps 40 --pre_growth_steps 10 --num_train 256 \\
-        --output_dir /tmp/synthetic
+        --output_dir outputs/synthetic
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
 
-from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec  # noqa: E402
+from geoformers.training.synthetic_tasks import build_spectral_task, task_spec  # noqa: E402
 
 from harness.analysis import (  # noqa: E402
     grow_order,
@@ -48,38 +47,12 @@ from harness.analysis import (  # noqa: E402
     temperature_split,
     theta_at_growth_start,
 )
-from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.flags import build_model  # noqa: E402
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, write_json  # noqa: E402
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    task = parser.add_argument_group("task (build_spectral_task)")
-    task.add_argument("--strengths", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
-    task.add_argument("--num_train", type=int, default=4000)
-    task.add_argument("--num_validation", type=int, default=1000)
-    task.add_argument("--data_seed", type=int, default=0)
-    experiment = parser.add_argument_group("experiment")
-    experiment.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
-                            help="model initialisation / data-order seeds (same data)")
-    experiment.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
-                            help="also run the first seed with growth from step 0")
-    experiment.add_argument("--probe_rows", type=int, default=256, help="validation rows of the probes")
-    experiment.add_argument("--collapse_ratio", type=float, default=0.01,
-                            help="collapsed: final min prototype distance < ratio x the head's first one")
-    experiment.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "synthetic"))
-    add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=2000, eval_steps=500)
-    args = parser.parse_args(argv)
-    check_experiment_arguments(parser, args)
-    if args.probe_rows < 2 or args.probe_rows > args.num_validation:
-        parser.error(f"--probe_rows must lie in [2, --num_validation={args.num_validation}], got "
-                     f"{args.probe_rows}")
-    if not 0 < args.collapse_ratio < 1:
-        parser.error(f"--collapse_ratio must lie in (0, 1), got {args.collapse_ratio}")
-    return args
+from harness.results import markdown_table, write_results  # noqa: E402
+from harness.synthetic import parse_args  # noqa: E402
+from harness.threads import set_threads  # noqa: E402
 
 
 def prototype_separation(records: list[dict], collapse_ratio: float) -> list[dict]:
@@ -156,7 +129,7 @@ def plot(result: dict, path: Path) -> None:
     order_axis.legend(fontsize=7)
     for run in runs + ([ablation] if ablation else []):
         changes = [e for e in run["events"] if e["action"] in ("grow", "prune")]
-        steps = [0] + [e["step"] for e in changes] + [result["args"]["max_steps"]]
+        steps = [0] + [e["step"] for e in changes] + [result["settings"]["max_steps"]]
         heads = [sum(run["probes"][0]["num_heads"])] + [sum(e["num_heads"]) for e in changes]
         style = "--" if run is ablation else "-"
         heads_axis.step(steps, heads + heads[-1:], where="post", linestyle=style, label=run["run"])
@@ -187,8 +160,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
+    set_threads(args.threads)
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         ablation = run_one(args, task, f"seed{args.seeds[0]}_growth_from_step0", args.seeds[0], 0)
     counts = [run["num_heads"] for run in runs]
     result = {
-        "experiment": "synthetic", "command": command_line("exp_synthetic.py", argv),
+        "experiment": "synthetic",
         "task": {"strengths": args.strengths, "relations": len(args.strengths),
                  "bayes_accuracy": task_spec(task)["bayes_accuracy"]},
         "tau_min": args.tau_min, "tau_init": args.tau_init,
@@ -216,11 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
             "collapsed_heads": sum(head["collapsed"] for run in runs for head in run["prototype_separation"]),
             "head_counts": counts, "unique_head_count": all(count == counts[0] for count in counts),
         },
-        "runs": runs, "ablation": ablation, "args": vars(args), "environment": environment(),
-        "wall_time_s": time.perf_counter() - started,
+        "runs": runs, "ablation": ablation, "wall_time_s": time.perf_counter() - started,
     }
-    write_json(output_dir / "synthetic.json", result)
+    result = write_results(output_dir / "synthetic.json", "exp_synthetic.py", argv, vars(args), result)
     plot(result, output_dir / "synthetic.png")
+    print(f"wrote {output_dir / 'synthetic.png'}")
     print_summary(result)
     return result
 

@@ -11,9 +11,9 @@ projections; the defaults are the attention projections and the hyper-connection
     value_proj                       delta value v ({attn,mlp}_connection.delta.*)
     gate_proj up_proj down_proj      MLP (not in the defaults; add them with --target_modules)
 
-Training is `train_causal_lm.py`'s loop (same flags: AdamW, warm-up + cosine, clipping, random windows)
-on the adapter parameters only. The script reports the trainable parameters (count and %) and the
-validation loss before and after on the same fixed windows, saves the adapter (`adapter_config.json`,
+Training is `train_causal_lm.py`'s loop (`harness.causal_lm`; same flags: AdamW, warm-up + cosine,
+clipping, random windows) on the adapter parameters only. It reports the trainable parameters (count and %)
+and the validation loss before and after on the same fixed windows, saves the adapter (`adapter_config.json`,
 `adapter_model.safetensors`) and the tokenizer to `--output_dir`, and with `--merge` also the merged
 model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json`.
 
@@ -23,7 +23,6 @@ model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json
 
 import argparse
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -34,11 +33,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import geoformers
 
-from train_causal_lm import add_training_arguments, estimate_loss, make_trainer  # noqa: E402
-
-import geoformers  # noqa: E402
+from harness.causal_lm import add_training_arguments, estimate_loss, make_trainer
+from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "maps_proj", "value_proj")
@@ -127,8 +125,8 @@ def check_arguments(args: argparse.Namespace, config) -> None:
             f"--block_size must lie in [1, max_position_embeddings={config.max_position_embeddings}] of the "
             f"checkpoint, got {args.block_size}"
         )
-    if args.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    if args.max_steps < 1:
+        raise ValueError(f"--max_steps must be >= 1, got {args.max_steps}")
 
 
 def lora_config_for(model: nn.Module, args: argparse.Namespace) -> LoraConfig:
@@ -177,7 +175,7 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--checkpoint", required=True, help="saved DDL-mHC model + tokenizer folder")
-    add_training_arguments(parser, steps=500)
+    add_training_arguments(parser, max_steps=500)
     parser.set_defaults(data=None, warmup_steps=20, weight_decay=0.0)
     parser.add_argument("--train_fraction", type=float, default=0.9)
     parser.add_argument("--max_unk_fraction", type=float, default=0.01,
@@ -189,8 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.data is None:
         parser.error("--data is required: the UTF-8 text file to adapt the checkpoint to")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
 
@@ -213,17 +210,17 @@ def main() -> None:
 
     history = []
     step = make_trainer(model, train_ids, args, device)
-    progress = tqdm(total=args.steps, desc="lora", unit="step")
-    for index in range(1, args.steps + 1):
+    progress = tqdm(total=args.max_steps, desc="lora", unit="step")
+    for index in range(1, args.max_steps + 1):
         loss, _ = step()
         progress.update(1)
         progress.set_postfix(loss=f"{loss:.4f}")
-        if args.eval_interval and index % args.eval_interval == 0 and index != args.steps:
+        if args.eval_interval and index % args.eval_interval == 0 and index != args.max_steps:
             history.append({"step": index, "val_loss": evaluate(model, val_ids)})
             progress.write(f"step {index}: val {history[-1]['val_loss']:.4f}")
     progress.close()
     val_loss_after = evaluate(model, val_ids)
-    history.append({"step": args.steps, "val_loss": val_loss_after})
+    history.append({"step": args.max_steps, "val_loss": val_loss_after})
     print(f"validation loss: {val_loss_before:.4f} before -> {val_loss_after:.4f} after LoRA")
 
     output_dir = Path(args.output_dir)

@@ -10,7 +10,7 @@ output folder: checkpoint (config.json + model.safetensors, reloads with `from_p
 growth_history.json, growth_history.png and summary.json.
 
     python scripts/grow_demo.py                                  # a few minutes on 2 CPU cores
-    python scripts/grow_demo.py --max_steps 60 --pre_growth_steps 20 --num_train 256 --output_dir /tmp/demo
+    python scripts/grow_demo.py --max_steps 60 --pre_growth_steps 20 --num_train 256 --output_dir outputs/demo
 """
 
 from __future__ import annotations

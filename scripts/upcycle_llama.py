@@ -1,10 +1,10 @@
 """Upcycle a trained Llama into DDL-mHC with n = 4 streams (docs/upcycling.md, "Experiment").
 
 transformers' Llama of `bench_causal_lm.py`'s shape (4 layers, 4 heads, width 128, block 64, batch 12)
-trains `--switch_step` steps on character-level tiny-shakespeare (`train_causal_lm.py`'s loop: AdamW lr 1e-3,
-warm-up and cosine decay over the whole `--steps`). Then the run branches:
+trains `--switch_step` steps on character-level tiny-shakespeare (`harness.causal_lm`: AdamW lr 1e-3,
+warm-up and cosine decay over the whole `--max_steps`). Then the run branches:
 
-- "llama": the same model, optimizer and batch generator, trained on to `--steps`;
+- "llama": the same model, optimizer and batch generator, trained on to `--max_steps`;
 - "upcycled": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, whose logits equal Llama's
   at the switch. It inherits the optimizer state of every copied weight (AdamW moments and step count), the
   place in the learning-rate schedule and the batch generator's state, so both arms see the same batches
@@ -15,31 +15,33 @@ and validation losses (fixed windows, `estimate_loss`) are measured every `--eva
 `<output_dir>/summary.json` (the losses around the switch, the final losses, step times, the whole history)
 and `<output_dir>/losses.png`.
 
-    python scripts/upcycle_llama.py --threads 1        # -> results/upcycle_llama/{summary.json,losses.png}
+    python scripts/upcycle_llama.py                    # -> outputs/upcycle_llama/{summary.json,losses.png}
+    python scripts/upcycle_llama.py --output_dir results/upcycle_llama    # replaces the committed run
 """
 
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import geoformers
 
-from bench_causal_lm import LLAMA, build_model, train_round_robin  # noqa: E402
-from train_causal_lm import (  # noqa: E402
+from harness.causal_lm import (
+    LLAMA,
     SMALL_CPU_SHAPE,
     add_training_arguments,
+    build_model,
     estimate_loss,
     get_batch,
     load_corpus,
     make_trainer,
+    train_round_robin,
 )
-
-import geoformers  # noqa: E402
+from harness.results import write_results
+from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("llama", "upcycled")
@@ -107,7 +109,7 @@ def run(args, device) -> dict:
     seconds = {arm: [] for arm in ARMS}
     history = [{"step": 0, **evaluate(models, train_ids, val_ids, args, device)}]
     switch_gap = None
-    for step in range(args.eval_interval, args.steps + 1, args.eval_interval):
+    for step in range(args.eval_interval, args.max_steps + 1, args.eval_interval):
         timed = train_round_robin(models, trainers, dict.fromkeys(models, args.eval_interval), 10**9)
         for arm in models:
             losses[arm].extend(timed["losses"][arm])
@@ -139,14 +141,14 @@ def run(args, device) -> dict:
 def summarize(args, result: dict) -> dict:
     """The numbers of docs/upcycling.md: losses around the switch, final losses, step times."""
     switch, losses, history = args.switch_step, result["losses"], result["history"]
-    after = {arm: losses[arm][-(args.steps - switch) :] for arm in ARMS}  # steps switch + 1 .. steps
+    after = {arm: losses[arm][-(args.max_steps - switch) :] for arm in ARMS}  # steps switch + 1 .. steps
     difference = [up - base for up, base in zip(after["upcycled"], after["llama"], strict=True)]
     window = args.spike_window
     at_switch = next(entry for entry in history if entry["step"] == switch)
     final = history[-1]
     return {
         "switch_step": switch,
-        "steps": args.steps,
+        "steps": args.max_steps,
         "hc_streams": args.hc_streams,
         "parameters": result["parameters"],
         "max_abs_logit_difference_at_switch": result["switch_gap"],
@@ -181,14 +183,16 @@ def plot(args, result: dict, path: Path) -> None:
     difference after the switch; right: the whole run (running mean of the training loss, validation every
     --eval_interval)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     switch, losses, history = args.switch_step, result["losses"], result["history"]
-    steps = {"llama": list(range(1, args.steps + 1)), "upcycled": list(range(switch + 1, args.steps + 1))}
+    end = args.max_steps + 1
+    steps = {"llama": list(range(1, end)), "upcycled": list(range(switch + 1, end))}
     colours = {"llama": "tab:blue", "upcycled": "tab:orange"}
     labels = {"llama": "Llama", "upcycled": f"upcycled DDL-mHC n={args.hc_streams} (add)"}
     figure = Figure(figsize=(15, 4.2))
     near, gap, whole = figure.subplots(1, 3)
-    low, high = switch - args.zoom, switch + args.zoom
+    low, high = max(0, switch - args.zoom), min(args.max_steps, switch + args.zoom)
     for arm, style in (("upcycled", "-"), ("llama", ":")):
         shown = [index for index, step in enumerate(steps[arm]) if low < step <= high]
         near.plot(
@@ -231,6 +235,7 @@ def plot(args, result: dict, path: Path) -> None:
         axis.set_ylabel("loss (nats / char)")
     for axis in (near, gap, whole):
         axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     near.set_title(f"per-step training loss, steps {low + 1}-{high} (same batches)")
     near.legend(fontsize=8)
     gap.set_title("upcycled - Llama, per-step training loss")
@@ -247,36 +252,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_training_arguments(parser, steps=2000)
+    add_training_arguments(parser, max_steps=2000)
     parser.add_argument("--switch_step", type=int, default=1000, help="Llama steps before the conversion")
     parser.add_argument("--hc_streams", type=int, default=4)
     parser.add_argument("--eval_interval", type=int, default=50)
     parser.add_argument("--spike_window", type=int, default=50, help="steps after the switch summarised")
     parser.add_argument("--zoom", type=int, default=100, help="half width of the figure's switch panel")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "results" / "upcycle_llama"))
+    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "upcycle_llama"),
+                        help="results/upcycle_llama: the committed run")
     args = parser.parse_args()
-    if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.steps:
-        parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --steps")
-    if args.steps % args.eval_interval:
-        parser.error("--steps must be a multiple of --eval_interval")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.max_steps:
+        parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --max_steps")
+    if args.max_steps % args.eval_interval:
+        parser.error("--max_steps must be a multiple of --eval_interval")
+    set_threads(args.threads)
     device = torch.device(args.device)
     start = time.perf_counter()
     result = run(args, device)
     summary = {
-        "command": "python scripts/upcycle_llama.py " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
-        "settings": {key: value for key, value in vars(args).items() if key != "output_dir"},
         "wall_seconds": time.perf_counter() - start,
         **summarize(args, result),
     }
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(args, result, output_dir / "losses.png")
-    shown = {key: value for key, value in summary.items() if key not in ("history", "settings")}
+    shown = {key: value for key, value in summary.items() if key != "history"}
     print(json.dumps(shown, indent=2))
+    output_dir = Path(args.output_dir)
+    write_results(output_dir / "summary.json", "upcycle_llama.py", None, vars(args), summary)
+    plot(args, result, output_dir / "losses.png")
+    print(f"wrote {output_dir / 'losses.png'}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from datasets import ClassLabel, Dataset, DatasetDict
 from transformers import DataCollatorWithPadding, default_data_collator
 
 from geoformers.tokenization import train_wordpiece
-from geoformers.training.data import encode_dataset, load_sst2
+from geoformers.training.data import encode_dataset, load_sst2, load_tiny_shakespeare
 
 # ----------------------------------------------------------------------------------------------------- SST-2
 
@@ -86,6 +86,37 @@ def test_sst2_falls_back_to_the_hub_only_without_a_path(monkeypatch):
     assert calls == [("nyu-mll/glue", "sst2")]
     assert set(raw) == {"train", "validation"}
     assert raw["train"].column_names == ["sentence", "label"]
+
+
+def test_tiny_shakespeare_reads_the_local_file(shared_data):
+    text = load_tiny_shakespeare(shared_data / "tinyshakespeare" / "input.txt")
+    assert len(text) == 1_115_394  # char-rnn's input.txt
+    assert text.startswith("First Citizen:\nBefore we proceed any further, hear me speak.")
+
+
+def test_tiny_shakespeare_joins_the_hub_splits_in_file_order(monkeypatch):
+    calls = []
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+    first, second = int(0.9 * len(text)), int(0.95 * len(text))
+    slices = {"train": text[:first], "validation": text[first:second], "test": text[second:]}
+
+    def fake_load_dataset(*args, **kwargs):
+        calls.append(args)
+        splits = reversed(slices.items())  # the order of the dict must not matter
+        return DatasetDict({split: Dataset.from_dict({"text": [part]}) for split, part in splits})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert load_tiny_shakespeare() == text
+    assert calls == [("karpathy/tiny_shakespeare",)]
+
+
+def test_tiny_shakespeare_rejects_bad_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match="absent.txt"):
+        load_tiny_shakespeare(tmp_path / "absent.txt")
+    with pytest.raises(TypeError, match="path"):
+        load_tiny_shakespeare(3)
+    (tmp_path / "corpus.txt").write_text("to be, or not to be\n", encoding="utf-8")
+    assert load_tiny_shakespeare(str(tmp_path / "corpus.txt")) == "to be, or not to be\n"
 
 
 # -------------------------------------------------------------------------------------------------- encoding

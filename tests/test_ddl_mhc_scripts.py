@@ -12,6 +12,7 @@ from script_modules import SCRIPTS, load_script
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import geoformers
+from geoformers.tokenization import build_char_tokenizer
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
 
@@ -21,7 +22,7 @@ def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monke
     data.write_text(TEXT, encoding="utf-8")
     output = tmp_path / "model"
     argv = [
-        *("--data", str(data), "--output_dir", str(output), "--steps", "4", "--eval_interval", "2"),
+        *("--data", str(data), "--output_dir", str(output), "--max_steps", "4", "--eval_interval", "2"),
         *("--eval_batches", "1", "--batch_size", "2", "--block_size", "16", "--sample_tokens", "8"),
         *("--hidden_size", "32", "--intermediate_size", "48", "--num_hidden_layers", "1"),
         *("--num_attention_heads", "2", "--hc_streams", "2", "--hc_chart", "kromhc"),
@@ -34,7 +35,8 @@ def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monke
         load_script("train_causal_lm.py").main()
     finally:
         torch.set_num_threads(threads)
-    assert "--- sample ---" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "--- sample ---" in printed and f"wrote {output / 'training_history.json'}" in printed
 
     model = AutoModelForCausalLM.from_pretrained(output)
     tokenizer = AutoTokenizer.from_pretrained(output)
@@ -44,8 +46,11 @@ def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monke
     assert config.hc_dynamic is False and config.delta_beta_init == 0.5
     assert config.vocab_size == len(tokenizer) == 3 + len(set(TEXT))
     assert tokenizer.decode(tokenizer("Speak, speak.")["input_ids"]) == "Speak, speak."
-    history = json.loads((output / "training_history.json").read_text())
-    assert [record["step"] for record in history] == [2, 4]
+    report = json.loads((output / "training_history.json").read_text())
+    assert [record["step"] for record in report["history"]] == [2, 4]
+    assert report["settings"]["max_steps"] == 4 and report["settings"]["data"] == str(data)
+    assert report["command"].startswith("python scripts/train_causal_lm.py")
+    assert report["environment"]["threads"] == 1
     with torch.no_grad():
         ids = torch.tensor([tokenizer("Before we")["input_ids"]])
         assert torch.isfinite(model(ids).logits).all()
@@ -58,7 +63,7 @@ def test_train_script_flags_cover_every_config_field_and_report_bad_values():
     flags = {action.dest for action in parser._actions}
     declared = set(geoformers.DDLmHCConfig.__annotations__) - set(script.TOKENIZER_FIELDS)
     assert declared <= flags
-    tokenizer = script.build_char_tokenizer(TEXT)
+    tokenizer = build_char_tokenizer(TEXT)
     args = parser.parse_args(["--hc_streams", "2", "--rope_parameters", '{"rope_type": "default"}'])
     config = script.config_from_args(args, tokenizer, block_size=64)
     assert config.hc_streams == 2 and config.vocab_size == len(tokenizer)
@@ -68,12 +73,12 @@ def test_train_script_flags_cover_every_config_field_and_report_bad_values():
 
 @pytest.mark.slow
 def test_benchmark_writes_its_report(tmp_path, shared_data):
-    output = tmp_path / "causal_lm.json"
+    output = tmp_path / "causal_lm.json"  # the default mode's name in --output_dir
     data = shared_data / "tinyshakespeare" / "input.txt"
     command = [
         *(sys.executable, str(SCRIPTS / "bench_causal_lm.py"), "--threads", "1", "--data", str(data)),
-        *("--steps", "2", "--eval_batches", "1", "--gen_tokens", "4", "--gen_reps", "1"),
-        *("--output", str(output)),
+        *("--max_steps", "2", "--eval_batches", "1", "--gen_tokens", "4", "--gen_reps", "1"),
+        *("--output_dir", str(tmp_path)),
         *("--variants", "llama (transformers)", "ddl-mhc n=1 add", "ddl-mhc n=4 delta rtbp"),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)

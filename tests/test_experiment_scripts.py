@@ -4,8 +4,10 @@ claim, with numbers checked against independent recomputations; the shared helpe
 against hand computations and float64 references; bad arguments."""
 
 import argparse
+import ast
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.modeling.hub_code import remote_code_files
+from geoformers.training.checkpoints import write_json_atomically
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
     build_nonstationary_stream,
@@ -37,7 +40,8 @@ from harness.flags import add_experiment_arguments, build_model
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
-from harness.results import markdown_table, write_json
+from harness.results import REPO_ROOT, markdown_table, write_results
+from harness.threads import add_threads_argument, set_threads
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
@@ -226,7 +230,7 @@ def test_exp_nonstationary_seeds_summarise_switch_against_stationary(tmp_path):
                             .read_text())
         assert result["stationary"] == (entry["stream"] == "stationary")
         assert (result["final_accuracy_per_phase"][1] is None) == result["stationary"]
-        assert result["args"]["seed"] == entry["seed"]
+        assert result["settings"]["seed"] == entry["seed"]
         for action in ("grow", "prune"):
             assert entry[f"{action}_after"] == sum(e["action"] == action and e["step"] >= 9
                                                    for e in result["events"])
@@ -245,7 +249,7 @@ def test_exp_nonstationary_continuous_checks_every_step_with_one_callback(tmp_pa
         "--check_every", "1", "--probe_every", "8", "--heldout_rows", "16", "--continuous",
         "--output_dir", str(tmp_path)])
     history = json.loads((tmp_path / "growth_history.json").read_text())
-    assert "window_steps" not in history and result["args"]["continuous"]
+    assert "window_steps" not in history and result["settings"]["continuous"]
     assert [check["step"] for check in history["checks"]] == list(range(5, 17))  # regrow: never final
     assert history["growth_stopped_at_step"] is None
 
@@ -469,27 +473,27 @@ def test_grow_order_stop_summary_and_temperature_split():
 
 
 def test_write_json_writes_non_finite_numbers_as_null(tmp_path):
-    write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)})
+    content = {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(2.5)}
+    write_json_atomically(tmp_path / "r.json", content)
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.0, None], "c": 2.5}
 
 
 def test_write_json_interrupted_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
-    """A write that dies after half the text (a killed sweep) must not truncate the runs saved before."""
+    """A write killed before its rename (a killed sweep) must not truncate the runs saved before, nor leave
+    its temporary file."""
     target = tmp_path / "summary.json"
-    write_json(target, {"runs": [1, 2, 3]})
-    real_write_text = Path.write_text
+    write_json_atomically(target, {"runs": [1, 2, 3]})
 
-    def dies_halfway(self, text, *args, **kwargs):
-        real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+    def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Path, "write_text", dies_halfway)
+    monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        write_json(target, {"runs": [1, 2, 3, 4]})
+        write_json_atomically(target, {"runs": [1, 2, 3, 4]})
     monkeypatch.undo()
     assert json.loads(target.read_text()) == {"runs": [1, 2, 3]}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["summary.json"]
-    write_json(target, {"runs": [1, 2, 3, 4]})
+    write_json_atomically(str(target), {"runs": [1, 2, 3, 4]})
     assert json.loads(target.read_text()) == {"runs": [1, 2, 3, 4]}
 
 
@@ -543,3 +547,48 @@ def test_a_bad_model_field_raises_naming_the_config_field(tmp_path):
     grow_demo = load_script("grow_demo.py")
     with pytest.raises(ValueError, match="head_dim"):
         grow_demo.main(["--hidden_size", "8", "--head_dim", "16", "--output_dir", str(tmp_path)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# How the scripts share code and threads
+
+
+def test_no_script_imports_another_script_or_edits_sys_path():
+    """Scripts share code through `scripts/harness/` only (docs/experiments.md, 'Flags')."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    names = {path.stem for path in scripts.glob("*.py")}
+    offenders = []
+    for path in [*scripts.glob("*.py"), *scripts.glob("harness/*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            imported = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name} imports {name}" for name in imported if name.split(".")[0] in names]
+            is_attribute = isinstance(node, ast.Attribute)
+            if is_attribute and (getattr(node.value, "id", ""), node.attr) == ("sys", "path"):
+                offenders.append(f"{path.name} uses sys.path")
+    assert not offenders, offenders
+
+
+def test_threads_default_to_one_and_reject_bad_counts(restore_torch_threads):
+    parser = argparse.ArgumentParser()
+    add_threads_argument(parser)
+    assert parser.parse_args([]).threads == 1
+    torch.set_num_threads(2)
+    set_threads(0)  # 0: leave torch's default
+    assert torch.get_num_threads() == 2
+    set_threads(1)
+    assert torch.get_num_threads() == 1
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="--threads"):
+            set_threads(bad)
+
+
+def test_write_results_records_command_environment_and_portable_settings(tmp_path, capsys):
+    settings = {"output_dir": str(REPO_ROOT / "results" / "x"), "data": tmp_path / "corpus.txt", "seed": 3}
+    record = write_results(tmp_path / "r.json", "exp_x.py", ["--seed", "3"], settings, {"accuracy": 0.5})
+    assert json.loads((tmp_path / "r.json").read_text()) == record
+    assert record["command"] == "python scripts/exp_x.py --seed 3" and record["accuracy"] == 0.5
+    assert record["settings"] == {"output_dir": "results/x", "data": str(tmp_path / "corpus.txt"), "seed": 3}
+    assert record["environment"]["threads"] == torch.get_num_threads()
+    assert f"wrote {tmp_path / 'r.json'}" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.data import load_sst2
 
 from harness.recipe import offset_history
+from harness.sst2 import WordDropoutTrainer, drop_words
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -65,13 +66,13 @@ def test_drop_words_removes_only_real_non_special_tokens_at_the_given_rate(exp_s
     input_ids[:, 0], input_ids[:, 40] = 2, 3
     input_ids[:, 41:] = 0
     attention_mask = (input_ids != 0).long()
-    mask = exp_sst2.drop_words(input_ids, attention_mask, 0.3, special, torch.Generator().manual_seed(1))
+    mask = drop_words(input_ids, attention_mask, 0.3, special, torch.Generator().manual_seed(1))
     assert mask.dtype == attention_mask.dtype and mask.shape == attention_mask.shape
     assert (mask[:, [0, 40]] == 1).all() and (mask[:, 41:] == 0).all()
     words = mask[:, 1:40].float()  # 15,600 droppable tokens: the kept fraction is 0.7 within 4 sigma (0.015)
     assert words.mean().item() == pytest.approx(0.7, abs=0.015)
-    assert torch.equal(exp_sst2.drop_words(input_ids, attention_mask, 0.0, special), attention_mask)
-    only_special = exp_sst2.drop_words(input_ids, attention_mask, 1.0 - 1e-9, special)
+    assert torch.equal(drop_words(input_ids, attention_mask, 0.0, special), attention_mask)
+    only_special = drop_words(input_ids, attention_mask, 1.0 - 1e-9, special)
     assert torch.equal(only_special, torch.isin(input_ids, special).long())
 
 
@@ -85,12 +86,12 @@ def test_word_dropout_trainer_drops_words_in_training_steps_only(exp_sst2, tmp_p
     batch["input_ids"][:, 0] = 2
     special = [0, 1, 2, 3, 4]
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    trainer = exp_sst2.WordDropoutTrainer(model=model, args=args, word_dropout=0.5, special_ids=special)
+    trainer = WordDropoutTrainer(model=model, args=args, word_dropout=0.5, special_ids=special)
     model.train()  # no dropout layer is active (all rates 0): only word dropout makes the loss random
     torch.manual_seed(3)
     loss = trainer.compute_loss(model, dict(batch))
     torch.manual_seed(3)
-    mask = exp_sst2.drop_words(batch["input_ids"], batch["attention_mask"], 0.5, torch.tensor(special))
+    mask = drop_words(batch["input_ids"], batch["attention_mask"], 0.5, torch.tensor(special))
     assert not torch.equal(mask, batch["attention_mask"])
     torch.testing.assert_close(loss, model(**{**batch, "attention_mask": mask}).loss)
     model.eval()
@@ -123,7 +124,9 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     stored = json.loads((output / "sst2.json").read_text())
     assert stored == json.loads(json.dumps(result))
     assert {"dev_accuracy", "dev_accuracy_history", "baseline", "num_heads", "head_count_law", "parameters",
-            "train_time_s", "wall_time_s", "growth_events", "command", "prototypes_on_dev"} <= stored.keys()
+            "train_time_s", "wall_time_s", "growth_events", "command", "settings", "environment",
+            "prototypes_on_dev"} <= stored.keys()
+    assert stored["settings"]["max_steps"] == 4 and stored["settings"]["threads"] == 1
     effective = stored["prototypes_on_dev"]["effective_prototypes"]
     assert len(effective) == 1 and len(effective[0]) == stored["num_heads"][0]
     assert all(1.0 - 1e-4 <= value <= 4 + 1e-4 for value in effective[0])
@@ -166,7 +169,7 @@ def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_ss
     for member in (0, 1):
         folder = output / f"member{member}"
         member_result = json.loads((folder / "sst2.json").read_text())
-        assert member_result["args"]["seed"] == stored["member_seeds"][member]
+        assert member_result["settings"]["seed"] == stored["member_seeds"][member]
         tokenizer = AutoTokenizer.from_pretrained(folder / "model")
         model = AutoModelForSequenceClassification.from_pretrained(folder / "model").eval()
         encoded = tokenizer(list(dev["sentence"]), truncation=True, max_length=32, padding=True,
@@ -195,7 +198,7 @@ def test_sst2_ensemble_members_in_processes_equal_sequential_members(exp_sst2, s
     for member in range(3):
         stored = [json.loads((tmp_path / run / f"member{member}" / "sst2.json").read_text())
                   for run in ("sequential", "parallel")]
-        assert stored[1]["args"]["output_dir"] == str(tmp_path / "parallel" / f"member{member}")
+        assert stored[1]["settings"]["output_dir"] == str(tmp_path / "parallel" / f"member{member}")
         assert stored[1]["num_heads"] == stored[0]["num_heads"]
         assert stored[1]["dev_probabilities"] == stored[0]["dev_probabilities"]
     assert parallel["member_dev_accuracy"] == sequential["member_dev_accuracy"]

@@ -3,13 +3,11 @@ logits for any number of streams, on a random and on a trained Llama; the delta 
 O(||h||^2 / eps^2); the converted point trains."""
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import SHARED_DATA
+from script_modules import load_script
 from test_ddl_mhc import llama_reference
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -17,9 +15,10 @@ from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
 from geoformers.modeling.ddl_mhc import HyperConnection
 from geoformers.tokenization import build_char_tokenizer
 
+from harness.causal_lm import make_trainer
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 VOCAB = 50
 STREAMS = [1, 2, 4, 8]
 
@@ -312,14 +311,11 @@ def test_conversion_rejects_bad_overrides_naming_them():
 def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
     """After the switch the upcycled arm takes the same step as Llama: same batch, same learning rate, same
     AdamW moments for the copied weights, so its copied weights move exactly as Llama's do."""
-    spec = importlib.util.spec_from_file_location("upcycle_llama", SCRIPTS / "upcycle_llama.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    make_trainer = sys.modules["train_causal_lm"].make_trainer
+    script = load_script("upcycle_llama.py")
 
     args = argparse.Namespace(
-        lr=1e-2, weight_decay=0.1, beta2=0.99, warmup_steps=2, steps=10, min_lr_ratio=0.1, seed=0,
-        batch_size=2, block_size=8, grad_clip=1e9, compile=False,
+        learning_rate=1e-2, weight_decay=0.1, beta2=0.99, warmup_steps=2, max_steps=10, min_lr_ratio=0.1,
+        seed=0, batch_size=2, block_size=8, grad_clip=1e9, compile=False,
     )  # fmt: skip
     corpus = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
     llama = random_llama()

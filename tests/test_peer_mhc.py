@@ -1,7 +1,7 @@
-"""The benchmark's peer (scripts/peer_mhc.py): transformers' Llama blocks wrapped in the `hyper-connections`
-package's mHC. Checked against `LlamaForCausalLM` with the same weights: exactly Llama at n = 1 (the package
-disables itself), and at n = 4 the package's init makes it a Llama whose sublayer outputs are scaled by
-H_post = 2 sigmoid(1), with the norms' epsilon rescaled for the stream sums they see."""
+"""The benchmark's peer (scripts/harness/peer_mhc.py), transformers' Llama blocks wrapped in the
+`hyper-connections` package's mHC. Checked against `LlamaForCausalLM` with the same weights: exactly Llama at
+n = 1 (the package disables itself), and at n = 4 the package's init makes it a Llama whose sublayer outputs
+are scaled by H_post = 2 sigmoid(1), with the norms' epsilon rescaled for the stream sums they see."""
 
 import math
 
@@ -10,11 +10,11 @@ import torch
 
 pytest.importorskip("hyper_connections", reason="the peer needs the `hyper-connections` package (dev extra)")
 
-from script_modules import load_script  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from harness import peer_mhc  # noqa: E402
+
 SHAPE = dict(vocab_size=65, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
-peer_mhc = load_script("peer_mhc.py")
 
 
 def llama_and_peer(num_streams: int):

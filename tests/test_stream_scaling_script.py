@@ -28,7 +28,7 @@ def study(tmp_path_factory):
     output = folder / "out"
     argv = [
         *("--data", str(data), "--output_dir", str(output), "--width", "16", "--layers", "1"),
-        *("--steps", "3", "--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1"),
+        *("--max_steps", "3", "--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1"),
         *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--seeds", "0", "--threads", "1"),
         *("--streams", *map(str, STREAMS), "--charts", *CHARTS, "--save_models"),
     ]
@@ -110,7 +110,7 @@ def test_summary_table_and_figure(study):
         (["--streams", "1"], "--streams"),
         (["--streams", "3", "--charts", "kromhc"], "--charts kromhc with --streams 3"),
         (["--charts", "birkhoff"], "--charts"),
-        (["--steps", "0"], "--steps"),
+        (["--max_steps", "0"], "--max_steps"),
         (["--timing_steps", "2"], "--timing_steps"),
         (["--width", "18"], "--width"),
     ],
@@ -135,18 +135,18 @@ def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_starts_afre
     ]
     threads = torch.get_num_threads()
     try:
-        resumed = script.main([*design, "--steps", "3", "--streams", "2", "4", "--charts", "tbp", "rtbp"])
+        resumed = script.main([*design, "--max_steps", "3", "--streams", "2", "4", "--charts", "tbp", "rtbp"])
         assert resumed["llama"] == before["llama"]
         assert resumed["runs"][:4] == before["runs"]  # kept as they were
         assert [(run["chart"], run["n"]) for run in resumed["runs"][4:]] == [("rtbp", 2), ("rtbp", 4)]
         assert resumed["settings"]["charts"] == ["rtbp", "sinkhorn", "tbp"]
         assert len(resumed["summary"]) == 6
-        fresh = script.main([*design, "--steps", "4", "--streams", "2", "--charts", "tbp"])
+        fresh = script.main([*design, "--max_steps", "4", "--streams", "2", "--charts", "tbp"])
     finally:
         torch.set_num_threads(threads)
     assert [(run["chart"], run["n"]) for run in fresh["runs"]] == [("tbp", 2)]
     assert fresh["llama"][0]["val_loss"] != before["llama"][0]["val_loss"]
-    assert json.loads((folder / "summary.json").read_text())["settings"]["steps"] == 4
+    assert json.loads((folder / "summary.json").read_text())["settings"]["max_steps"] == 4
 
 
 def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_ones(study, tmp_path, capsys):
@@ -155,7 +155,7 @@ def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_on
     design is a parser error naming it."""
     script, _, output, data = study
     design = [
-        *("--data", str(data), "--width", "16", "--layers", "1", "--steps", "3"),
+        *("--data", str(data), "--width", "16", "--layers", "1", "--max_steps", "3"),
         *("--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1", "--seeds", "0"),
         *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
     ]

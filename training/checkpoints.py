@@ -19,11 +19,13 @@ considers these copies too.
 """
 
 import json
+import math
 import os
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
@@ -47,16 +49,33 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-def write_json_atomically(path: Path, content: dict) -> None:
-    """Write to a temporary file, flush it to disk, then rename: a reader sees the old file or the whole new
-    one, also after a crash."""
+def _strict_json(value):
+    """`value` with NaN/inf as None and numpy scalars as Python numbers: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    if isinstance(value, np.generic):
+        return _strict_json(value.item())
+    return value
+
+
+def write_json_atomically(path: str | os.PathLike, content: dict) -> None:
+    """Indented strict JSON (NaN/inf written as null), written to a temporary file, flushed to disk, then
+    renamed: a reader sees the old file or the whole new one, also after a crash or a kill mid-write."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(content, indent=2) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(_strict_json(content), indent=2, allow_nan=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     _fsync(path.parent)
 
 

@@ -1,5 +1,6 @@
-"""Text data for the models: SST-2 from GLUE TSV, tokenise-and-encode for classification, and fixed-length
-blocks of a token stream for causal language modelling.
+"""Text data for the models: SST-2 (the hub's GLUE, or a local copy of its TSV files), tiny-shakespeare (the
+hub's, or a local text file), tokenise-and-encode for classification, and fixed-length blocks of a token
+stream for causal language modelling.
 
 `encode_dataset` returns `datasets` objects with `input_ids`, `attention_mask` and integer `labels` columns,
 ready for a `Trainer`. The synthetic tasks of the experiments are in `synthetic_tasks.py`.
@@ -20,6 +21,8 @@ from geoformers.tokenization.arguments import require_int
 SST2_FILES = {"train": "train.tsv", "validation": "dev.tsv"}
 SST2_FEATURES = Features({"sentence": Value("string"), "label": ClassLabel(names=["negative", "positive"])})
 SST2_HUB_NAME = ("nyu-mll/glue", "sst2")
+TINY_SHAKESPEARE_HUB_NAME = "karpathy/tiny_shakespeare"
+TINY_SHAKESPEARE_SPLITS = ("train", "validation", "test")  # consecutive slices of char-rnn's input.txt
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -58,6 +61,23 @@ def load_sst2(data_dir: str | os.PathLike | None = None) -> DatasetDict:
         na_filter=False,
         features=SST2_FEATURES,
     )
+
+
+def load_tiny_shakespeare(path: str | os.PathLike | None = None) -> str:
+    """The tiny-shakespeare corpus (char-rnn's `input.txt`, 1,115,394 characters) as one string.
+
+    `path` is a local UTF-8 text file (any corpus); only when it is None is the hub's copy
+    (`karpathy/tiny_shakespeare`) downloaded, whose train, validation and test rows are consecutive slices
+    of the same file and are joined back in that order, so nanoGPT's split (first 90 % train) applies alike.
+    """
+    if path is None:
+        hub = datasets.load_dataset(TINY_SHAKESPEARE_HUB_NAME)
+        return "".join(text for split in TINY_SHAKESPEARE_SPLITS for text in hub[split]["text"])
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a text file path or None, got {type(path).__name__}")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"text file {str(path)!r} does not exist")
+    return Path(path).read_text(encoding="utf-8")
 
 
 def encode_dataset(

@@ -1,10 +1,15 @@
-"""Shared pieces of the DDCL-INCRT experiment scripts (not part of the installed package; a script's own
-folder is on `sys.path`, so the scripts import it as `harness`):
+"""Shared pieces of the scripts (not part of the installed package; a script's own folder is on `sys.path`,
+so the scripts import it as `harness`). Scripts share code only through this package, never by importing
+one another (docs/experiments.md, 'Flags'):
 
-* `flags`: the shared command-line flags and the model they describe;
+* `flags`: the DDCL-INCRT experiments' shared command-line flags and the model they describe;
 * `recipe`: the growth recipe on the stock `Trainer` (`run_growth_training`);
+* `sst2`, `cov2`, `synthetic`: the task recipes of `exp_sst2.py`, `exp_cov2.py`, `exp_synthetic.py`;
 * `printing`: growth events as they happen;
 * `probes`: the exact gate spectrum, prototype probes, accuracy;
 * `analysis`: the head-count law, grow order, how growth ended, temperatures;
-* `results`: result JSON, the environment, the reproducing command, markdown tables.
+* `causal_lm`: the causal-LM scripts' data, training loop, flags and benchmark models;
+* `step_profile`, `peer_mhc`: the step profiler and the `hyper-connections` peer of `bench_causal_lm.py`;
+* `threads`: `--threads` (default 1);
+* `results`: result files (`write_results`), the environment, the reproducing command, markdown tables.
 """

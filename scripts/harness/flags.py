@@ -10,6 +10,8 @@ from transformers import set_seed
 from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 
+from harness.threads import add_threads_argument
+
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, growth and training flags shared by the experiment scripts; names follow DDCLIncrtConfig."""
@@ -55,28 +57,30 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--eval_steps", type=int, default=250, help="steps between evaluations")
     training.add_argument("--probe_every", type=int, default=25, help="steps between prototype probes")
     training.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
-    training.add_argument("--threads", type=int, default=1,
-                          help="torch CPU threads (tiny models run fastest on 1)")
-    training.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
-                          help="show the Trainer's progress bar")
+    add_threads_argument(training)
+    training.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                          help="show the Trainer's progress bar (--no-progress: none)")
 
 
 def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """parser.error naming the flag for values the Trainer or the recipe would reject late or silently."""
-    positive = ("max_steps", "batch_size", "check_every", "gate_batch_size", "eval_steps", "probe_every",
-                "threads", "initial_heads")
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    positive = ("batch_size", "check_every", "gate_batch_size", "eval_steps", "probe_every", "initial_heads")
+    if args.max_steps < 1 and getattr(args, "epochs", None) is None:  # scripts with --epochs: max_steps <= 0
+        parser.error(f"--max_steps must be >= 1, got {args.max_steps}")
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     for name in ("pre_growth_steps", "warmup_steps"):
         if getattr(args, name) < 0:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if args.pre_growth_steps >= args.max_steps:
+    if 0 < args.max_steps <= args.pre_growth_steps:
         parser.error(f"--pre_growth_steps ({args.pre_growth_steps}) must be < --max_steps ({args.max_steps})")
     for name in ("learning_rate", "prototype_lr_multiplier"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
-    if not 0 <= args.dropout < 1:
+    if args.dropout is not None and not 0 <= args.dropout < 1:
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
 
 

@@ -1,46 +1,25 @@
-"""Paths, result files and summary tables of the experiment scripts."""
+"""Result files of the scripts (`write_results`: the command, the environment and the settings beside the
+numbers; JSON written atomically by `geoformers.training.checkpoints.write_json_atomically`) and summary
+tables."""
 
 from __future__ import annotations
 
 import importlib.resources
 import json
-import math
 import os
 import platform
 import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 
+from geoformers.training.checkpoints import write_json_atomically
+
+write_json = write_json_atomically  # the name the growth recipe and grow_demo.py import
+
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: results/ and scripts/ live here
-SST2_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "sst2"  # the read-only GLUE SST-2 folder beside it
-
-
-def write_json(path: str | os.PathLike, content: dict) -> None:
-    """Indented JSON; NaN/inf are written as null (strict JSON). Written beside `path` and renamed onto it, so
-    a failed or killed write leaves the previous file (a resumable sweep's finished runs) as it was."""
-    def finite(value):
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {key: finite(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [finite(item) for item in value]
-        if isinstance(value, np.generic):
-            return finite(value.item())
-        return value
-
-    path = Path(path)
-    text = json.dumps(finite(content), indent=2) + "\n"
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def saved_runs(path: str | os.PathLike, key) -> dict:
@@ -67,6 +46,29 @@ def command_line(script: str, argv: list[str] | None) -> str:
     """The command that reproduces a run, as shown next to its table."""
     arguments = sys.argv[1:] if argv is None else argv
     return " ".join(["python", f"scripts/{script}", *arguments])
+
+
+def write_results(path: str | os.PathLike, script: str, argv: list[str] | None, settings: dict,
+                  content: dict) -> dict:
+    """A script's result file: `{"command", "environment", "settings", **content}` (`settings`: the parsed
+    flags, paths inside the checkout made relative to it), written atomically; prints where it went and
+    returns what it wrote."""
+    record = {"command": command_line(script, argv), "environment": environment(),
+              "settings": {key: portable_path(value) for key, value in settings.items()}, **content}
+    write_json_atomically(path, record)
+    print(f"wrote {path}")
+    return record
+
+
+def portable_path(value):
+    """A path inside the checkout as a path relative to it (committed files name no machine's folders);
+    other paths as strings, other values unchanged."""
+    if not isinstance(value, (str, os.PathLike)):
+        return value
+    path = Path(value)
+    if path.is_absolute() and path.is_relative_to(REPO_ROOT):
+        return str(path.relative_to(REPO_ROOT))
+    return str(value)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

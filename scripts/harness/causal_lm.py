@@ -1,0 +1,231 @@
+"""The causal-LM scripts' shared pieces (train_causal_lm.py, bench_causal_lm.py, exp_stream_scaling.py,
+upcycle_llama.py, finetune_lora.py): tiny-shakespeare as character ids, nanoGPT's random-window batches and
+training loop (AdamW, linear warm-up and cosine decay, gradient clipping), and the benchmark's models.
+"""
+
+import argparse
+import copy
+import math
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, get_cosine_with_min_lr_schedule_with_warmup
+
+import geoformers
+from geoformers.tokenization import build_char_tokenizer
+from geoformers.training.data import load_tiny_shakespeare
+
+from harness.threads import add_threads_argument
+
+# nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64); SwiGLU width 344 (Llama's 2.69x).
+SMALL_CPU_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+}
+LLAMA = "llama (transformers)"
+PEER = "peer mHC n=4 (hyper-connections)"
+VARIANTS = {
+    LLAMA: None,
+    "ddl-mhc n=1 add": {"hc_streams": 1, "residual": "add"},
+    "ddl-mhc n=1 delta": {"hc_streams": 1, "residual": "delta"},
+    "ddl-mhc n=4 add sinkhorn": {"hc_streams": 4, "residual": "add", "hc_chart": "sinkhorn"},
+    "ddl-mhc n=4 add rtbp": {"hc_streams": 4, "residual": "add", "hc_chart": "rtbp"},
+    "ddl-mhc n=4 delta rtbp": {"hc_streams": 4, "residual": "delta", "hc_chart": "rtbp"},
+    "ddl-mhc n=4 delta rtbp reference": {
+        "hc_streams": 4,
+        "residual": "delta",
+        "hc_chart": "rtbp",
+        "hc_implementation": "reference",
+    },
+}
+SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp", PEER)
+# On CUDA the fused path runs the Triton kernels; the reference row is the same model in plain PyTorch.
+GPU_SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=4 delta rtbp", "ddl-mhc n=4 delta rtbp reference", PEER)
+EQUAL_TIME_VARIANTS = (LLAMA, "llama param-matched", "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp")
+
+
+def load_corpus(path: str | None = None, train_fraction: float = 0.9):
+    """(tokenizer, train ids, validation ids): char tokenizer over the whole text, nanoGPT split (first
+    `train_fraction` train). `path`: a local UTF-8 text file; None: the hub's tiny-shakespeare."""
+    text = load_tiny_shakespeare(path)
+    tokenizer = build_char_tokenizer(text)
+    ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False, verbose=False), dtype=torch.long)
+    split = int(train_fraction * len(ids))
+    return tokenizer, ids[:split], ids[split:]
+
+
+def get_batch(ids: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator):
+    """`batch_size` random windows of `block_size` tokens (the labels are the same tensor: HF shifts them)."""
+    if len(ids) <= block_size:
+        raise ValueError(f"the split has {len(ids)} tokens, fewer than block_size + 1 = {block_size + 1}")
+    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
+    return torch.stack([ids[s : s + block_size] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def estimate_loss(model, ids, batch_size, block_size, num_batches, seed, device) -> float:
+    """Mean loss over `num_batches` fixed random windows (same windows for every model and call)."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(num_batches):
+        batch = get_batch(ids, batch_size, block_size, generator).to(device)
+        losses.append(model(input_ids=batch, labels=batch).loss.item())
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def make_optimizer(model, lr, weight_decay, beta2, warmup_steps, steps, min_lr_ratio):
+    """AdamW (decay on matrices only, nanoGPT) with linear warm-up and cosine decay to min_lr_ratio * lr."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, beta2))
+    schedule = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, num_warmup_steps=warmup_steps, num_training_steps=steps, min_lr_rate=min_lr_ratio
+    )
+    return optimizer, schedule
+
+
+def make_trainer(model, train_ids, args, device):
+    """A `step()` closure: one optimisation step on the next batch, returning (loss, wall seconds). The
+    batches come from a generator seeded with `args.seed`, so every model sees the same batches. With
+    `args.compile` the forward runs through `torch.compile` (the first step pays the compilation); with
+    `args.bf16` under bfloat16 autocast. The closure carries its `optimizer`, `schedule` and batch `generator`
+    as attributes, so a run can branch from it (`upcycle_llama.py`)."""
+    optimizer, schedule = make_optimizer(
+        model, args.learning_rate, args.weight_decay, args.beta2, args.warmup_steps, args.max_steps,
+        args.min_lr_ratio
+    )
+    generator = torch.Generator().manual_seed(args.seed)
+    model.train()
+    forward = torch.compile(model) if args.compile else model
+    bf16 = getattr(args, "bf16", False)
+
+    def step() -> tuple[float, float]:
+        batch = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = forward(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"training loss became {loss.item()}")
+        return loss.item(), seconds
+
+    step.optimizer, step.schedule, step.generator = optimizer, schedule, generator
+    return step
+
+
+def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int) -> dict:
+    """Round robin until every model has done its `steps[name]`: each model's step times and losses."""
+    seconds = {name: [] for name in models}
+    losses = {name: [] for name in models}
+    for step in range(max(steps.values())):
+        for name in models:
+            if step < steps[name]:
+                loss, wall = trainers[name]()
+                seconds[name].append(wall)
+                losses[name].append(loss)
+        if (step + 1) % log_every == 0:
+            print(f"step {step + 1}/{max(steps.values())}", flush=True)
+    return {"seconds": seconds, "losses": losses}
+
+
+def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) -> dict:
+    """Median step seconds of fresh copies of `models` trained round robin for `steps` steps of `args`'s
+    recipe (the first two, warm-up of the allocator and caches, left out)."""
+    timing_args = copy.copy(args)
+    timing_args.max_steps = steps
+    trainers = {
+        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
+        for name, model in models.items()
+    }
+    run = train_round_robin(models, trainers, dict.fromkeys(models, steps), 10**9)
+    return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, max_steps: int) -> None:
+    """The loop's flags; names as in `TrainingArguments` where it has the same setting."""
+    parser.add_argument("--data", default=None,
+                        help="local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare")
+    parser.add_argument("--max_steps", type=int, default=max_steps)
+    parser.add_argument("--batch_size", type=int, default=12)
+    parser.add_argument("--block_size", type=int, default=64)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--min_lr_ratio", type=float, default=0.1)
+    parser.add_argument("--warmup_steps", type=int, default=100)
+    parser.add_argument("--weight_decay", type=float, default=0.1)
+    parser.add_argument("--beta2", type=float, default=0.99)
+    parser.add_argument("--grad_clip", type=float, default=1.0)
+    parser.add_argument("--eval_batches", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_threads_argument(parser)
+    parser.add_argument("--compile", action="store_true", help="train through torch.compile (inductor)")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU runs)")
+
+
+def shape_for(width: int, layers: int) -> dict:
+    """SMALL_CPU_SHAPE's proportions (SwiGLU width 2.6875 x hidden, 4 heads) at another width / depth."""
+    return dict(
+        SMALL_CPU_SHAPE, hidden_size=width, intermediate_size=int(2.6875 * width), num_hidden_layers=layers
+    )
+
+
+def build_model(name: str, tokenizer, max_positions: int, shape: dict, intermediate_size: int | None = None):
+    fields = dict(
+        shape,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if intermediate_size is not None:
+        fields["intermediate_size"] = intermediate_size
+    if name == PEER:
+        from harness.peer_mhc import build_peer_mhc_llama  # needs the optional `hyper-connections`
+
+        return build_peer_mhc_llama(LlamaConfig(**fields), num_streams=4)
+    if VARIANTS.get(name) is None:
+        return LlamaForCausalLM(LlamaConfig(**fields))
+    return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**fields, **VARIANTS[name]))
+
+
+def training_memory_bytes(model, batch: torch.Tensor, device: torch.device) -> int:
+    """Peak training memory of one step (see the module docstring)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        model(input_ids=batch, labels=batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(device)
+    saved = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(input_ids=batch, labels=batch).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    parameter_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    activations = sum(nbytes for ptr, nbytes in saved.items() if ptr not in parameter_ptrs)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    return 4 * parameters + activations
