@@ -23,6 +23,7 @@ from torch import nn
 from transformers import BertConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
@@ -113,8 +114,13 @@ class DDCLIncrtEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(embeddings))
 
 
-class DDCLIncrtLayer(nn.Module):
-    """Growable attention with prototype blocks, then residual + LayerNorm (post-norm); no FFN block."""
+class DDCLIncrtLayer(GradientCheckpointingLayer):
+    """Growable attention with prototype blocks, then residual + LayerNorm (post-norm); no FFN block.
+
+    Under activation checkpointing (transformers' `GradientCheckpointingLayer`) the backward recomputes the
+    layer, dropout masks included; its output holds the per-token L_q terms too, so the checkpoint must be
+    the non-reentrant one (transformers' default): a reentrant checkpoint passes only top-level tensors on.
+    """
 
     def __init__(self, config: DDCLIncrtConfig, layer_index: int):
         super().__init__()
@@ -123,7 +129,10 @@ class DDCLIncrtLayer(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, AttentionOutput]:
         attention = self.attention(hidden_states, attention_mask, output_attentions)
         hidden_states = self.LayerNorm(hidden_states + self.dropout(attention.output))
@@ -169,6 +178,7 @@ class DDCLIncrtPreTrainedModel(
     config: DDCLIncrtConfig
     config_class = DDCLIncrtConfig
     base_model_prefix = "model"
+    supports_gradient_checkpointing = True
     _no_split_modules = ["DDCLIncrtLayer"]
 
     def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
@@ -356,7 +366,9 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         all_attentions = () if output_attentions else None
         l_q, l_ols, variance, temperatures, separations, perplexities = [], [], [], [], [], []
         for layer in self.layers:
-            hidden_states, attention = layer(hidden_states, key_mask, output_attentions)
+            hidden_states, attention = layer(
+                hidden_states, attention_mask=key_mask, output_attentions=output_attentions
+            )
             if output_prototype_statistics:
                 prototypes = attention.prototypes
                 l_q.append(_masked_token_mean(prototypes.l_q, token_mask))
