@@ -37,9 +37,12 @@ from geoformers.modeling.prototypes import (
     PrototypeBank,
     assignment_perplexity,
     min_pairwise_distance,
+    register_rho_conversion,
     rho_for_temperature,
 )
 from geoformers.modeling.strict_loading import StrictLoadingMixin
+
+register_rho_conversion(DDCLIncrtConfig.model_type)
 
 
 @dataclass

@@ -72,7 +72,7 @@ class GrowableAttention(nn.Module):
 
     def temperatures(self) -> torch.Tensor:
         """Per-head tau = tau_min + softplus(rho), (H,)."""
-        return temperature_from_rho(torch.stack([head.prototype_bank.rho for head in self.heads]),
+        return temperature_from_rho(torch.cat([head.prototype_bank.rho for head in self.heads]),
                                     self.config.tau_min)
 
     def prototype_banks(self) -> torch.Tensor:

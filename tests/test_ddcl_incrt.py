@@ -439,6 +439,38 @@ def test_keys_missing_from_a_checkpoint_are_initialised_by_init_weights(tmp_path
     assert torch.equal(kept, weights["model.layers.1.attention.heads.0.prototype_bank.prototypes"])
 
 
+def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
+    """Before FSDP2 support `rho` was a 0-d parameter; such a checkpoint (written by hand here) still loads,
+    with identical logits, and saves again in the 1-element layout."""
+    model = small_model()
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):  # distinct temperatures: a mix-up would show
+            for head, module in enumerate(layer.attention.heads):
+                module.prototype_bank.rho.fill_(0.3 * index - 0.2 * head)
+    input_ids, attention_mask = batch()
+    expected = model(input_ids, attention_mask=attention_mask).logits
+    assert all(p.dim() >= 1 for p in model.parameters())  # fully_shard refuses 0-d parameters
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    rho_keys = [key for key in weights if key.endswith(".prototype_bank.rho")]
+    assert len(rho_keys) == 3 and all(weights[key].shape == (1,) for key in rho_keys)
+    old = {key: value.reshape(()) if key in rho_keys else value for key, value in weights.items()}
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    for key in rho_keys:
+        assert torch.equal(reloaded.get_parameter(key), weights[key])
+    torch.testing.assert_close(reloaded(input_ids, attention_mask=attention_mask).logits, expected,
+                               rtol=0, atol=0)
+    reloaded.save_pretrained(tmp_path / "again")
+    resaved = load_file(tmp_path / "again" / "model.safetensors")
+    assert resaved.keys() == weights.keys()
+    assert all(torch.equal(resaved[key], weights[key]) for key in weights)
+    with pytest.raises(RuntimeError, match="mismatched|size"):  # other shapes are not reshaped silently
+        save_file({**weights, rho_keys[0]: torch.zeros(2)}, tmp_path / "model.safetensors",
+                  metadata={"format": "pt"})
+        AutoModelForSequenceClassification.from_pretrained(tmp_path)
+
+
 # --------------------------------------------------------------------------------------------- gate
 
 
