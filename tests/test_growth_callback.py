@@ -277,3 +277,28 @@ def test_an_iterable_training_set_is_refused(task, tmp_path):
                       callbacks=[IncrtGrowthCallback()])
     with pytest.raises(ValueError, match="map-style"):
         trainer.train()
+
+
+@pytest.fixture
+def one_process_group():
+    """A single-process gloo group (an in-memory store), as `fully_shard` needs one."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("shard", ["layers", "root"])
+def test_a_model_sharded_by_fsdp2_is_refused_with_ddp_named(task, tmp_path, one_process_group, shard):
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    model = tiny_model()
+    targets = list(model.model.layers) if shard == "layers" else [*model.model.layers, model]
+    for module in targets:
+        fully_shard(module)
+    assert isinstance(model.model.layers[0], FSDPModule)
+    assert isinstance(model, FSDPModule) == (shard == "root")
+    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=2), train_dataset=task["train"],
+                      callbacks=[IncrtGrowthCallback()])
+    with pytest.raises(ValueError, match="FSDP.*use DDP"):
+        trainer.train()
+    assert model.config.num_heads == tiny_model().config.num_heads  # nothing grew

@@ -266,9 +266,11 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
 
     def _setup_processes(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> None:
         """Under several processes: a process group for the gate's collectives, and the DDP settings check."""
-        if args.deepspeed or args.fsdp:
-            raise ValueError("IncrtGrowthCallback supports one process or DDP; DeepSpeed and FSDP shard the "
-                             "parameters that growth changes")
+        if args.deepspeed or args.fsdp or _sharded_by_fsdp(model):
+            raise ValueError("IncrtGrowthCallback cannot grow a model sharded by FSDP (FSDP1 or FSDP2 "
+                             "`fully_shard`) or DeepSpeed: growth changes parameter shapes the shards fixed. "
+                             "To grow on several processes use DDP (the Trainer's default under torchrun "
+                             "without `fsdp`/`deepspeed`)")
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             self._group = None
             return
@@ -349,6 +351,15 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             handle = self._gradient_hooks.pop(id(parameter), None)
             if handle is not None:
                 handle.remove()
+
+
+def _sharded_by_fsdp(model: torch.nn.Module) -> bool:
+    """Whether `fully_shard` (FSDP2) or FSDP1 wraps the model or any of its modules."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return any(isinstance(module, (FSDPModule, FullyShardedDataParallel)) for module in model.modules())
 
 
 # --------------------------------------------------------------------------------------------- history plot
