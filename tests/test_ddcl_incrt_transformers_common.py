@@ -72,6 +72,11 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, unittest.TestCase):
             inputs_dict["labels"] = torch.zeros(self.model_tester.batch_size, dtype=torch.long)
         return inputs_dict
 
+    def test_reverse_loading_mapping(self):
+        """The model's one checkpoint conversion (`RhoAsVector`: a legacy 0-d `rho` loads as shape (1,))
+        reshapes in place and renames no key, so only the key-renaming assertion is left out."""
+        super().test_reverse_loading_mapping(check_keys_were_modified=False)
+
     @unittest.skip("nukes every weight of a checkpoint; DDCL-INCRT refuses checkpoints lacking whole heads "
                    "(from_pretrained raises ValueError by design)")
     def test_model_weights_reload_no_missing_tied_weights(self):
