@@ -71,12 +71,18 @@ from geoformers.modeling.input_checks import (
     check_token_ids,
     embeds_bound,
 )
+from geoformers.modeling.one_element_parameters import (
+    register_one_element_parameters,
+    reshape_scalars_on_load,
+)
 from geoformers.modeling.ops.charts import birkhoff, num_logits
 from geoformers.modeling.ops.stream_read import map_terms, read_streams, stream_maps_read, upcast
 from geoformers.modeling.ops.stream_write import delta_write, mix_and_write
 from geoformers.modeling.strict_loading import StrictLoadingMixin
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
+ONE_ELEMENT_PARAMETERS = ("res_mix_logit", "pre_gate", "res_gate", "write_gate")  # stored 0-d before
+register_one_element_parameters(DDLmHCConfig.model_type, ONE_ELEMENT_PARAMETERS)
 
 
 class DDLmHCRMSNorm(LlamaRMSNorm):
@@ -238,14 +244,15 @@ class HyperConnection(nn.Module):
         self.pre_bias = nn.Parameter(torch.zeros(n)) if mixes else None
         self.res_bias = nn.Parameter(torch.zeros(self.map_sizes[1])) if mixes else None
         lazy = config.hc_res_mix == "lazy"
-        self.res_mix_logit = nn.Parameter(torch.zeros(())) if mixes and not lazy else None
+        self.res_mix_logit = nn.Parameter(torch.zeros(1)) if mixes and not lazy else None
         self.res_mix_logits = nn.Parameter(torch.zeros(3)) if mixes and lazy else None
         self.write_bias = nn.Parameter(torch.zeros(write_size)) if write_size else None
         self.maps_proj = nn.Linear(n * d, sum(self.map_sizes), bias=False) if dynamic else None
-        self.pre_gate = nn.Parameter(torch.zeros(())) if dynamic and mixes else None
-        self.res_gate = nn.Parameter(torch.zeros(())) if dynamic and mixes else None
-        self.write_gate = nn.Parameter(torch.zeros(())) if dynamic and write_size else None
+        self.pre_gate = nn.Parameter(torch.zeros(1)) if dynamic and mixes else None
+        self.res_gate = nn.Parameter(torch.zeros(1)) if dynamic and mixes else None
+        self.write_gate = nn.Parameter(torch.zeros(1)) if dynamic and write_size else None
         self.delta = DeltaWrite(d, n, config.delta_eps) if config.residual == "delta" else None
+        reshape_scalars_on_load(self, ONE_ELEMENT_PARAMETERS)
 
     def _map_logits(self, streams: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         """(t_pre, t_res, t_write), float32: bias + gate * (x W^T) / rms(x), or the bias alone when static."""
@@ -522,7 +529,9 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
                 cache=cache,
                 position_ids=position_ids,
             )
-            padding_mask = create_recurrent_attention_mask(self.config, inputs_embeds, attention_mask)
+            padding_mask = None  # only the EC convolution reads it; finding it all ones costs a host sync
+            if self.stream_expansion.weight is not None:
+                padding_mask = create_recurrent_attention_mask(self.config, inputs_embeds, attention_mask)
 
         streams = self.stream_expansion(inputs_embeds, cache=cache, padding_mask=padding_mask)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)

@@ -4,9 +4,8 @@ index or shape error deep inside torch, or a silently different answer (README, 
 Policies: integer `input_ids`/`labels` of any width are converted to int64 (bool is refused: it is a mask,
 not token ids); floating `inputs_embeds` are converted to the model's dtype, as `embed_tokens(input_ids)`
 would produce them; a 2-D `attention_mask` holds 0/1 (bool, integer or float); empty batches and sequences
-are refused. Checks that read tensor values (id ranges, mask values, finite embeddings) need a host sync and
-are skipped while torch.compile / torch.export trace: a compiled model trusts its inputs, as transformers'
-own value checks do (`is_torchdynamo_compiling`).
+are refused. Checks that read tensor values (id ranges, mask values, finite embeddings) need a host sync: they
+run where `value_checks.checks_values` allows (CPU tensors by default, never while compiling).
 """
 
 import math
@@ -14,11 +13,9 @@ import math
 import torch
 from transformers.cache_utils import Cache
 
+from geoformers.modeling.value_checks import checks_values
+
 IGNORE_INDEX = -100  # transformers' label value for "not scored"
-
-
-def _tracing() -> bool:
-    return torch.compiler.is_compiling()
 
 
 def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -35,7 +32,7 @@ def check_token_ids(input_ids, vocab_size: int) -> torch.Tensor:
         raise ValueError(f"`input_ids` must have shape (batch, seq), got {_shape(input_ids)}")
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"`input_ids` must hold at least one token per row, got shape {_shape(input_ids)}")
-    if not _tracing():
+    if checks_values(input_ids):
         low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()
         if low < 0 or high >= vocab_size:
             raise ValueError(
@@ -63,7 +60,7 @@ def check_inputs_embeds(inputs_embeds, hidden_size: int, dtype: torch.dtype, bou
         )
     if inputs_embeds.shape[0] == 0 or inputs_embeds.shape[1] == 0:
         raise ValueError(f"`inputs_embeds` must hold at least one token per row, got {_shape(inputs_embeds)}")
-    if not _tracing():
+    if checks_values(inputs_embeds):
         peak = float(inputs_embeds.detach().abs().amax())
         if not math.isfinite(peak):
             raise ValueError("`inputs_embeds` contains NaN or infinite values")
@@ -108,7 +105,7 @@ def check_attention_mask(
                 f"`attention_mask` must have shape (batch, past + seq) = {expected}, "
                 f"got {_shape(attention_mask)}"
             )
-        if not _tracing() and attention_mask.dtype != torch.bool:
+        if attention_mask.dtype != torch.bool and checks_values(attention_mask):
             if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
                 raise ValueError(
                     "`attention_mask` must hold only 0 (padding) and 1 (token); other values (e.g. 0.5, 2, "
@@ -171,7 +168,7 @@ def check_labels(
         )
     if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
         raise ValueError("`logits_to_keep` must be 0 when `labels` are given: the loss scores every position")
-    if labels.numel() > 0 and not _tracing():
+    if labels.numel() > 0 and checks_values(labels):
         scored = torch.where(labels == IGNORE_INDEX, 0, labels)
         low, high = torch.stack([scored.min(), scored.max()]).tolist()
         if low < 0 or high >= vocab_size:

@@ -2,10 +2,12 @@
 # The GPU benchmark, one short run on a CUDA machine (bf16 autocast, Triton kernels on CUDA tensors):
 # Llama vs DDL-mHC n=4 delta (fused = Triton) vs the same model in plain PyTorch vs the peer mHC, at width 768
 # with 12 layers (GPT-2 small's shape), then the charts. Writes benchmarks/causal_lm_sweep_cuda.json and
-# benchmarks/birkhoff_cuda.json.
+# benchmarks/birkhoff_cuda.json. First, a DDL-mHC training step must make no host sync on the GPU
+# (tests/test_host_syncs.py under torch.cuda.set_sync_debug_mode("error"); -rs shows a skip without CUDA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
+"$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_host_syncs.py::test_cuda_step_makes_no_sync
 "$PYTHON" scripts/bench_causal_lm.py --device cuda --bf16 --sweep --widths 768 --layers 12 \
     --batch_size 16 --block_size 256 --steps 60 --warmup_steps 10 --eval_batches 5 --gen_tokens 100 --gen_reps 3
 "$PYTHON" scripts/bench_causal_lm.py --device cuda --bf16 --sweep --compile --widths 768 --layers 12 --no_peer \

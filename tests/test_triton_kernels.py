@@ -349,8 +349,9 @@ def test_use_triton_dispatch(monkeypatch):
 
 @pytest.mark.parametrize("residual", ["delta", "add"])
 def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual, monkeypatch):
-    """Inside `force_triton()` (what CUDA tensors get by default) the fused model runs the Triton chart and
-    stream kernels; its loss and gradients equal the plain PyTorch reference model's."""
+    """On DEVICE (CUDA, or CPU inside `force_triton()`) the fused model runs the Triton chart and stream
+    kernels; its loss and gradients equal those of the reference model run on CPU tensors outside
+    `force_triton()`, where no kernel can run (the naive stream ops and the PyTorch charts)."""
     from geoformers import DDLmHCConfig, DDLmHCForCausalLM
 
     shape = dict(
@@ -372,12 +373,15 @@ def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual
             module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k)
         )
     ids = torch.randint(0, 29, (2, 5), generator=torch.Generator().manual_seed(1))
-    with force_triton():
-        loss = fused(input_ids=ids, labels=ids).loss
+    fused.to(DEVICE)
+    with _dispatching():
+        loss = fused(input_ids=ids.to(DEVICE), labels=ids.to(DEVICE)).loss
         loss.backward()
+    assert len(set(calls)) == 2  # both kernels ran, once per sublayer
+    calls.clear()
     expected = reference(input_ids=ids, labels=ids).loss
     expected.backward()
-    assert len(set(calls)) == 2  # both kernels ran, once per sublayer
-    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+    assert calls == []  # the reference ran no kernel
+    torch.testing.assert_close(loss.cpu(), expected, atol=1e-5, rtol=0)
     for (name, p), q in zip(fused.named_parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -56,6 +56,7 @@ from geoformers.modeling.ops.charts.naive import (
 from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
 from geoformers.modeling.ops.dispatch import kernels
+from geoformers.modeling.value_checks import checks_values
 
 __all__ = [
     "ATBP_ORDERINGS",
@@ -163,7 +164,7 @@ def _check_logits(logits: torch.Tensor, n: int, method: str) -> None:
         raise ValueError(
             f"{method} with n={n} expects logits of shape (..., {expected}), got {tuple(logits.shape)}"
         )
-    if torch.compiler.is_compiling():  # a value check would break the graph at every chart
+    if not checks_values(logits):  # a host sync per chart on accelerators; a graph break when compiling
         return
     # One float64 reduction (no float32 overflow) is non-finite iff some logit is; confirm exactly.
     total = float(logits.detach().sum(dtype=torch.float64))

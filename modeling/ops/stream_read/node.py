@@ -100,7 +100,7 @@ class StreamMapsRead(torch.autograd.Function):
         grad_weights = stream_dot(flat.view(-1, n, d), grad_hidden)
         grad_pre = weights * (grad_weights - (weights * grad_weights).sum(-1, keepdim=True))  # softmax
         grad_pre_bias = grad_pre.sum(0)
-        grad_pre_gate = (grad_pre * terms[:, :n]).sum().to(pre_gate.dtype)
+        grad_pre_gate = (grad_pre * terms[:, :n]).sum().to(pre_gate.dtype).reshape(pre_gate.shape)
         grad_terms[:, :n].add_(grad_pre * upcast(pre_gate))
         grad_raw = grad_terms * inverse_rms
         grad_weight = torch.matmul(grad_raw.t().to(dtype), flat).to(weight.dtype)
