@@ -35,19 +35,19 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.atomic_save import AtomicSaveMixin
 from geoformers.modeling.hub_code import HubCodeMixin
 from geoformers.modeling.incrt import HeadGrowthMixin, IncrtGate
+from geoformers.modeling.one_element_parameters import register_one_element_parameters
 from geoformers.modeling.prototypes import (
     PrototypeBank,
     PrototypeOutput,
     assignment_perplexity,
     min_pairwise_distance,
     prototype_block,
-    register_rho_conversion,
     rho_for_temperature,
     temperature_from_rho,
 )
 from geoformers.modeling.strict_loading import StrictLoadingMixin
 
-register_rho_conversion(DDCLIncrtConfig.model_type)
+register_one_element_parameters(DDCLIncrtConfig.model_type, ("prototype_bank.rho",))
 
 
 @dataclass
@@ -152,6 +152,8 @@ class AttentionOutput(NamedTuple):
     output: torch.Tensor  # sum_h W_O^h o_hat^h, (B, T, hidden)
     attention_probs: torch.Tensor | None  # (B, H, T, T) when requested
     prototypes: PrototypeOutput
+    temperatures: torch.Tensor  # tau per head, (H,)
+    prototype_banks: torch.Tensor  # (H, K, D); read here, inside the layer, where FSDP2 has gathered them
 
 
 class DDCLIncrtAttention(nn.Module):
@@ -211,9 +213,10 @@ class DDCLIncrtAttention(nn.Module):
         else:
             head_outputs = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                           dropout_p=dropout)
-        prototypes = prototype_block(head_outputs, self.prototype_banks(), self.temperatures())
+        banks, temperatures = self.prototype_banks(), self.temperatures()
+        prototypes = prototype_block(head_outputs, banks, temperatures)
         output = sum(head.o_proj(prototypes.output[:, index]) for index, head in enumerate(self.heads))
-        return AttentionOutput(output, attention_probs, prototypes)
+        return AttentionOutput(output, attention_probs, prototypes, temperatures, banks)
 
 
 class DDCLIncrtLayer(GradientCheckpointingLayer):
@@ -247,14 +250,14 @@ def _masked_token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.
     return (values * weights).sum() / (weights.sum() * values.shape[1]).clamp_min(1.0)
 
 
-def _prototype_statistics(attention: DDCLIncrtAttention, prototypes: PrototypeOutput,
-                          token_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def _prototype_statistics(attention: AttentionOutput, token_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """One layer's DDCL statistics: L_q, L_OLS and V averaged over heads and real tokens (differentiable),
     and per head (detached) tau, the minimum prototype distance and the assignment perplexity."""
+    prototypes = attention.prototypes
     with torch.no_grad():
-        banks = attention.prototype_banks().detach().float()
+        banks = attention.prototype_banks.detach().float()
         detached = {
-            "temperatures": attention.temperatures().detach(),
+            "temperatures": attention.temperatures.detach(),
             "min_prototype_distance": min_pairwise_distance(banks),
             "prototype_perplexity": assignment_perplexity(prototypes.assignments.detach(), token_mask),
         }
@@ -508,8 +511,7 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
                 hidden_states, attention_mask=key_mask, output_attentions=output_attentions
             )
             if output_prototype_statistics:
-                statistics = _prototype_statistics(layer.attention, attention.prototypes, token_mask)
-                layer_statistics.append(statistics)
+                layer_statistics.append(_prototype_statistics(attention, token_mask))
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import ConversionOps, WeightConverter
+
+from geoformers.modeling.one_element_parameters import reshape_scalars_on_load
 
 
 class PrototypeOutput(NamedTuple):
@@ -129,7 +129,8 @@ class PrototypeBank(nn.Module):
 
     `prototypes` start at zero and `rho` (a 1-element vector: FSDP2 shards no 0-d parameter) at the value
     giving tau_init; the model's `_init_weights` draws the prototypes (DDCLIncrtPreTrainedModel). Checkpoints
-    saved with a 0-d `rho` load through `RhoAsVector`.
+    saved with a 0-d `rho` still load (`one_element_parameters`: `from_pretrained` through the converter the
+    model registers, `load_state_dict` through the hook below).
     """
 
     def __init__(self, num_prototypes: int, dim: int, tau_min: float, tau_init: float):
@@ -138,6 +139,7 @@ class PrototypeBank(nn.Module):
         self.tau_init = tau_init
         self.prototypes = nn.Parameter(torch.zeros(num_prototypes, dim))
         self.rho = nn.Parameter(torch.tensor([rho_for_temperature(tau_init, tau_min)]))
+        reshape_scalars_on_load(self, ("rho",))
 
     def temperature(self) -> torch.Tensor:
         """tau = tau_min + softplus(rho), shape (1,)."""
@@ -147,25 +149,3 @@ class PrototypeBank(nn.Module):
         num_prototypes, dim = self.prototypes.shape
         return f"num_prototypes={num_prototypes}, dim={dim}, tau_min={self.tau_min}"
 
-
-class RhoAsVector(ConversionOps):
-    """Load-time reshape of a `prototype_bank.rho` saved as a 0-d tensor (checkpoints written before `rho`
-    became a 1-element vector) to shape (1,), through transformers' checkpoint conversion mapping, so
-    `from_pretrained` loads both layouts; saving writes the (1,) layout unchanged (the op is its own
-    reverse)."""
-
-    @torch.no_grad()
-    def convert(self, input_dict, source_patterns, target_patterns, **kwargs):
-        (tensors,) = input_dict.values()
-        tensor = tensors[0] if isinstance(tensors, list) else tensors
-        return {target_patterns[0]: tensor.reshape(1) if tensor.dim() == 0 else tensor}
-
-    @property
-    def reverse_op(self) -> ConversionOps:
-        return self
-
-
-def register_rho_conversion(model_type: str) -> None:
-    """Register `RhoAsVector` for every `prototype_bank.rho` of the models of `model_type`."""
-    converter = WeightConverter("prototype_bank.rho", "prototype_bank.rho", operations=[RhoAsVector()])
-    register_checkpoint_conversion_mapping(model_type, [converter], overwrite=True)

@@ -441,7 +441,8 @@ def test_keys_missing_from_a_checkpoint_are_initialised_by_init_weights(tmp_path
 
 def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
     """Before FSDP2 support `rho` was a 0-d parameter; such a checkpoint (written by hand here) still loads,
-    with identical logits, and saves again in the 1-element layout."""
+    with `from_pretrained` and `load_state_dict`, with identical logits, and saves again in the 1-element
+    layout."""
     model = small_model()
     with torch.no_grad():
         for index, layer in enumerate(model.model.layers):  # distinct temperatures: a mix-up would show
@@ -461,6 +462,10 @@ def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
         assert torch.equal(reloaded.get_parameter(key), weights[key])
     torch.testing.assert_close(reloaded(input_ids, attention_mask=attention_mask).logits, expected,
                                rtol=0, atol=0)
+    plain = small_model(seed=1)
+    plain.load_state_dict(old)  # nn.Module loading takes the 0-d layout too
+    logits = plain(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
     reloaded.save_pretrained(tmp_path / "again")
     resaved = load_file(tmp_path / "again" / "model.safetensors")
     assert resaved.keys() == weights.keys()
