@@ -73,8 +73,8 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, unittest.TestCase):
         return inputs_dict
 
     def test_reverse_loading_mapping(self):
-        """The model's one checkpoint conversion (`RhoAsVector`: a legacy 0-d `rho` loads as shape (1,))
-        reshapes in place and renames no key, so only the key-renaming assertion is left out."""
+        """The model's one checkpoint conversion (`one_element_parameters`: a legacy 0-d `rho` loads as shape
+        (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left out."""
         super().test_reverse_loading_mapping(check_keys_were_modified=False)
 
     @unittest.skip("nukes every weight of a checkpoint; DDCL-INCRT refuses checkpoints lacking whole heads "
