@@ -1,6 +1,9 @@
-"""DDCL-INCRT encoder (docs/ddcl_incrt.md): embeddings -> layers (growable attention + per-head prototype
-blocks, no feed-forward block) -> pooling -> classifier. With `config.bert_config` a (frozen) BERT encoder
-runs between the embeddings and the layers (`wrap_bert_embeddings`).
+"""DDCL-INCRT encoder (docs/ddcl_incrt.md): embeddings -> layers (attention over a growable list of heads,
+each head's output through its prototype block; no feed-forward block) -> pooling -> classifier. With
+`config.bert_config` a (frozen) BERT encoder runs between the embeddings and the layers
+(`wrap_bert_embeddings`). The file reads in forward order: embeddings, `DDCLIncrtHead`, `DDCLIncrtAttention`,
+`DDCLIncrtLayer`, the encoder, the classifier. The prototype block is `prototypes.py`; the INCRT gate in each
+layer's attention and the growth API (`grow_head`, `prune_head`, `gate_check`) are `incrt.py`.
 
 Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
 which the INCRT gate reads, is layer-normalised. Loss = task loss (as BERT's: MSE, cross-entropy or BCE) +
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,22 +27,27 @@ from torch import nn
 from transformers import BertConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.atomic_save import AtomicSaveMixin
-from geoformers.modeling.growable_attention import AttentionOutput, GrowableAttention
-from geoformers.modeling.head_growth import HeadGrowthMixin
 from geoformers.modeling.hub_code import HubCodeMixin
-from geoformers.modeling.incrt import IncrtGate
+from geoformers.modeling.incrt import HeadGrowthMixin, IncrtGate
+from geoformers.modeling.one_element_parameters import register_one_element_parameters
 from geoformers.modeling.prototypes import (
     PrototypeBank,
+    PrototypeOutput,
     assignment_perplexity,
     min_pairwise_distance,
+    prototype_block,
     rho_for_temperature,
+    temperature_from_rho,
 )
 from geoformers.modeling.strict_loading import StrictLoadingMixin
+
+register_one_element_parameters(DDCLIncrtConfig.model_type, ("prototype_bank.rho",))
 
 
 @dataclass
@@ -113,17 +122,122 @@ class DDCLIncrtEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(embeddings))
 
 
-class DDCLIncrtLayer(nn.Module):
-    """Growable attention with prototype blocks, then residual + LayerNorm (post-norm); no FFN block."""
+class DDCLIncrtHead(nn.Module):
+    """One head: q/k/v projections (hidden -> head_dim), its own prototype bank, o_proj (head_dim -> hidden).
+
+    Its contribution to the layer is o_proj(prototype_block(softmax(q k^T / sqrt(D) + mask) v)).
+    """
+
+    def __init__(self, config: DDCLIncrtConfig):
+        super().__init__()
+        self.q_proj = nn.Linear(config.hidden_size, config.head_dim)
+        self.k_proj = nn.Linear(config.hidden_size, config.head_dim)
+        self.v_proj = nn.Linear(config.hidden_size, config.head_dim)
+        self.prototype_bank = PrototypeBank(
+            config.num_prototypes, config.head_dim, config.tau_min, config.tau_init
+        )
+        self.o_proj = nn.Linear(config.head_dim, config.hidden_size, bias=False)
+
+    @torch.no_grad()
+    def align_with(self, direction: torch.Tensor) -> None:
+        """Make the head attend along the unit vector u: first query and key rows = D^(1/4) u (biases 0),
+        so that row's logit q_0 k_0 / sqrt(D) is exactly (u.x_i)(u.x_j)."""
+        scale = self.q_proj.out_features ** 0.25
+        for projection in (self.q_proj, self.k_proj):
+            projection.weight[0] = scale * direction.to(projection.weight.dtype)
+            projection.bias[0] = 0.0
+
+
+class AttentionOutput(NamedTuple):
+    output: torch.Tensor  # sum_h W_O^h o_hat^h, (B, T, hidden)
+    attention_probs: torch.Tensor | None  # (B, H, T, T) when requested
+    prototypes: PrototypeOutput
+    temperatures: torch.Tensor  # tau per head, (H,)
+    prototype_banks: torch.Tensor  # (H, K, D); read here, inside the layer, where FSDP2 has gathered them
+
+
+class DDCLIncrtAttention(nn.Module):
+    """Self-attention over a list of `DDCLIncrtHead`s that grows and shrinks (INCRT), each head with its own
+    prototype bank (DDCL), plus the layer's `IncrtGate` deciding when (the growth API: `incrt.py`).
+
+    The forward stacks the heads' q/k/v and runs all heads in one batched matmul (torch SDPA; the explicit
+    softmax when attention probabilities are requested).
+    """
 
     def __init__(self, config: DDCLIncrtConfig, layer_index: int):
         super().__init__()
-        self.attention = GrowableAttention(config, layer_index)
+        self.config = config
+        self.layer_index = layer_index
+        self.heads = nn.ModuleList([DDCLIncrtHead(config) for _ in range(config.num_heads[layer_index])])
+        self.gate = IncrtGate(config, layer_index)
+
+    def new_head(self) -> DDCLIncrtHead:
+        """A new head for this layer (not yet initialised), on the device and dtype of its heads."""
+        reference = self.heads[0].o_proj.weight
+        return DDCLIncrtHead(self.config).to(device=reference.device, dtype=reference.dtype)
+
+    def stacked(self, projection: str) -> torch.Tensor:
+        """(H, D, hidden) weights of the heads' q_proj or k_proj (the gate's W_Q^h, W_K^h transposed)."""
+        return torch.stack([getattr(head, projection).weight for head in self.heads])
+
+    def temperatures(self) -> torch.Tensor:
+        """Per-head tau = tau_min + softplus(rho), (H,)."""
+        rho = torch.cat([head.prototype_bank.rho for head in self.heads])
+        return temperature_from_rho(rho, self.config.tau_min)
+
+    def prototype_banks(self) -> torch.Tensor:
+        """(H, K, D) prototypes of all heads."""
+        return torch.stack([head.prototype_bank.prototypes for head in self.heads])
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """hidden_states (B, T, hidden); attention_mask: boolean (B, 1, 1, T), True for keys to attend."""
+        # Each head's projections are called as modules (not fused from their weights) so that wrappers
+        # such as PEFT's LoRA layers take part in the forward pass.
+        query, key, value = (
+            torch.stack([getattr(head, name)(hidden_states) for head in self.heads], dim=1)
+            for name in ("q_proj", "k_proj", "v_proj")
+        )
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        attention_probs = None
+        if output_attentions:
+            scores = query @ key.transpose(-1, -2) / math.sqrt(self.config.head_dim)
+            if attention_mask is not None:
+                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+            attention_probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+            head_outputs = F.dropout(attention_probs, dropout, self.training) @ value
+        else:
+            head_outputs = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                          dropout_p=dropout)
+        banks, temperatures = self.prototype_banks(), self.temperatures()
+        prototypes = prototype_block(head_outputs, banks, temperatures)
+        output = sum(head.o_proj(prototypes.output[:, index]) for index, head in enumerate(self.heads))
+        return AttentionOutput(output, attention_probs, prototypes, temperatures, banks)
+
+
+class DDCLIncrtLayer(GradientCheckpointingLayer):
+    """Growable attention with prototype blocks, then residual + LayerNorm (post-norm); no FFN block.
+
+    Under activation checkpointing (transformers' `GradientCheckpointingLayer`) the backward recomputes the
+    layer, dropout masks included; its output holds the per-token L_q terms too, so the checkpoint must be
+    the non-reentrant one (transformers' default): a reentrant checkpoint passes only top-level tensors on.
+    """
+
+    def __init__(self, config: DDCLIncrtConfig, layer_index: int):
+        super().__init__()
+        self.attention = DDCLIncrtAttention(config, layer_index)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, AttentionOutput]:
         attention = self.attention(hidden_states, attention_mask, output_attentions)
         hidden_states = self.LayerNorm(hidden_states + self.dropout(attention.output))
@@ -134,6 +248,42 @@ def _masked_token_mean(values: torch.Tensor, token_mask: torch.Tensor) -> torch.
     """Mean of per-token values (B, H, T) over heads and real tokens (token_mask (B, T), bool)."""
     weights = token_mask[:, None, :].to(values.dtype)
     return (values * weights).sum() / (weights.sum() * values.shape[1]).clamp_min(1.0)
+
+
+def _prototype_statistics(attention: AttentionOutput, token_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One layer's DDCL statistics: L_q, L_OLS and V averaged over heads and real tokens (differentiable),
+    and per head (detached) tau, the minimum prototype distance and the assignment perplexity."""
+    prototypes = attention.prototypes
+    with torch.no_grad():
+        banks = attention.prototype_banks.detach().float()
+        detached = {
+            "temperatures": attention.temperatures.detach(),
+            "min_prototype_distance": min_pairwise_distance(banks),
+            "prototype_perplexity": assignment_perplexity(prototypes.assignments.detach(), token_mask),
+        }
+    return {
+        "l_q": _masked_token_mean(prototypes.l_q, token_mask),
+        "l_ols": _masked_token_mean(prototypes.l_ols, token_mask),
+        "prototype_variance": _masked_token_mean(prototypes.variance, token_mask),
+        **detached,
+    }
+
+
+def _merge_layer_statistics(layers: list[dict[str, torch.Tensor]]) -> dict:
+    """The statistics of `DDCLIncrtModelOutput`: losses averaged over layers, per-head ones per layer."""
+    merged = {name: torch.stack([layer[name] for layer in layers]).mean()
+              for name in ("l_q", "l_ols", "prototype_variance")}
+    for name in ("temperatures", "min_prototype_distance", "prototype_perplexity"):
+        merged[name] = tuple(layer[name] for layer in layers)
+    return merged
+
+
+def _pool(hidden_states: torch.Tensor, token_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """"cls": the first token's state; "mean": the mean over real tokens."""
+    if pooling == "cls":
+        return hidden_states[:, 0]
+    weights = token_mask[..., None].to(hidden_states.dtype)
+    return (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
 
 def _checks_values(tensor: torch.Tensor) -> bool:
@@ -162,13 +312,14 @@ def _integer_ids(name: str, ids) -> torch.Tensor:
 class DDCLIncrtPreTrainedModel(
     HeadGrowthMixin, StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel
 ):
-    """Weight initialisation, and the growth API (`HeadGrowthMixin`: grow_head, prune_head, resize_heads,
-    gate_second_moments, gate_check) shared by the encoder and the classifier (docs/ddcl_incrt.md, 'Growth and
-    pruning')."""
+    """Weight initialisation, and the growth API (`incrt.HeadGrowthMixin`: grow_head, prune_head,
+    resize_heads, gate_second_moments, gate_check) shared by the encoder and the classifier
+    (docs/ddcl_incrt.md, 'Growth and pruning')."""
 
     config: DDCLIncrtConfig
     config_class = DDCLIncrtConfig
     base_model_prefix = "model"
+    supports_gradient_checkpointing = True
     _no_split_modules = ["DDCLIncrtLayer"]
 
     def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
@@ -354,36 +505,20 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
-        l_q, l_ols, variance, temperatures, separations, perplexities = [], [], [], [], [], []
+        layer_statistics = []
         for layer in self.layers:
-            hidden_states, attention = layer(hidden_states, key_mask, output_attentions)
+            hidden_states, attention = layer(
+                hidden_states, attention_mask=key_mask, output_attentions=output_attentions
+            )
             if output_prototype_statistics:
-                prototypes = attention.prototypes
-                l_q.append(_masked_token_mean(prototypes.l_q, token_mask))
-                l_ols.append(_masked_token_mean(prototypes.l_ols, token_mask))
-                variance.append(_masked_token_mean(prototypes.variance, token_mask))
-                with torch.no_grad():
-                    temperatures.append(layer.attention.temperatures().detach())
-                    banks = layer.attention.prototype_banks().detach().float()
-                    separations.append(min_pairwise_distance(banks))
-                    perplexities.append(assignment_perplexity(prototypes.assignments.detach(), token_mask))
+                layer_statistics.append(_prototype_statistics(attention, token_mask))
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             if output_attentions:
                 all_attentions += (attention.attention_probs,)
 
-        if config.pooling == "cls":
-            pooled = hidden_states[:, 0]
-        else:
-            weights = token_mask[..., None].to(hidden_states.dtype)
-            pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        statistics = {}
-        if output_prototype_statistics:
-            statistics = {
-                "l_q": torch.stack(l_q).mean(), "l_ols": torch.stack(l_ols).mean(),
-                "prototype_variance": torch.stack(variance).mean(), "temperatures": tuple(temperatures),
-                "min_prototype_distance": tuple(separations), "prototype_perplexity": tuple(perplexities),
-            }
+        pooled = _pool(hidden_states, token_mask, config.pooling)
+        statistics = _merge_layer_statistics(layer_statistics) if output_prototype_statistics else {}
         return DDCLIncrtModelOutput(
             last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_hidden_states,
             attentions=all_attentions, **statistics,

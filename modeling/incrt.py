@@ -1,5 +1,6 @@
-"""INCRT (docs/ddcl_incrt.md, 'The spectral gate'): the spectral gate deciding when a layer's attention grows
-or prunes a head.
+"""INCRT (docs/ddcl_incrt.md, 'The spectral gate' and 'Growth and pruning'; docs/growth_gate.md): the
+spectral gate that decides when a layer's attention grows or prunes a head, and the growth API that acts on
+its decisions.
 
 The gate of one layer, on that layer's input X (N sampled tokens x d):
 
@@ -10,10 +11,26 @@ The gate of one layer, on that layer's input X (N sampled tokens x d):
     prune a head whose ||C M_a^h||_F < phi_g for T checks  head_directional_energy
     stop  when lambda_max(A_res) <= theta_w
 
+The bidirectional rule (`gate_rule="bidirectional"`, the author's) lets both trackers decide:
+
+    grow   when lambda_max(A_res) > theta_w and lambda_min(A_res) < phi_w (phi_w = phi_w_factor * theta_w)
+           and at least T_d checks after the layer's last growth (the dwell)
+    T_d    = ceil(kappa_T / (eta * Delta+^2) * log(1 / eps))  tracker iterations; Delta+ = lambda_1 - lambda_2
+    gamma* = Delta+ / (Delta+ + Delta-)                        Delta- = lambda_{d-1} - lambda_d
+    u+    <- normalize(u+ + eta+ [A u+ - (1 - gamma*) c u-])   c = u+^T A u-
+    u-    <- orthogonalize(normalize(u- - eta- (A u- - rho- u-) + eta- gamma* (1 - gamma*) c u+), u+)
+
+Its quantities are dimensionless in the spectral-radius bound b of A_res (`spectral_radius_bound`): the
+trackers step by eta = step / b, so eta * Delta^2 in T_d is read as step * (Delta / b)^2 and the gaps are
+stored as Delta / b. Each gate check runs up to `gate_tracker_steps` tracker iterations, so T_d iterations
+are ceil(T_d / gate_tracker_steps) checks (`dwell_checks`).
+
 C is X^T X divided by N (a project choice: theta_w then does not depend on how many tokens are sampled).
 W_Q^h here is the (d x D) matrix with q = x W_Q^h, i.e. the transpose of the head's `nn.Linear` weight.
-The functions below are pure tensor code (tested on planted spectra without a model); `IncrtGate` keeps
-the per-layer state as fixed-shape buffers so checkpoints and resumed runs carry it.
+The functions below are pure tensor code (tested on planted spectra without a model); `IncrtGate.check`
+applies one rule to one layer and keeps the state as fixed-shape buffers so checkpoints and resumed runs
+carry it; `HeadGrowthMixin` gives the model `gate_check` (every layer's gate on a batch) and the edits
+(`grow_head`, `prune_head`, `resize_heads`).
 """
 
 from __future__ import annotations
@@ -24,18 +41,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-
-from geoformers.modeling.bidirectional_gate import (
-    DWELL_STATE,
-    NO_GROWTH_YET,
-    TrackedPair,
-    bidirectional_action,
-    coupling_weight,
-    dwell_checks,
-    exact_spectral_gaps,
-    track_coupled_pair,
-    tracked_spectral_gaps,
-)
 
 EPS = 1e-12
 RESTART_NORM = 1e-3  # a warm start shorter than this after deflation is replaced by a seeded vector
@@ -182,6 +187,150 @@ def seeded_unit_vector(dim: int, seed: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The bidirectional rule (docs/growth_gate.md, "The bidirectional rule")
+# ---------------------------------------------------------------------------------------------------------
+
+# Buffers of `IncrtGate` that only this rule reads: saved in checkpoints only when gate_rule="bidirectional".
+DWELL_STATE = ("last_growth_check", "spectral_gaps")
+NO_GROWTH_YET = -1  # `last_growth_check` of a layer that has not grown: no dwell applies
+# The author's notebook: a gap below 1e-8 (a degenerate top eigenvalue) gives a dwell of 10000 iterations.
+DEGENERATE_GAP, DEGENERATE_DWELL = 1e-8, 10000
+
+
+def dwell_iterations(eta: float, gap: float, *, kappa_t: float, eps: float) -> int:
+    """T_d = ceil(kappa_T / (eta * Delta^2) * log(1 / eps)): tracker iterations until u+ is eps-accurate on a
+    residual whose top gap is Delta (both dimensionless: eta = step, Delta = gap / b)."""
+    if gap < DEGENERATE_GAP:
+        return DEGENERATE_DWELL
+    return math.ceil(kappa_t / (eta * gap * gap) * math.log(1.0 / eps))
+
+
+def dwell_checks(eta: float, gap: float, *, kappa_t: float, eps: float, iterations_per_check: int) -> int:
+    """T_d in gate checks (at least 1: the check right after a growth is the earliest next one)."""
+    iterations = dwell_iterations(eta, gap, kappa_t=kappa_t, eps=eps)
+    return max(1, math.ceil(iterations / iterations_per_check))
+
+
+def coupling_weight(gap_plus: float, gap_minus: float) -> float:
+    """gamma* = Delta+ / (Delta+ + Delta-); 1/2 before any gap is known (both 0)."""
+    total = gap_plus + gap_minus
+    return 0.5 if total < EPS else gap_plus / total
+
+
+def _unit(vector: torch.Tensor) -> torch.Tensor:
+    return vector / vector.norm().clamp_min(EPS)
+
+
+def _orthogonal_to(vector: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    return _unit(vector - (vector @ unit) * unit)
+
+
+def coupled_oja_step(u_plus: torch.Tensor, u_minus: torch.Tensor, matrix: torch.Tensor, rate: float,
+                     gamma: float) -> torch.Tensor:
+    """Oja's step for the unit u+ (as `incrt.oja_step`: u + eta A u, normalised) with the author's coupling
+    term -eta (1 - gamma*) (u+^T A u-) u-."""
+    coupling = float(u_plus @ (matrix @ u_minus))
+    return _unit(u_plus + rate * (matrix @ u_plus - (1.0 - gamma) * coupling * u_minus))
+
+
+def coupled_mca_step(u_minus: torch.Tensor, u_plus: torch.Tensor, matrix: torch.Tensor, rate: float,
+                     gamma: float) -> torch.Tensor:
+    """MCA EXIN's step for the unit u- (as `incrt.mca_exin_step`: u - eta (A u - rho u)) plus the author's
+    coupling term eta gamma* (1 - gamma*) (u+^T A u-) u+, normalised, then made orthogonal to u+."""
+    product = matrix @ u_minus
+    rayleigh = float(u_minus @ product)
+    coupling = float(u_plus @ product)
+    updated = u_minus - rate * (product - rayleigh * u_minus - gamma * (1.0 - gamma) * coupling * u_plus)
+    return _orthogonal_to(_unit(updated), u_plus)
+
+
+class TrackedPair(NamedTuple):
+    """u+ and u- after `track_coupled_pair`, their Rayleigh quotients and relative residuals."""
+
+    top: torch.Tensor
+    lambda_max: float
+    top_residual: float
+    minor: torch.Tensor
+    lambda_min: float
+    minor_residual: float
+    steps: int
+
+
+def _rayleigh_and_residual(vector: torch.Tensor, matrix: torch.Tensor, floor: float) -> tuple[float, float]:
+    product = matrix @ vector
+    rayleigh = float(vector @ product)
+    return rayleigh, float((product - rayleigh * vector).norm()) / max(abs(rayleigh), floor, EPS)
+
+
+def track_coupled_pair(matrix: torch.Tensor, u_plus: torch.Tensor, u_minus: torch.Tensor, *, rates: tuple,
+                       gamma: float, max_steps: int, tolerance: float, floor: float) -> TrackedPair:
+    """Joint warm-started iterations of `coupled_oja_step` and `coupled_mca_step` (rates = (eta+, eta-))
+    until both relative residuals ||A u - rho u|| / max(|rho|, floor) are <= tolerance or `max_steps`."""
+    u_plus, u_minus = _unit(u_plus), _orthogonal_to(u_minus, _unit(u_plus))
+    steps = 0
+    while True:
+        top = _rayleigh_and_residual(u_plus, matrix, floor)
+        minor = _rayleigh_and_residual(u_minus, matrix, floor)
+        if max(top[1], minor[1]) <= tolerance or steps == max_steps:
+            return TrackedPair(u_plus, *top, u_minus, *minor, steps)
+        u_plus = coupled_oja_step(u_plus, u_minus, matrix, rates[0], gamma)
+        u_minus = coupled_mca_step(u_minus, u_plus, matrix, rates[1], gamma)  # against the new u+
+        steps += 1
+
+
+class SpectralGaps(NamedTuple):
+    plus: float  # (lambda_1 - lambda_2) / b
+    minus: float  # (lambda_{d-1} - lambda_d) / b
+
+
+def next_extreme_eigenvalue(matrix: torch.Tensor, found: torch.Tensor, start: torch.Tensor, *, minor: bool,
+                            rate: float, max_steps: int) -> float:
+    """lambda_2 (or lambda_{d-1} with `minor`): the top (bottom) Rayleigh quotient of A on the complement of
+    the unit eigenvector estimate `found`, by power steps u +- eta A u kept orthogonal to it, `max_steps`
+    of them from `start` (a gap estimate, not a decision)."""
+    sign = -1.0 if minor else 1.0
+    vector = _orthogonal_to(start, found)
+    for _ in range(max_steps):
+        vector = _orthogonal_to(vector + sign * rate * (matrix @ vector), found)
+    return float(vector @ (matrix @ vector))
+
+
+def tracked_spectral_gaps(matrix: torch.Tensor, pair: TrackedPair, starts: tuple, *, bound: float,
+                          rates: tuple, max_steps: int) -> SpectralGaps:
+    """Delta+ / b and Delta- / b from the trackers' Rayleigh quotients (lambda_max, lambda_min) and one more
+    tracker each for lambda_2 and lambda_{d-1} (`next_extreme_eigenvalue`); clamped at 0."""
+    second = next_extreme_eigenvalue(matrix, pair.top, starts[0], minor=False, rate=rates[0],
+                                     max_steps=max_steps)
+    penultimate = next_extreme_eigenvalue(matrix, pair.minor, starts[1], minor=True, rate=rates[1],
+                                          max_steps=max_steps)
+    scale = max(bound, EPS)
+    return SpectralGaps(max(pair.lambda_max - second, 0.0) / scale,
+                        max(penultimate - pair.lambda_min, 0.0) / scale)
+
+
+def exact_spectral_gaps(matrix: torch.Tensor, bound: float) -> SpectralGaps:
+    """Reference for `tracked_spectral_gaps`: the gaps of `eigvalsh` in float64, divided by b."""
+    eigenvalues = torch.linalg.eigvalsh(matrix.double())
+    if eigenvalues.shape[0] < 2:
+        return SpectralGaps(0.0, 0.0)
+    scale = max(bound, EPS)
+    return SpectralGaps(float(eigenvalues[-1] - eigenvalues[-2]) / scale,
+                        float(eigenvalues[1] - eigenvalues[0]) / scale)
+
+
+def bidirectional_action(lambda_max: float, lambda_min: float, *, theta_w: float, phi_w: float,
+                         use_lambda_min: bool, in_dwell: bool, full: bool) -> str:
+    """The rule's verdict on converged trackers: "grow", "dwell" (would grow, but within T_d checks of the
+    last growth: check again), "full" (would grow at max_heads) or "stop" (lambda_max <= theta_w, or
+    lambda_min >= phi_w: no negative direction left for a head to pair with)."""
+    if lambda_max <= theta_w or (use_lambda_min and lambda_min >= phi_w):
+        return "stop"
+    if in_dwell:
+        return "dwell"
+    return "full" if full else "grow"
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Gate state and decisions
 # ---------------------------------------------------------------------------------------------------------
 
@@ -202,7 +351,6 @@ class GateDecision:
     lambda_min: float
     theta_w: float
     residual_norm: float
-    tracker_residual: float
     direction: torch.Tensor = field(repr=False)
     head_energies: list[float]
     prune: list[int]
@@ -290,7 +438,7 @@ class IncrtGate(nn.Module):
     def check(self, second_moment: torch.Tensor, directional: torch.Tensor,
               head_energies: torch.Tensor) -> GateDecision:
         """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision; under
-        `gate_rule="bidirectional"` the rule of `bidirectional_gate` (docs/growth_gate.md)."""
+        `gate_rule="bidirectional"` the bidirectional rule above (docs/growth_gate.md)."""
         config = self.config
         bidirectional = config.gate_rule == "bidirectional"
         with torch.autocast(device_type=second_moment.device.type, enabled=False):
@@ -359,7 +507,7 @@ class IncrtGate(nn.Module):
                 action = "stop"
         return GateDecision(
             layer=self.layer_index, action=action, lambda_max=top.eigenvalue, lambda_min=minor.eigenvalue,
-            theta_w=theta_w, residual_norm=residual_norm, tracker_residual=top.residual,
+            theta_w=theta_w, residual_norm=residual_norm,
             direction=top.vector.clone(), head_energies=head_energies.tolist(), prune=prune,
         )
 
@@ -424,3 +572,172 @@ class IncrtGate(nn.Module):
         counters = self.prune_counters.clone()
         self.prune_counters[head_index:-1] = counters[head_index + 1:]
         self.prune_counters[-1] = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Growth API
+# ---------------------------------------------------------------------------------------------------------
+
+
+class HeadGrowthMixin:
+    """The growth API of `DDCLIncrtPreTrainedModel` (docs/ddcl_incrt.md, 'Growth and pruning'): grow, prune
+    and resize the heads of its layers' attention, and run their gates; `config.num_heads` follows every
+    change. `IncrtGrowthCallback` (training/growth.py) drives it inside a `Trainer`; it can also be called by
+    hand. Needs `base_model.layers[l].attention` with `heads`, `gate`, `stacked` and `new_head()`, and the
+    model's `_init_weights` for new heads."""
+
+    def _attention(self, layer: int) -> nn.Module:
+        num_layers = len(self.base_model.layers)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < num_layers:
+            raise ValueError(f"`layer` must be an int in [0, {num_layers}), got {layer!r}")
+        return self.base_model.layers[layer].attention
+
+    def _record_head_count(self, layer: int) -> None:
+        num_heads = list(self.config.num_heads)
+        num_heads[layer] = len(self._attention(layer).heads)
+        self.config.num_heads = num_heads
+
+    @torch.no_grad()
+    def grow_head(self, layer: int, direction: torch.Tensor | None = None) -> nn.Module:
+        """Append a head to `layer` and return it (INCRT growth). Function-preserving: its o_proj starts
+        at zero, so the logits do not change, while o_proj's gradient is non-zero. With `direction` (a
+        vector in R^hidden, normalised here) the head's first query/key rows point along it and the
+        direction joins the layer gate's deflation basis."""
+        attention = self._attention(layer)
+        if len(attention.heads) >= self.config.max_heads:
+            raise ValueError(f"layer {layer} already has `max_heads` = {self.config.max_heads} heads")
+        unit = None
+        if direction is not None:
+            if not isinstance(direction, torch.Tensor) or direction.shape != (self.config.hidden_size,):
+                raise ValueError(f"`direction` must be a tensor of shape ({self.config.hidden_size},), got "
+                                 f"{getattr(direction, 'shape', type(direction).__name__)}")
+            norm = direction.double().norm()
+            if not torch.isfinite(norm) or norm < 1e-8:
+                raise ValueError("`direction` must be finite and non-zero")
+            unit = (direction.double() / norm).float().to(attention.gate.basis.device)
+        head = attention.new_head()
+        head.apply(self._init_weights)
+        head.o_proj.weight.zero_()
+        if unit is not None:
+            head.align_with(unit)
+        attention.heads.append(head)
+        attention.gate.record_growth(len(attention.heads) - 1, unit)
+        self._record_head_count(layer)
+        return head
+
+    @torch.no_grad()
+    def prune_head(self, layer: int, head: int) -> nn.Module:
+        """Remove head `head` of `layer` and return it; the output loses exactly that head's contribution."""
+        attention = self._attention(layer)
+        num_heads = len(attention.heads)
+        if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < num_heads:
+            raise ValueError(f"`head` must be an int in [0, {num_heads}) for layer {layer}, got {head!r}")
+        if num_heads == 1:
+            raise ValueError(f"cannot prune the last remaining head of layer {layer}")
+        removed = attention.heads[head]
+        del attention.heads[head]
+        attention.gate.record_pruning(head)
+        self._record_head_count(layer)
+        return removed
+
+    def resize_heads(self, num_heads: int | list[int]) -> None:
+        """Grow (no direction) or prune to the given per-layer counts; pruning removes the last heads first
+        (the most recently grown)."""
+        num_layers = len(self.base_model.layers)
+        max_heads = self.config.max_heads
+        targets = num_heads
+        if isinstance(num_heads, int) and not isinstance(num_heads, bool):
+            targets = [num_heads] * num_layers
+        if not isinstance(targets, (list, tuple)) or len(targets) != num_layers:
+            raise ValueError(f"`num_heads` must be an int or a list of {num_layers} ints, got {num_heads!r}")
+        for layer, target in enumerate(targets):
+            if isinstance(target, bool) or not isinstance(target, int) or not 1 <= target <= max_heads:
+                raise ValueError(f"`num_heads[{layer}]` must be an int in [1, {max_heads}], got {target!r}")
+        for layer, target in enumerate(targets):
+            heads = self._attention(layer).heads
+            while len(heads) < target:
+                self.grow_head(layer)
+            while len(heads) > target:
+                self.prune_head(layer, len(heads) - 1)
+
+    @torch.no_grad()
+    def gate_second_moments(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """C_l = X_l^T X_l / N for every layer's input X_l (eval mode, no dropout), on N = gate_num_tokens
+        real tokens evenly spaced over the batch. Several processes can average these before `gate_check`."""
+        was_training = self.training
+        self.eval()
+        try:
+            outputs = self.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                inputs_embeds=inputs_embeds, output_hidden_states=True, return_dict=True,
+            )
+        finally:
+            self.train(was_training)
+        first = outputs.hidden_states[0]
+        if attention_mask is None:
+            token_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
+        else:
+            token_mask = attention_mask.to(first.device) != 0
+        positions = token_mask.flatten().nonzero().squeeze(1)
+        if positions.shape[0] == 0:
+            raise ValueError("a gate check needs at least one real token: the batch is empty or fully padded")
+        count = min(self.config.gate_num_tokens, positions.shape[0])
+        spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
+        chosen = positions[spaced]
+        moments = []
+        for layer_input in outputs.hidden_states[:-1]:
+            tokens = layer_input.reshape(-1, layer_input.shape[-1])[chosen].float()
+            moments.append(tokens.T @ tokens / count)
+        return moments
+
+    @torch.no_grad()
+    def gate_check(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        second_moments: list[torch.Tensor] | None = None,
+    ) -> list[GateDecision]:
+        """One INCRT gate check per layer, on a batch or on precomputed `second_moments` (one d x d matrix
+        per layer, e.g. averaged over processes). Updates the gate buffers and applies nothing: act on the
+        decisions with `grow_head(layer, decision.direction)` and `prune_head`. An empty batch or non-finite
+        matrices raise ValueError and leave every layer's gate as it was."""
+        if second_moments is None:
+            second_moments = self.gate_second_moments(
+                input_ids, attention_mask, token_type_ids, inputs_embeds
+            )
+        layers = self.base_model.layers
+        hidden = self.config.hidden_size
+        if len(second_moments) != len(layers) or any(
+            not isinstance(m, torch.Tensor) or m.shape != (hidden, hidden) for m in second_moments
+        ):
+            raise ValueError(
+                f"`second_moments` must hold {len(layers)} matrices of shape ({hidden}, {hidden})"
+            )
+        if not all(bool(torch.isfinite(m).all()) for m in second_moments):
+            raise ValueError("`second_moments` must be finite (non-finite ones would corrupt the gate state)")
+        gates = [layer.attention.gate for layer in layers]
+        saved = [{name: buffer.clone() for name, buffer in gate.named_buffers()} for gate in gates]
+        try:
+            return [_layer_gate_check(layer.attention, moment)
+                    for layer, moment in zip(layers, second_moments, strict=True)]
+        except ValueError:  # a later layer's check failed: no layer keeps a half-done check
+            for gate, state in zip(gates, saved, strict=True):
+                for name, buffer in gate.named_buffers():  # non-persistent ones too (`IncrtGate`)
+                    buffer.copy_(state[name])
+            raise
+
+
+def _layer_gate_check(attention: nn.Module, second_moment: torch.Tensor) -> GateDecision:
+    """One layer's gate on C = X^T X / N of its input, with M_a and the per-head energies of its heads."""
+    query_weights, key_weights = attention.stacked("q_proj").float(), attention.stacked("k_proj").float()
+    second_moment = second_moment.float()
+    return attention.gate.check(second_moment, directional_matrix(query_weights, key_weights),
+                                head_directional_energy(second_moment, query_weights, key_weights))

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from geoformers.modeling.one_element_parameters import reshape_scalars_on_load
+
 
 class PrototypeOutput(NamedTuple):
     """Per-token results of the prototype block; `H` heads, `T` tokens, `K` prototypes, `D` head width."""
@@ -125,8 +127,10 @@ def assignment_perplexity(
 class PrototypeBank(nn.Module):
     """One head's prototypes (K x D) and its learnable temperature tau = tau_min + softplus(rho).
 
-    `prototypes` start at zero and `rho` at the value giving tau_init; the model's `_init_weights` draws the
-    prototypes (DDCLIncrtPreTrainedModel).
+    `prototypes` start at zero and `rho` (a 1-element vector: FSDP2 shards no 0-d parameter) at the value
+    giving tau_init; the model's `_init_weights` draws the prototypes (DDCLIncrtPreTrainedModel). Checkpoints
+    saved with a 0-d `rho` still load (`one_element_parameters`: `from_pretrained` through the converter the
+    model registers, `load_state_dict` through the hook below).
     """
 
     def __init__(self, num_prototypes: int, dim: int, tau_min: float, tau_init: float):
@@ -134,12 +138,14 @@ class PrototypeBank(nn.Module):
         self.tau_min = tau_min
         self.tau_init = tau_init
         self.prototypes = nn.Parameter(torch.zeros(num_prototypes, dim))
-        self.rho = nn.Parameter(torch.tensor(rho_for_temperature(tau_init, tau_min)))
+        self.rho = nn.Parameter(torch.tensor([rho_for_temperature(tau_init, tau_min)]))
+        reshape_scalars_on_load(self, ("rho",))
 
     def temperature(self) -> torch.Tensor:
-        """tau = tau_min + softplus(rho), a 0-dim tensor."""
+        """tau = tau_min + softplus(rho), shape (1,)."""
         return temperature_from_rho(self.rho, self.tau_min)
 
     def extra_repr(self) -> str:
         num_prototypes, dim = self.prototypes.shape
         return f"num_prototypes={num_prototypes}, dim={dim}, tau_min={self.tau_min}"
+

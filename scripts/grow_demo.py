@@ -7,7 +7,9 @@ of the deflated residual A_res whenever lambda_max(A_res) > theta_w = 0.1 ||A_sy
 (`scripts/harness/recipe.py` explains the recipe). Growth events are printed as they happen; at the end a
 summary (heads per layer, lambda_max at each event, validation accuracy against the Bayes accuracy) and the
 output folder: checkpoint (config.json + model.safetensors, reloads with `from_pretrained`),
-growth_history.json, growth_history.png and summary.json.
+growth_history.json, growth_history.png (heads, lambda_max and validation accuracy over the whole run) and
+summary.json. Warm-up and growth are one `Trainer` run with one progress bar (`IncrtGrowthCallback`'s
+`start_step`).
 
     python scripts/grow_demo.py                                  # a few minutes on 2 CPU cores
     python scripts/grow_demo.py --max_steps 60 --pre_growth_steps 20 --num_train 256 --output_dir outputs/demo
@@ -114,9 +116,10 @@ def print_summary(summary: dict, output_dir: Path) -> None:
                          [[accuracy, bayes, accuracy / bayes, f"{summary['parameters']:,}",
                            f"{summary['train_time_s']:.0f} s"]]))
     print(f"\nCheckpoint reloads with heads {summary['reloaded_num_heads']}. Contents of {output_dir}/:")
-    for path in sorted(output_dir.iterdir()):
-        if path.is_file():
-            print(f"  {path.name:<24} {path.stat().st_size:>10,} bytes")
+    files = sorted(path for path in output_dir.iterdir() if path.is_file())
+    width = max(len(path.name) for path in files)
+    for path in files:
+        print(f"  {path.name:<{width}}  {path.stat().st_size:>10,} bytes")
     print(json.dumps({"validation_accuracy": round(summary["validation_accuracy"], 4),
                       "num_heads": summary["num_heads"]}))
 

@@ -8,7 +8,8 @@ import torch
 from test_incrt_gate import DIM, planted_problem
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.bidirectional_gate import (
+from geoformers.modeling.incrt import (
+    IncrtGate,
     bidirectional_action,
     coupled_mca_step,
     coupled_oja_step,
@@ -16,10 +17,12 @@ from geoformers.modeling.bidirectional_gate import (
     dwell_checks,
     dwell_iterations,
     exact_spectral_gaps,
+    interaction_matrix,
+    seeded_unit_vector,
+    spectral_radius_bound,
     track_coupled_pair,
     tracked_spectral_gaps,
 )
-from geoformers.modeling.incrt import IncrtGate, interaction_matrix, seeded_unit_vector, spectral_radius_bound
 
 
 def bidirectional_config(**overrides):

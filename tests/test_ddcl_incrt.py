@@ -296,6 +296,54 @@ def test_growth_is_function_preserving_and_the_new_head_learns():
     assert head.prototype_bank.prototypes.grad.abs().sum() > 0  # through lambda * L_q
 
 
+def _gradients_and_layer_calls(model, input_ids, attention_mask, labels):
+    """Parameter gradients of one training step (dropout seeded) and how often each layer's attention ran."""
+    calls = []
+    layers = model.model.layers
+    hooks = [layer.attention.register_forward_hook(lambda *_: calls.append(1)) for layer in layers]
+    model.zero_grad()
+    torch.manual_seed(5)
+    model(input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    for hook in hooks:
+        hook.remove()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}, len(calls)
+
+
+def test_activation_checkpointing_recomputes_the_layers_and_gives_the_plain_gradients():
+    """fp64, dropout on: the recomputed layers reuse the saved RNG state, so gradients agree to rounding."""
+    model = small_model(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1).double().train()
+    input_ids, attention_mask = batch()
+    labels = torch.tensor([0, 1, 2])
+    plain, plain_calls = _gradients_and_layer_calls(model, input_ids, attention_mask, labels)
+    model.activation_checkpointing_enable()
+    assert model.is_activation_checkpointing
+    checkpointed, checkpointed_calls = _gradients_and_layer_calls(model, input_ids, attention_mask, labels)
+    assert (plain_calls, checkpointed_calls) == (2, 4)  # each layer runs again in the backward
+    assert plain.keys() == checkpointed.keys() and len(plain) == len(list(model.parameters()))
+    for name, gradient in plain.items():
+        torch.testing.assert_close(checkpointed[name], gradient, rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_growth_stays_function_preserving_under_activation_checkpointing():
+    model = small_model(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
+    model = model.double().train()
+    model.activation_checkpointing_enable()
+    input_ids, attention_mask = batch()
+    labels = torch.tensor([0, 1, 2])
+    before = model(input_ids, attention_mask=attention_mask).logits.detach()
+    head = model.grow_head(0, torch.randn(HIDDEN, dtype=torch.float64))
+    assert model.model.layers[0].gradient_checkpointing  # the layer keeps its setting; the new head joins it
+    after = model(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-12)
+    checkpointed, calls = _gradients_and_layer_calls(model, input_ids, attention_mask, labels)
+    assert calls == 4 and checkpointed["model.layers.0.attention.heads.1.o_proj.weight"].abs().sum() > 0
+    model.activation_checkpointing_disable()
+    plain, _ = _gradients_and_layer_calls(model, input_ids, attention_mask, labels)
+    for name, gradient in plain.items():
+        torch.testing.assert_close(checkpointed[name], gradient, rtol=1e-12, atol=1e-14, msg=name)
+    assert head.o_proj.weight.grad is not None
+
+
 def test_growth_along_a_direction_sets_query_key_rows_and_the_deflation_basis():
     model = small_model()
     direction = torch.randn(HIDDEN)
@@ -425,6 +473,43 @@ def test_keys_missing_from_a_checkpoint_are_initialised_by_init_weights(tmp_path
     assert prototypes.abs().min() > 0 and 0.02 < prototypes.std() < 0.2  # drawn, not left at zero
     kept = reloaded.model.layers[1].attention.heads[0].prototype_bank.prototypes
     assert torch.equal(kept, weights["model.layers.1.attention.heads.0.prototype_bank.prototypes"])
+
+
+def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
+    """Before FSDP2 support `rho` was a 0-d parameter; such a checkpoint (written by hand here) still loads,
+    with `from_pretrained` and `load_state_dict`, with identical logits, and saves again in the 1-element
+    layout."""
+    model = small_model()
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):  # distinct temperatures: a mix-up would show
+            for head, module in enumerate(layer.attention.heads):
+                module.prototype_bank.rho.fill_(0.3 * index - 0.2 * head)
+    input_ids, attention_mask = batch()
+    expected = model(input_ids, attention_mask=attention_mask).logits
+    assert all(p.dim() >= 1 for p in model.parameters())  # fully_shard refuses 0-d parameters
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    rho_keys = [key for key in weights if key.endswith(".prototype_bank.rho")]
+    assert len(rho_keys) == 3 and all(weights[key].shape == (1,) for key in rho_keys)
+    old = {key: value.reshape(()) if key in rho_keys else value for key, value in weights.items()}
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    for key in rho_keys:
+        assert torch.equal(reloaded.get_parameter(key), weights[key])
+    torch.testing.assert_close(reloaded(input_ids, attention_mask=attention_mask).logits, expected,
+                               rtol=0, atol=0)
+    plain = small_model(seed=1)
+    plain.load_state_dict(old)  # nn.Module loading takes the 0-d layout too
+    logits = plain(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    reloaded.save_pretrained(tmp_path / "again")
+    resaved = load_file(tmp_path / "again" / "model.safetensors")
+    assert resaved.keys() == weights.keys()
+    assert all(torch.equal(resaved[key], weights[key]) for key in weights)
+    with pytest.raises(RuntimeError, match="mismatched|size"):  # other shapes are not reshaped silently
+        save_file({**weights, rho_keys[0]: torch.zeros(2)}, tmp_path / "model.safetensors",
+                  metadata={"format": "pt"})
+        AutoModelForSequenceClassification.from_pretrained(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------- gate

@@ -74,6 +74,8 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.
     test_can_init_all_missing_weights_before_2023 = True
 
     def setUp(self):
+        """The mixin skips base models (no loss) in its training and activation-checkpointing tests by their
+        names in transformers' MODEL_MAPPING: list ours there, as an in-tree model is, for each test."""
         self.model_tester = DDCLIncrtModelTester(self)
         list_in_auto_mappings(self, DDCLIncrtConfig.model_type,
                               (common.MODEL_MAPPING_NAMES, "DDCLIncrtModel"),
@@ -83,6 +85,11 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.
     def test_config(self):
         run_config_tests(self, "tests/test_ddcl_incrt_contract.py (standard config attributes, edits)",
                          config_class=DDCLIncrtConfig, hidden_size=37)
+
+    def test_reverse_loading_mapping(self):
+        """The model's one checkpoint conversion (`one_element_parameters`: a legacy 0-d `rho` loads as shape
+        (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left out."""
+        super().test_reverse_loading_mapping(check_keys_were_modified=False)
 
     @unittest.skip("transformers 5.24's test compares bool tensors with `state_dict()[key]`, calling the "
                    "state dict (a dict) it holds, so it fails for any model with a bool buffer (the INCRT "

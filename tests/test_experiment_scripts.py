@@ -146,8 +146,8 @@ def test_exp_cov2_reports_accuracy_heads_law_and_parameters(tmp_path):
     assert (tmp_path / "cov2.png").read_bytes()[:8] == PNG_MAGIC
     assert (tmp_path / "growth_history.json").is_file() and (tmp_path / "cov2.json").is_file()
     assert result["task"]["sequence_length"] == 240 // 3 + 2 and result["task"]["vocab_size"] == 5 + 4 ** 3
-    # The growth phase is steps 4..8: evaluated every 4 of its steps and at its end.
-    assert [e["step"] for e in result["validation_accuracy_history"]] == [7, 8]
+    # Warm-up and growth are one Trainer run: evaluated every 4 steps of it (global steps).
+    assert [e["step"] for e in result["validation_accuracy_history"]] == [4, 8]
     assert 0 <= result["validation_accuracy"] <= 1 and 0 <= result["baseline"]["accuracy"] <= 1
     # Parameters: an independently built model with the grown head count has exactly as many.
     config = DDCLIncrtConfig(vocab_size=5 + 4 ** 3, hidden_size=16, head_dim=4, num_prototypes=4,
@@ -310,8 +310,8 @@ def test_recent_stream_rows_are_the_rows_of_the_last_steps():
 
 
 def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent_rows(tmp_path, monkeypatch):
-    """gate_window_steps: after pre-growth, one growth Trainer over the rest of the stream; every gate batch
-    holds rows of the last gate_window_steps steps only (rows read back from their tokens 1 and 2)."""
+    """gate_window_steps: one Trainer over the whole stream whose callback starts after pre-growth; every gate
+    batch holds rows of the last gate_window_steps steps only (rows read back from their tokens 1 and 2)."""
     stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
     signed = sign_rows(stream.remove_columns(["phase", "step"]))
     seen_datasets, gate_rows = record_training_sets(monkeypatch), []
@@ -325,12 +325,12 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
 
     monkeypatch.setattr(model, "gate_second_moments", recording_moments)
     run = run_growth_training(model, args, signed, output_dir=tmp_path, sequential=True, gate_window_steps=2)
-    assert [len(d) for d in seen_datasets] == [8, 40]  # pre-growth [0, 2), then one growth phase [2, 12)
+    assert [len(d) for d in seen_datasets] == [48]  # steps [0, 12): pre-growth and growth in one Trainer
     steps = [check["step"] for check in run.history["checks"]]
     assert steps == list(range(3, 13))  # regrow: a check at every step, also after a stop
     assert len(gate_rows) == len(steps)
-    for step, rows in zip(steps, gate_rows, strict=True):  # growth-phase rows start at global row 8
-        window = {8 + row for row in recent_stream_rows(2, 4, step - 2)}
+    for step, rows in zip(steps, gate_rows, strict=True):
+        window = set(recent_stream_rows(2, 4, step))
         assert len(rows) == min(6, len(window)) and rows <= window, step
     with pytest.raises(ValueError, match="gate_window_steps"):
         run_growth_training(model, args, signed, output_dir=tmp_path, sequential=True, window_steps=4,

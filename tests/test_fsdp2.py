@@ -35,7 +35,6 @@ def test_ddl_mhc_fsdp2_matches_unsharded_other_residuals_and_charts(tmp_path):
     spawn(tmp_path, ["ddl_mhc-add-rtbp", "ddl_mhc-delta-sinkhorn", "ddl_mhc-add-sinkhorn"])
 
 
-@pytest.mark.skipif(has_scalar_parameter("ddcl_incrt"), reason="DDCL-INCRT still has 0-d parameters")
 def test_ddcl_incrt_fsdp2_matches_unsharded(tmp_path):
     spawn(tmp_path, ["ddcl_incrt"])
 

@@ -20,7 +20,7 @@ from matplotlib.image import imread
 from torch.utils.data import IterableDataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback
 
-from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback
+from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback, plot_growth_history
 
 from harness.recipe import recent_stream_rows
 
@@ -219,6 +219,20 @@ def test_growth_history_file_and_plot(planted_task_run):
     assert image.shape[0] > 300 and image.shape[1] > 500 and image[..., :3].std() > 0.05  # a drawn figure
 
 
+def test_the_plot_adds_an_accuracy_panel_when_the_run_was_evaluated(tmp_path):
+    """An accuracy panel is added only when the log history holds evaluations (entries without
+    `eval_accuracy` are skipped)."""
+    check = {"step": 6, "num_heads": [2], "lambda_max": [0.5], "theta_w": [0.2], "action": ["stop"]}
+    history = {"initial_num_heads": [1], "checks": [check], "growth_started_at_step": 4,
+               "growth_stopped_at_step": 6,
+               "events": [{"step": 6, "layer": 0, "action": "grow", "lambda_max": 0.5, "theta_w": 0.2}]}
+    plot_growth_history(history, tmp_path / "plain.png", last_step=40)
+    evaluations = [{"step": 20, "eval_accuracy": 0.6}, {"step": 40, "eval_accuracy": 0.8}, {"step": 40}]
+    plot_growth_history(history, tmp_path / "accuracy.png", log_history=evaluations, last_step=40)
+    plain, accuracy = imread(tmp_path / "plain.png"), imread(tmp_path / "accuracy.png")
+    assert (plain.shape[0], accuracy.shape[0]) == (550, 750)  # a third panel
+
+
 def test_three_seeds_reach_head_counts_within_one_per_layer(task, tmp_path):
     """Same data, seeds 0, 1, 2. INCRT claims the grown structure is unique; on this task the calibrated
     theta_w (from the untrained model) is soon far below lambda_max, so the counts reached are reported
@@ -237,6 +251,40 @@ def test_three_seeds_reach_head_counts_within_one_per_layer(task, tmp_path):
         assert max(per_seed) - min(per_seed) <= 1, counts
 
 
+def test_start_step_makes_warm_up_and_growth_one_trainer_run(task, tmp_path, monkeypatch):
+    """start_step=6: no gate batch before optimizer step 6; the calibration checks run at step 6, the gate
+    checks every 2 steps after it; the weights before step 6 move as without the callback."""
+    model = tiny_model(gate_threshold="calibrated", gate_calibration_checks=2, gate_prune_factor=0.05)
+    reference = tiny_model()
+    callback = IncrtGrowthCallback(check_every=2, start_step=6)
+    constant = {"lr_scheduler_type": "constant"}  # the same learning rates up to step 6 in both runs
+    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=12, **constant),
+                      train_dataset=task["train"], callbacks=[callback])
+    measured_at, weights_at_start = [], {}
+    measure = model.gate_second_moments
+
+    def recording_moments(*args, **kwargs):
+        if not measured_at:
+            weights_at_start.update({k: v.clone() for k, v in model.state_dict().items() if "gate" not in k})
+        measured_at.append(trainer.state.global_step)
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(model, "gate_second_moments", recording_moments)
+    trainer.train()
+    history = callback.history
+    assert measured_at == [6, 6, 8, 10, 12]  # pruning is on, so checks go on after growth stops
+    assert [check["step"] for check in history["checks"]] == [8, 10, 12]
+    calibrated = [event for event in history["events"] if event["action"] == "calibrated"]
+    assert [event["step"] for event in calibrated] == [6]
+    assert all(event["step"] >= 8 for event in history["events"] if event["action"] != "calibrated")
+    assert history["growth_started_at_step"] == 6
+    Trainer(model=reference, args=training_args(tmp_path / "plain", max_steps=6, **constant),
+            train_dataset=task["train"]).train()
+    for name, value in reference.state_dict().items():
+        if "gate" not in name:
+            torch.testing.assert_close(weights_at_start[name], value, rtol=0, atol=0, msg=name)
+
+
 # --------------------------------------------------------------------------------------------- bad input
 
 
@@ -250,6 +298,9 @@ def test_three_seeds_reach_head_counts_within_one_per_layer(task, tmp_path):
         ({"save_plot": "yes"}, TypeError, "save_plot"),
         ({"regrow": 1}, TypeError, "regrow"),
         ({"gate_rows": [1, 2]}, TypeError, "gate_rows"),
+        ({"start_step": -1}, ValueError, "start_step"),
+        ({"start_step": 2.0}, ValueError, "start_step"),
+        ({"start_step": True}, ValueError, "start_step"),
     ],
 )
 def test_bad_callback_arguments_name_the_argument(kwargs, error, message):
@@ -277,3 +328,28 @@ def test_an_iterable_training_set_is_refused(task, tmp_path):
                       callbacks=[IncrtGrowthCallback()])
     with pytest.raises(ValueError, match="map-style"):
         trainer.train()
+
+
+@pytest.fixture
+def one_process_group():
+    """A single-process gloo group (an in-memory store), as `fully_shard` needs one."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("shard", ["layers", "root"])
+def test_a_model_sharded_by_fsdp2_is_refused_with_ddp_named(task, tmp_path, one_process_group, shard):
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    model = tiny_model()
+    targets = list(model.model.layers) if shard == "layers" else [*model.model.layers, model]
+    for module in targets:
+        fully_shard(module)
+    assert isinstance(model.model.layers[0], FSDPModule)
+    assert isinstance(model, FSDPModule) == (shard == "root")
+    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=2), train_dataset=task["train"],
+                      callbacks=[IncrtGrowthCallback()])
+    with pytest.raises(ValueError, match="FSDP.*use DDP"):
+        trainer.train()
+    assert model.config.num_heads == tiny_model().config.num_heads  # nothing grew

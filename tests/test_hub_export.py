@@ -116,7 +116,7 @@ def test_shipped_files_are_the_modules_with_only_their_geoformers_import_lines_m
     assert {
         "modeling_ddcl_incrt.py",
         "configuration_ddcl_incrt.py",
-        "modeling_growable_attention.py",
+        "modeling_incrt.py",
         "modeling_prototypes.py",
         "configuration_validation.py",
     } <= set(files)

@@ -4,7 +4,7 @@ tensors; the saved adapter reloads on a fresh base model; `merge_and_unload` and
 (alpha / r) B A give the adapted logits.
 
 DDL-mHC: n = 4 streams, delta update, rtbp chart, dynamic maps (so `maps_proj` and `value_proj` exist).
-DDCL-INCRT: heads grown to [2, 3] with `resize_heads`; `GrowableAttention.forward` calls every head's
+DDCL-INCRT: heads grown to [2, 3] with `resize_heads`; `DDCLIncrtAttention.forward` calls every head's
 q/k/v/o projection module, so LoRA layers wrapped around them act (and get gradients).
 """
 

@@ -4,14 +4,17 @@ refused.
 
 `IncrtGrowthCallback` drives a `DDCLIncrtPreTrainedModel` through the model's growth API:
 
-* under `gate_threshold="calibrated"`, theta_w is calibrated at the start of training on the first
-  `gate_calibration_checks` gate batches (INCRT: gate_calibration_factor x median ||A_res||_F), unless the
-  config fixes it or the gates are already calibrated (a resumed or pre-trained model); those checks only
-  calibrate, nothing grows at step 0 (the default "relative" threshold needs no calibration;
-  docs/growth_gate.md);
-* every `check_every` optimizer steps, in `on_step_end` (after the optimizer and scheduler steps, gradients
-  zeroed), each layer's gate checks C = X^T X / N of a gate batch: heads the gate lists are pruned, and a
-  layer still growing gets a head along u+ when lambda_max(A_res) > theta_w. A layer stops growing for good
+* nothing happens before optimizer step `start_step` (default 0): the heads first train with no gate, so
+  warm-up and growth are one `Trainer` run (docs/experiments.md, 'Shared recipe');
+* under `gate_threshold="calibrated"`, theta_w is calibrated at `start_step` (at the start of training for
+  0) on the first `gate_calibration_checks` gate batches (INCRT: gate_calibration_factor x median
+  ||A_res||_F), unless the config fixes it or the gates are already calibrated (a resumed or pre-trained
+  model); those checks only calibrate, nothing grows at that step (the default "relative" threshold needs
+  no calibration; docs/growth_gate.md);
+* every `check_every` optimizer steps after `start_step`, in `on_step_end` (after the optimizer and
+  scheduler steps, gradients zeroed), each layer's gate checks C = X^T X / N of a gate batch: heads the
+  gate lists are pruned, and a layer still growing gets a head along u+ when lambda_max(A_res) > theta_w.
+  A layer stops growing for good
   at its first "stop" (lambda_max <= theta_w) or "full" (max_heads reached) verdict; growth has stopped when
   no layer grows any more (`growth_stopped_at_step`). Checks go on while pruning is enabled. With
   `regrow=True` no verdict is final: every check may grow a layer again (data whose structure changes over
@@ -86,14 +89,18 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         regrow (`bool`): a "stop" or "full" verdict does not end a layer's growth (module docstring).
         gate_rows (`Callable[[int], Sequence[int]]`, *optional*): the training-set rows a gate check at
             `state.global_step` may draw from (default: all); at most `gate_batch_size` of them are used.
+        start_step (`int`): the optimizer step at which growth starts: calibration then, the first gate check
+            `check_every` steps later; none before.
     """
 
     def __init__(self, check_every: int | None = None, gate_batch_size: int | None = None,
                  save_plot: bool = True, regrow: bool = False,
-                 gate_rows: Callable[[int], Sequence[int]] | None = None):
+                 gate_rows: Callable[[int], Sequence[int]] | None = None, start_step: int = 0):
         for name, value in (("check_every", check_every), ("gate_batch_size", gate_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"`start_step` must be an int >= 0, got {start_step!r}")
         for name, value in (("save_plot", save_plot), ("regrow", regrow)):
             if not isinstance(value, bool):
                 raise TypeError(f"`{name}` must be a bool, got {value!r}")
@@ -104,6 +111,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         self.gate_rows = gate_rows
         self.save_plot = save_plot
         self.regrow = regrow
+        self.start_step = start_step
         self.history: dict | None = None
         self._group = None  # process group of the gate's collectives; None in a single process
         self._gradient_hooks: dict[int, torch.utils.hooks.RemovableHandle] = {}
@@ -112,7 +120,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         """ExportableState: saved in trainer_state.json, so a resumed run continues the history."""
         return {
             "args": {"check_every": self.check_every, "gate_batch_size": self.gate_batch_size,
-                     "save_plot": self.save_plot, "regrow": self.regrow},
+                     "save_plot": self.save_plot, "regrow": self.regrow, "start_step": self.start_step},
             "attributes": {"history": self.history},
         }
 
@@ -138,15 +146,19 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         self._every = self.check_every or model.config.gate_check_every
         self._setup_processes(args, model)
         self._start_or_restore_history(state, model)
-        self._calibrate(args, model, state.global_step)
+        if state.global_step >= self.start_step:
+            self._calibrate(args, model, state.global_step)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         model = kwargs["model"]
         history = self.history
-        pruning = model.config.gate_prune_factor > 0
-        if state.global_step % self._every != 0 or not (any(history["growing"]) or pruning):
-            return
         step = state.global_step
+        if step == self.start_step:
+            self._calibrate(args, model, step)
+        pruning = model.config.gate_prune_factor > 0
+        since_start = step - self.start_step
+        if since_start <= 0 or since_start % self._every != 0 or not (any(history["growing"]) or pruning):
+            return
         decisions = model.gate_check(second_moments=self._second_moments(args, model, step))
         events, added, pruned = [], [], False
         for decision in decisions:
@@ -236,7 +248,8 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if output_dir.is_dir():
             drop_kept_copies(output_dir)  # every checkpoint the Trainer kept is marked complete by now
         if self.save_plot:
-            plot_growth_history(self.history, output_dir / PLOT_FILE)
+            plot_growth_history(self.history, output_dir / PLOT_FILE, log_history=state.log_history,
+                                last_step=state.global_step)
 
     # ----------------------------------------------------------------------------------------- helpers
 
@@ -247,8 +260,8 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if state.global_step == 0:
             self.history = {
                 "initial_num_heads": num_heads, "num_heads": num_heads, "growing": [True] * len(num_heads),
-                "verdicts": [None] * len(num_heads), "growth_stopped_at_step": None, "checks": [],
-                "events": [],
+                "verdicts": [None] * len(num_heads), "growth_started_at_step": self.start_step,
+                "growth_stopped_at_step": None, "checks": [], "events": [],
             }
             return
         if self.history is None:
@@ -266,9 +279,11 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
 
     def _setup_processes(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> None:
         """Under several processes: a process group for the gate's collectives, and the DDP settings check."""
-        if args.deepspeed or args.fsdp:
-            raise ValueError("IncrtGrowthCallback supports one process or DDP; DeepSpeed and FSDP shard the "
-                             "parameters that growth changes")
+        if args.deepspeed or args.fsdp or _sharded_by_fsdp(model):
+            raise ValueError("IncrtGrowthCallback cannot grow a model sharded by FSDP (FSDP1 or FSDP2 "
+                             "`fully_shard`) or DeepSpeed: growth changes parameter shapes the shards fixed. "
+                             "To grow on several processes use DDP (the Trainer's default under torchrun "
+                             "without `fsdp`/`deepspeed`)")
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             self._group = None
             return
@@ -323,7 +338,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             for decision, gate, was_uncalibrated in zip(decisions, gates, uncalibrated, strict=True):
                 if was_uncalibrated and bool(gate.calibrated):
                     self.history["events"].append({
-                        "step": 0, "layer": decision.layer, "action": "calibrated",
+                        "step": step, "layer": decision.layer, "action": "calibrated",
                         "theta_w": decision.theta_w, "num_heads": list(model.config.num_heads),
                     })
 
@@ -351,22 +366,38 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
                 handle.remove()
 
 
+def _sharded_by_fsdp(model: torch.nn.Module) -> bool:
+    """Whether `fully_shard` (FSDP2) or FSDP1 wraps the model or any of its modules."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return any(isinstance(module, (FSDPModule, FullyShardedDataParallel)) for module in model.modules())
+
+
 # --------------------------------------------------------------------------------------------- history plot
 
 
-def plot_growth_history(history: dict, path: str | os.PathLike) -> None:
-    """PNG of heads per layer (top) and lambda_max with theta_w dashed (bottom) against optimizer steps;
-    grow events are marked. Uses matplotlib's Agg canvas (no display, no global backend change)."""
+def plot_growth_history(history: dict, path: str | os.PathLike, *, log_history: list[dict] | None = None,
+                        last_step: int | None = None) -> None:
+    """PNG of the whole run against optimizer steps 0..`last_step` (default: the last check): heads per layer,
+    lambda_max with theta_w dashed (grow events marked), and, when `log_history` (the Trainer's
+    `state.log_history`) holds evaluations, validation accuracy. Dotted lines: growth starts / stops. Uses
+    matplotlib's Agg canvas (no display, no global backend change)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     checks = history["checks"]
+    evaluations = [(entry["step"], entry["eval_accuracy"]) for entry in log_history or []
+                   if "eval_accuracy" in entry]
     steps = [0] + [check["step"] for check in checks]
-    figure = Figure(figsize=(7, 5.5), constrained_layout=True)
-    heads_axis, lambda_axis = figure.subplots(2, 1, sharex=True)
+    end = max([steps[-1], last_step or 0, *(step for step, _ in evaluations)])
+    figure = Figure(figsize=(7, 7.5 if evaluations else 5.5), constrained_layout=True)
+    axes = figure.subplots(3 if evaluations else 2, 1, sharex=True)
+    heads_axis, lambda_axis = axes[0], axes[1]
     for layer, initial in enumerate(history["initial_num_heads"]):
         heads = [initial] + [check["num_heads"][layer] for check in checks]
-        line = heads_axis.step(steps, heads, where="post", label=f"layer {layer}")[0]
+        line = heads_axis.step(steps + [end], heads + heads[-1:], where="post", label=f"layer {layer}")[0]
         lambda_axis.plot(steps[1:], [check["lambda_max"][layer] for check in checks], marker=".",
                          color=line.get_color(), label=f"lambda_max, layer {layer}")
         lambda_axis.plot(steps[1:], [check["theta_w"][layer] for check in checks], linestyle="--",
@@ -374,18 +405,23 @@ def plot_growth_history(history: dict, path: str | os.PathLike) -> None:
         grown = [e for e in history["events"] if e["action"] == "grow" and e["layer"] == layer]
         lambda_axis.scatter([e["step"] for e in grown], [e["lambda_max"] for e in grown], marker="^",
                             color=line.get_color(), zorder=3)
-    stopped = history["growth_stopped_at_step"]
-    for axis in (heads_axis, lambda_axis):
-        if stopped is not None:
-            axis.axvline(stopped, color="grey", linewidth=0.8, linestyle=":")
-        axis.legend(fontsize="small")
+    if evaluations:
+        axes[2].plot(*zip(*evaluations, strict=True), marker="o", color="black")
+        axes[2].set_ylabel("validation accuracy")
+    started, stopped = history.get("growth_started_at_step") or 0, history["growth_stopped_at_step"]
+    for axis in axes:
+        for step in (started or None, stopped):
+            if step is not None:
+                axis.axvline(step, color="grey", linewidth=0.8, linestyle=":")
+    heads_axis.legend(fontsize="small")
+    lambda_axis.legend(fontsize="small")
+    heads_axis.set_xlim(0, max(end, 1))
     heads_axis.yaxis.set_major_locator(MaxNLocator(integer=True))
     heads_axis.set_ylabel("heads")
-    heads_axis.set_title("INCRT growth (triangles: heads grown; dotted: growth stopped)")
+    heads_axis.set_title("INCRT growth (triangles: heads grown; dotted: growth starts / stops)")
     lambda_axis.set_ylabel("lambda_max(A_res)")
-    lambda_axis.set_xlabel("optimizer step")
+    axes[-1].set_xlabel("optimizer step")
     figure.savefig(path, dpi=100)
-
 
 
 __all__ = ["IncrtGrowthCallback", "plot_growth_history"]

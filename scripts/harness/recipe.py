@@ -1,6 +1,7 @@
 """The growth recipe of the DDCL-INCRT experiment scripts on the stock `Trainer`.
 
-Growth recipe (`run_growth_training`, a project choice; the papers do not say when to calibrate):
+Growth recipe (`run_growth_training`, a project choice; the papers do not say when to calibrate), one
+`Trainer` whose `IncrtGrowthCallback(start_step=pre_growth_steps)` waits for the warm-up:
 
 1. pre-growth: the initial heads train for `pre_growth_steps` with no gate. At initialisation W_Q, W_K are
    N(0, initializer_range^2): A_sym is a random-like matrix with many eigenvalues of similar size, and the
@@ -9,13 +10,15 @@ Growth recipe (`run_growth_training`, a project choice; the papers do not say wh
 2. growth: `IncrtGrowthCallback` checks every `check_every` steps, by default (the config's relative rule)
    against theta_w = gate_calibration_factor x ||A_sym||_F of each check, which follows the spectrum as it
    grows during training (`--gate_threshold calibrated`: the author's theta_w, calibrated once on the
-   trained heads and then fixed; with it the CoV-2, SST-2 and non-stationary runs grew to `max_heads`). One
-   optimizer (`make_optimizer`) serves every phase, so Adam moments carry over. With `window_steps` the
-   growth phase runs as consecutive windows, each a `Trainer` with a fresh callback that draws its gate
-   batches from the window's rows only (a time-ordered stream must not show the gate future rows) and may
-   grow again after a stop (the gate re-armed every window; the windows are fixed in time). With
-   `gate_window_steps` instead, one callback with `regrow=True` runs the whole growth phase and each check
-   draws its gate batch from the rows of the last `gate_window_steps` steps (`IncrtGrowthCallback.gate_rows`).
+   trained heads and then fixed; with it the CoV-2, SST-2 and non-stationary runs grew to `max_heads`).
+   The learning rate follows one `lr_scheduler_type` schedule (with `warmup_steps`) over the whole run.
+
+With `gate_window_steps`, the callback has `regrow=True` and each check draws its gate batch from the rows of
+the last `gate_window_steps` steps (`IncrtGrowthCallback.gate_rows`). With `window_steps` instead the run is
+split: pre-growth, then consecutive windows, each a `Trainer` with a fresh callback that draws its gate
+batches from the window's rows only (a time-ordered stream must not show the gate future rows) and may grow
+again after a stop (the gate re-armed every window; the windows are fixed in time). One optimizer
+(`make_optimizer`) serves every `Trainer`, so Adam moments carry over.
 
 Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included.
 """
@@ -96,6 +99,23 @@ def _merge_window_history(merged: dict | None, window: dict) -> dict:
     return merged
 
 
+class _GrowthStart(TrainerCallback):
+    """At optimizer step `step` of a run that warms up and grows (growth starts there): `on_window(step, end)`
+    and a `probe` record, as at the start of a separate growth phase."""
+
+    def __init__(self, step: int, end: int, on_window: Callable[[int, int], None] | None,
+                 probe: PrototypeProbe | None):
+        self.step, self.end, self.on_window, self.probe = step, end, on_window, probe
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step != self.step:
+            return
+        if self.on_window is not None:
+            self.on_window(self.step, self.end)
+        if self.probe is not None and self.step % self.probe.every != 0:
+            self.probe.record(model, self.step)
+
+
 def recent_stream_rows(window_steps: int, rows_per_step: int, step: int) -> range:
     """Rows of a sequential stream trained in the last `window_steps` steps before `step` (at step 0: the
     first step's rows)."""
@@ -139,23 +159,24 @@ def run_growth_training(
     output_dir = Path(output_dir)
     optimizer = None  # one for all phases, built from the first phase's arguments
     compute_metrics = classification_metrics() if eval_dataset is not None else None
-    growth_steps = args.max_steps - args.pre_growth_steps
-    window = window_steps or growth_steps
-    phases = [(0, args.pre_growth_steps)] if args.pre_growth_steps else []
-    phases += [(start, min(start + window, args.max_steps))
-               for start in range(args.pre_growth_steps, args.max_steps, window)]
+    if window_steps is None:  # one Trainer; the callback starts growing at pre_growth_steps
+        phases = [(0, args.max_steps)]
+    else:
+        phases = [(0, args.pre_growth_steps)] if args.pre_growth_steps else []
+        phases += [(start, min(start + window_steps, args.max_steps))
+                   for start in range(args.pre_growth_steps, args.max_steps, window_steps)]
     run = GrowthRun(model=model, history={})
     merged, window_stops = None, []
     started = time.perf_counter()
     for index, (start, end) in enumerate(phases):
-        growing = start >= args.pre_growth_steps
+        growing = end > args.pre_growth_steps
         if on_window is not None:
-            on_window(start, end)
+            on_window(start, min(end, args.pre_growth_steps) if start < args.pre_growth_steps else end)
         rows = train_dataset
         if sequential:
             rows = train_dataset.select(range(start * args.batch_size, end * args.batch_size))
         last = index == len(phases) - 1
-        scheduler = args.lr_scheduler_type if growing and window_steps is None else "constant_with_warmup"
+        scheduler = args.lr_scheduler_type if window_steps is None else "constant_with_warmup"
         phase_args = training_arguments(
             args, output_dir, max_steps=end - start, scheduler=scheduler,
             warmup_steps=args.warmup_steps if index == 0 else 0, data_seed=args.seed + index,
@@ -171,13 +192,16 @@ def run_growth_training(
             if continuous:
                 gate_rows = partial(recent_stream_rows, gate_window_steps, args.batch_size)
             callback = IncrtGrowthCallback(check_every=args.check_every, gate_batch_size=args.gate_batch_size,
-                                           save_plot=False, regrow=continuous, gate_rows=gate_rows)
+                                           save_plot=False, regrow=continuous, gate_rows=gate_rows,
+                                           start_step=max(args.pre_growth_steps - start, 0))
             callbacks.append(callback)
         if print_events:
             callbacks.append(GrowthEventPrinter(callback, step_offset=start))
         if probe is not None:
             probe.step_offset = start
             callbacks.append(probe)
+        if start < args.pre_growth_steps < end:  # one Trainer warms up, then grows
+            callbacks.append(_GrowthStart(args.pre_growth_steps, end, on_window, probe))
         trainer = (trainer_class or Trainer)(
             model=model, args=phase_args, train_dataset=rows,
             eval_dataset=eval_dataset if phase_args.eval_strategy != "no" else None,
@@ -208,5 +232,5 @@ def run_growth_training(
     run.history = merged
     output_dir.mkdir(parents=True, exist_ok=True)
     write_json(output_dir / HISTORY_FILE, merged)
-    plot_growth_history(merged, output_dir / PLOT_FILE)
+    plot_growth_history(merged, output_dir / PLOT_FILE, log_history=run.log_history, last_step=args.max_steps)
     return run
