@@ -1,4 +1,12 @@
-"""geoformers: transformers whose structure comes from geometry (see docs in README.md)."""
+"""geoformers: transformers whose structure comes from geometry (see docs in README.md).
+
+`import geoformers` loads the two configs and models (the Auto registration needs the classes) and nothing
+else; the conversion and export helpers and the `training` / `tokenization` packages load on first use
+(PEP 562 module `__getattr__`; docs/README.md, 'Import cost').
+"""
+
+import importlib
+from typing import TYPE_CHECKING
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -7,8 +15,10 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
-from geoformers.modeling.hub_export import export_for_hub
-from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+
+if TYPE_CHECKING:
+    from geoformers.modeling.hub_export import export_for_hub
+    from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
 __version__ = "0.1.0"
 
@@ -21,6 +31,26 @@ AutoModelForSequenceClassification.register(DDCLIncrtConfig, DDCLIncrtForSequenc
 AutoConfig.register("ddl_mhc", DDLmHCConfig)
 AutoModel.register(DDLmHCConfig, DDLmHCModel)
 AutoModelForCausalLM.register(DDLmHCConfig, DDLmHCForCausalLM)
+
+# name -> the module that defines it, imported on first access
+_LAZY = {
+    "convert_llama_to_ddl_mhc": "geoformers.modeling.llama_conversion",
+    "export_for_hub": "geoformers.modeling.hub_export",
+}
+_SUBPACKAGES = ("tokenization", "training")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_SUBPACKAGES})
+
 
 __all__ = [
     "DDCLIncrtConfig",

