@@ -21,7 +21,7 @@ from fake_hub import faked_hub
 README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = {"max_steps": 4, "save_steps": 2, "eval_steps": 2, "check_every": 2}
 # the growth snippet (it names IncrtGrowthCallback): warm-up and growth of 150 steps each on 1,024 rows
-LEARNING = {"max_steps": 150, "save_steps": 150, "num_train": 1024, "num_validation": 400}
+LEARNING = {"max_steps": 300, "start_step": 150, "save_steps": 300, "num_train": 1024, "num_validation": 400}
 TEXT = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
     "arrows of outrageous fortune, or to take arms against a sea of troubles and by opposing end them.\n"
@@ -57,7 +57,7 @@ def test_caps_apply_to_the_named_keywords_only():
     assert namespace["a"] == {"max_steps": 4, "save_steps": 1, "learning_rate": 1000, "check_every": 2}
     growth = {"IncrtGrowthCallback": dict}
     exec(tiny("IncrtGrowthCallback(); a = dict(max_steps=1800, num_train=4000, seed=0)", "t"), growth)
-    assert growth["a"] == {"max_steps": 150, "num_train": 1024, "seed": 0}
+    assert growth["a"] == {"max_steps": 300, "num_train": 1024, "seed": 0}
 
 
 def test_readme_python_snippets_run_as_written(tmp_path, monkeypatch, capsys):
