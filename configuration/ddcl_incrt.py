@@ -116,8 +116,14 @@ class DDCLIncrtConfig(ValidatedConfig):
 
     model_type = "ddcl_incrt"
     keys_to_ignore_at_inference = [
-        "hidden_states", "attentions", "l_q", "l_ols", "prototype_variance", "temperatures",
-        "min_prototype_distance", "prototype_perplexity",
+        "hidden_states",
+        "attentions",
+        "l_q",
+        "l_ols",
+        "prototype_variance",
+        "temperatures",
+        "min_prototype_distance",
+        "prototype_perplexity",
     ]
 
     vocab_size: int = size(default=30522)
@@ -166,8 +172,10 @@ class DDCLIncrtConfig(ValidatedConfig):
         heads = kwargs.pop("num_attention_heads", None)
         if heads is not None:
             if self.num_heads is not None and self.num_heads != heads:
-                raise ValueError(f"`num_attention_heads` ({heads!r}) contradicts `num_heads` "
-                                 f"({self.num_heads!r}): pass one of them")
+                raise ValueError(
+                    f"`num_attention_heads` ({heads!r}) contradicts `num_heads` "
+                    f"({self.num_heads!r}): pass one of them"
+                )
             self.num_heads = heads
         if self.max_heads is None:
             if self.head_dim > self.hidden_size:
@@ -200,8 +208,10 @@ class DDCLIncrtConfig(ValidatedConfig):
         """`num_heads` has one count in [1, max_heads] per layer; `tau_init` > `tau_min`; a `bert_config`
         encoder is as wide as the layers it feeds."""
         if len(self.num_heads) != self.num_hidden_layers:
-            raise ValueError(f"`num_heads` has {len(self.num_heads)} entries but `num_hidden_layers` is "
-                             f"{self.num_hidden_layers}")
+            raise ValueError(
+                f"`num_heads` has {len(self.num_heads)} entries but `num_hidden_layers` is "
+                f"{self.num_hidden_layers}"
+            )
         for layer, count in enumerate(self.num_heads):
             if not 1 <= count <= self.max_heads:
                 raise ValueError(
@@ -212,8 +222,10 @@ class DDCLIncrtConfig(ValidatedConfig):
         if self.bert_config is not None:
             encoder_width = self.bert_config.get("hidden_size", BertConfig.hidden_size)
             if encoder_width != self.hidden_size:
-                raise ValueError(f"`bert_config['hidden_size']` ({encoder_width}) must equal `hidden_size` "
-                                 f"({self.hidden_size})")
+                raise ValueError(
+                    f"`bert_config['hidden_size']` ({encoder_width}) must equal `hidden_size` "
+                    f"({self.hidden_size})"
+                )
 
 
 __all__ = ["DDCLIncrtConfig"]

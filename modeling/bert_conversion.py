@@ -21,7 +21,11 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 
 # DDCL-INCRT config fields that must match the BERT checkpoint (its weights are copied into them).
 BERT_SHAPED_FIELDS = (
-    "vocab_size", "hidden_size", "max_position_embeddings", "type_vocab_size", "pad_token_id",
+    "vocab_size",
+    "hidden_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "pad_token_id",
     "layer_norm_eps",
 )
 

@@ -142,7 +142,7 @@ class DDCLIncrtHead(nn.Module):
     def align_with(self, direction: torch.Tensor) -> None:
         """Make the head attend along the unit vector u: first query and key rows = D^(1/4) u (biases 0),
         so that row's logit q_0 k_0 / sqrt(D) is exactly (u.x_i)(u.x_j)."""
-        scale = self.q_proj.out_features ** 0.25
+        scale = self.q_proj.out_features**0.25
         for projection in (self.q_proj, self.k_proj):
             projection.weight[0] = scale * direction.to(projection.weight.dtype)
             projection.bias[0] = 0.0
@@ -211,8 +211,9 @@ class DDCLIncrtAttention(nn.Module):
             attention_probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
             head_outputs = F.dropout(attention_probs, dropout, self.training) @ value
         else:
-            head_outputs = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                          dropout_p=dropout)
+            head_outputs = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attention_mask, dropout_p=dropout
+            )
         banks, temperatures = self.prototype_banks(), self.temperatures()
         prototypes = prototype_block(head_outputs, banks, temperatures)
         output = sum(head.o_proj(prototypes.output[:, index]) for index, head in enumerate(self.heads))
@@ -271,15 +272,17 @@ def _prototype_statistics(attention: AttentionOutput, token_mask: torch.Tensor) 
 
 def _merge_layer_statistics(layers: list[dict[str, torch.Tensor]]) -> dict:
     """The statistics of `DDCLIncrtModelOutput`: losses averaged over layers, per-head ones per layer."""
-    merged = {name: torch.stack([layer[name] for layer in layers]).mean()
-              for name in ("l_q", "l_ols", "prototype_variance")}
+    merged = {
+        name: torch.stack([layer[name] for layer in layers]).mean()
+        for name in ("l_q", "l_ols", "prototype_variance")
+    }
     for name in ("temperatures", "min_prototype_distance", "prototype_perplexity"):
         merged[name] = tuple(layer[name] for layer in layers)
     return merged
 
 
 def _pool(hidden_states: torch.Tensor, token_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """"cls": the first token's state; "mean": the mean over real tokens."""
+    """ "cls": the first token's state; "mean": the mean over real tokens."""
     if pooling == "cls":
         return hidden_states[:, 0]
     weights = token_mask[..., None].to(hidden_states.dtype)
@@ -296,8 +299,10 @@ def _checks_values(tensor: torch.Tensor) -> bool:
 
 def _require_tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(value).__name__} (tokenizers return "
-                        "tensors with return_tensors='pt')")
+        raise TypeError(
+            f"`{name}` must be a torch.Tensor, got {type(value).__name__} (tokenizers return "
+            "tensors with return_tensors='pt')"
+        )
     return value
 
 
@@ -380,8 +385,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             if input_ids.numel() and _checks_values(input_ids):
                 low, high = int(input_ids.min()), int(input_ids.max())
                 if low < 0 or high >= config.vocab_size:
-                    raise ValueError(f"`input_ids` must lie in [0, vocab_size={config.vocab_size}), got "
-                                     f"values in [{low}, {high}]")
+                    raise ValueError(
+                        f"`input_ids` must lie in [0, vocab_size={config.vocab_size}), got "
+                        f"values in [{low}, {high}]"
+                    )
         else:
             name, inputs_embeds = "inputs_embeds", _require_tensor("inputs_embeds", inputs_embeds)
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
@@ -399,8 +406,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         if shape[0] == 0:
             raise ValueError(f"`{name}` has batch size 0: pass at least one sequence")
         if shape[1] < 1 or shape[1] > config.max_position_embeddings:
-            raise ValueError(f"`{name}` has sequence length {shape[1]}, which must lie in [1, "
-                             f"max_position_embeddings={config.max_position_embeddings}]")
+            raise ValueError(
+                f"`{name}` has sequence length {shape[1]}, which must lie in [1, "
+                f"max_position_embeddings={config.max_position_embeddings}]"
+            )
         device = input_ids.device if input_ids is not None else inputs_embeds.device
         if token_type_ids is not None:
             token_type_ids = _integer_ids("token_type_ids", token_type_ids)
@@ -420,8 +429,9 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             return input_ids, token_type_ids, torch.ones(shape, dtype=torch.bool, device=device)
         attention_mask = _require_tensor("attention_mask", attention_mask)
         if tuple(attention_mask.shape) != shape:
-            raise ValueError(f"`attention_mask` must have shape {shape} like the inputs, got "
-                             f"{tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"`attention_mask` must have shape {shape} like the inputs, got {tuple(attention_mask.shape)}"
+            )
         if attention_mask.dtype.is_complex:
             raise TypeError(
                 f"`attention_mask` must be a bool, integer or float tensor, got {attention_mask.dtype}"
@@ -456,8 +466,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         }
         for name, value in built.items():
             if getattr(config, name) != value:
-                raise ValueError(f"`config.{name}` = {getattr(config, name)!r} but the model was built with "
-                                 f"{value}: build a new model from the edited config")
+                raise ValueError(
+                    f"`config.{name}` = {getattr(config, name)!r} but the model was built with "
+                    f"{value}: build a new model from the edited config"
+                )
         if config.pooling not in ("cls", "mean"):
             raise ValueError(f"`config.pooling` must be 'cls' or 'mean', got {config.pooling!r}")
         for index, layer in enumerate(self.layers):
@@ -498,8 +510,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         if inputs_embeds is not None and _checks_values(hidden_states) and not hidden_states.isfinite().all():
             largest = float(inputs_embeds.abs().max())
-            raise ValueError(f"`inputs_embeds` are too large: their embedding LayerNorm overflows "
-                             f"{hidden_states.dtype} (largest |value| {largest:.3g})")
+            raise ValueError(
+                f"`inputs_embeds` are too large: their embedding LayerNorm overflows "
+                f"{hidden_states.dtype} (largest |value| {largest:.3g})"
+            )
         if self.bert_encoder is not None:
             bert_mask = create_bidirectional_mask(self.bert_encoder.config, hidden_states, token_mask.long())
             hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
@@ -520,8 +534,11 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         pooled = _pool(hidden_states, token_mask, config.pooling)
         statistics = _merge_layer_statistics(layer_statistics) if output_prototype_statistics else {}
         return DDCLIncrtModelOutput(
-            last_hidden_state=hidden_states, pooler_output=pooled, hidden_states=all_hidden_states,
-            attentions=all_attentions, **statistics,
+            last_hidden_state=hidden_states,
+            pooler_output=pooled,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+            **statistics,
         )
 
 
@@ -557,9 +574,13 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
             Add the encoder's batch statistics (see `DDCLIncrtModelOutput`) to the output.
         """
         outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
             output_prototype_statistics=bool(output_prototype_statistics) or labels is not None,
         )
         logits = self.classifier(self.dropout(outputs.pooler_output))
@@ -568,11 +589,22 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
             loss = self._task_loss(logits, labels) + self.config.prototype_loss_weight * outputs.l_q
         statistics = {}
         if output_prototype_statistics:
-            statistics = {name: outputs[name] for name in (
-                "l_q", "l_ols", "prototype_variance", "temperatures", "min_prototype_distance",
-                "prototype_perplexity")}
+            statistics = {
+                name: outputs[name]
+                for name in (
+                    "l_q",
+                    "l_ols",
+                    "prototype_variance",
+                    "temperatures",
+                    "min_prototype_distance",
+                    "prototype_perplexity",
+                )
+            }
         return DDCLIncrtSequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
             **statistics,
         )
 
@@ -594,8 +626,10 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if problem_type == "single_label_classification":
             if labels.shape != (batch,) or not integer:
-                raise ValueError(f"`labels` must be an integer tensor of shape ({batch},) for "
-                                 f"single-label classification, got {labels.dtype} {tuple(labels.shape)}")
+                raise ValueError(
+                    f"`labels` must be an integer tensor of shape ({batch},) for "
+                    f"single-label classification, got {labels.dtype} {tuple(labels.shape)}"
+                )
             labels = labels.long()
             counted = labels != -100
             if _checks_values(labels) and not bool(((labels >= 0) & (labels < num_labels) | ~counted).all()):
@@ -604,8 +638,10 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
             return total / counted.sum().clamp_min(1)
         if labels.dtype.is_complex or labels.shape not in ((batch, num_labels), (batch,) * (num_labels == 1)):
             expected = f"({batch}, {num_labels})" + (f" or ({batch},)" if num_labels == 1 else "")
-            raise ValueError(f"`labels` must be a real tensor of shape {expected} for {problem_type}, got "
-                             f"{labels.dtype} {tuple(labels.shape)}")
+            raise ValueError(
+                f"`labels` must be a real tensor of shape {expected} for {problem_type}, got "
+                f"{labels.dtype} {tuple(labels.shape)}"
+            )
         targets = labels.reshape(batch, num_labels).to(logits.dtype)
         if problem_type == "regression":
             if _checks_values(targets) and not bool(targets.isfinite().all()):
@@ -616,5 +652,10 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
         return F.binary_cross_entropy_with_logits(logits, targets)
 
 
-__all__ = ["DDCLIncrtPreTrainedModel", "DDCLIncrtModel", "DDCLIncrtForSequenceClassification",
-           "DDCLIncrtModelOutput", "DDCLIncrtSequenceClassifierOutput"]
+__all__ = [
+    "DDCLIncrtPreTrainedModel",
+    "DDCLIncrtModel",
+    "DDCLIncrtForSequenceClassification",
+    "DDCLIncrtModelOutput",
+    "DDCLIncrtSequenceClassifierOutput",
+]

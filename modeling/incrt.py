@@ -60,8 +60,9 @@ def directional_matrix(query_weights: torch.Tensor, key_weights: torch.Tensor) -
     return (bilinear - bilinear.T) / 2
 
 
-def head_directional_energy(second_moment: torch.Tensor, query_weights: torch.Tensor,
-                            key_weights: torch.Tensor) -> torch.Tensor:
+def head_directional_energy(
+    second_moment: torch.Tensor, query_weights: torch.Tensor, key_weights: torch.Tensor
+) -> torch.Tensor:
     """INCRT prune criterion ||C M_a^h||_F per head -> (H,), without forming a d x d matrix per head.
 
     C M_a^h = L R^T / 2 with L = [C W_Q, -C W_K], R = [W_K, W_Q] (d x 2D), so ||C M_a^h||_F^2 =
@@ -225,16 +226,18 @@ def _orthogonal_to(vector: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
     return _unit(vector - (vector @ unit) * unit)
 
 
-def coupled_oja_step(u_plus: torch.Tensor, u_minus: torch.Tensor, matrix: torch.Tensor, rate: float,
-                     gamma: float) -> torch.Tensor:
+def coupled_oja_step(
+    u_plus: torch.Tensor, u_minus: torch.Tensor, matrix: torch.Tensor, rate: float, gamma: float
+) -> torch.Tensor:
     """Oja's step for the unit u+ (as `incrt.oja_step`: u + eta A u, normalised) with the author's coupling
     term -eta (1 - gamma*) (u+^T A u-) u-."""
     coupling = float(u_plus @ (matrix @ u_minus))
     return _unit(u_plus + rate * (matrix @ u_plus - (1.0 - gamma) * coupling * u_minus))
 
 
-def coupled_mca_step(u_minus: torch.Tensor, u_plus: torch.Tensor, matrix: torch.Tensor, rate: float,
-                     gamma: float) -> torch.Tensor:
+def coupled_mca_step(
+    u_minus: torch.Tensor, u_plus: torch.Tensor, matrix: torch.Tensor, rate: float, gamma: float
+) -> torch.Tensor:
     """MCA EXIN's step for the unit u- (as `incrt.mca_exin_step`: u - eta (A u - rho u)) plus the author's
     coupling term eta gamma* (1 - gamma*) (u+^T A u-) u+, normalised, then made orthogonal to u+."""
     product = matrix @ u_minus
@@ -262,8 +265,17 @@ def _rayleigh_and_residual(vector: torch.Tensor, matrix: torch.Tensor, floor: fl
     return rayleigh, float((product - rayleigh * vector).norm()) / max(abs(rayleigh), floor, EPS)
 
 
-def track_coupled_pair(matrix: torch.Tensor, u_plus: torch.Tensor, u_minus: torch.Tensor, *, rates: tuple,
-                       gamma: float, max_steps: int, tolerance: float, floor: float) -> TrackedPair:
+def track_coupled_pair(
+    matrix: torch.Tensor,
+    u_plus: torch.Tensor,
+    u_minus: torch.Tensor,
+    *,
+    rates: tuple,
+    gamma: float,
+    max_steps: int,
+    tolerance: float,
+    floor: float,
+) -> TrackedPair:
     """Joint warm-started iterations of `coupled_oja_step` and `coupled_mca_step` (rates = (eta+, eta-))
     until both relative residuals ||A u - rho u|| / max(|rho|, floor) are <= tolerance or `max_steps`."""
     u_plus, u_minus = _unit(u_plus), _orthogonal_to(u_minus, _unit(u_plus))
@@ -283,8 +295,15 @@ class SpectralGaps(NamedTuple):
     minus: float  # (lambda_{d-1} - lambda_d) / b
 
 
-def next_extreme_eigenvalue(matrix: torch.Tensor, found: torch.Tensor, start: torch.Tensor, *, minor: bool,
-                            rate: float, max_steps: int) -> float:
+def next_extreme_eigenvalue(
+    matrix: torch.Tensor,
+    found: torch.Tensor,
+    start: torch.Tensor,
+    *,
+    minor: bool,
+    rate: float,
+    max_steps: int,
+) -> float:
     """lambda_2 (or lambda_{d-1} with `minor`): the top (bottom) Rayleigh quotient of A on the complement of
     the unit eigenvector estimate `found`, by power steps u +- eta A u kept orthogonal to it, `max_steps`
     of them from `start` (a gap estimate, not a decision)."""
@@ -295,17 +314,21 @@ def next_extreme_eigenvalue(matrix: torch.Tensor, found: torch.Tensor, start: to
     return float(vector @ (matrix @ vector))
 
 
-def tracked_spectral_gaps(matrix: torch.Tensor, pair: TrackedPair, starts: tuple, *, bound: float,
-                          rates: tuple, max_steps: int) -> SpectralGaps:
+def tracked_spectral_gaps(
+    matrix: torch.Tensor, pair: TrackedPair, starts: tuple, *, bound: float, rates: tuple, max_steps: int
+) -> SpectralGaps:
     """Delta+ / b and Delta- / b from the trackers' Rayleigh quotients (lambda_max, lambda_min) and one more
     tracker each for lambda_2 and lambda_{d-1} (`next_extreme_eigenvalue`); clamped at 0."""
-    second = next_extreme_eigenvalue(matrix, pair.top, starts[0], minor=False, rate=rates[0],
-                                     max_steps=max_steps)
-    penultimate = next_extreme_eigenvalue(matrix, pair.minor, starts[1], minor=True, rate=rates[1],
-                                          max_steps=max_steps)
+    second = next_extreme_eigenvalue(
+        matrix, pair.top, starts[0], minor=False, rate=rates[0], max_steps=max_steps
+    )
+    penultimate = next_extreme_eigenvalue(
+        matrix, pair.minor, starts[1], minor=True, rate=rates[1], max_steps=max_steps
+    )
     scale = max(bound, EPS)
-    return SpectralGaps(max(pair.lambda_max - second, 0.0) / scale,
-                        max(penultimate - pair.lambda_min, 0.0) / scale)
+    return SpectralGaps(
+        max(pair.lambda_max - second, 0.0) / scale, max(penultimate - pair.lambda_min, 0.0) / scale
+    )
 
 
 def exact_spectral_gaps(matrix: torch.Tensor, bound: float) -> SpectralGaps:
@@ -314,12 +337,21 @@ def exact_spectral_gaps(matrix: torch.Tensor, bound: float) -> SpectralGaps:
     if eigenvalues.shape[0] < 2:
         return SpectralGaps(0.0, 0.0)
     scale = max(bound, EPS)
-    return SpectralGaps(float(eigenvalues[-1] - eigenvalues[-2]) / scale,
-                        float(eigenvalues[1] - eigenvalues[0]) / scale)
+    return SpectralGaps(
+        float(eigenvalues[-1] - eigenvalues[-2]) / scale, float(eigenvalues[1] - eigenvalues[0]) / scale
+    )
 
 
-def bidirectional_action(lambda_max: float, lambda_min: float, *, theta_w: float, phi_w: float,
-                         use_lambda_min: bool, in_dwell: bool, full: bool) -> str:
+def bidirectional_action(
+    lambda_max: float,
+    lambda_min: float,
+    *,
+    theta_w: float,
+    phi_w: float,
+    use_lambda_min: bool,
+    in_dwell: bool,
+    full: bool,
+) -> str:
     """The rule's verdict on converged trackers: "grow", "dwell" (would grow, but within T_d checks of the
     last growth: check again), "full" (would grow at max_heads) or "stop" (lambda_max <= theta_w, or
     lambda_min >= phi_w: no negative direction left for a head to pair with)."""
@@ -333,6 +365,7 @@ def bidirectional_action(lambda_max: float, lambda_min: float, *, theta_w: float
 # ---------------------------------------------------------------------------------------------------------
 # Gate state and decisions
 # ---------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class GateDecision:
@@ -374,8 +407,7 @@ class IncrtGate(nn.Module):
         self.layer_index = layer_index
         bidirectional = config.gate_rule == "bidirectional"
         for name, value in self.initial_state().items():
-            self.register_buffer(name, value,
-                                 persistent=bidirectional or name not in DWELL_STATE)
+            self.register_buffer(name, value, persistent=bidirectional or name not in DWELL_STATE)
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         """Buffer values of a fresh gate (used by the constructor and by `_init_weights`)."""
@@ -435,8 +467,9 @@ class IncrtGate(nn.Module):
         return sorted(candidates, reverse=True)
 
     @torch.no_grad()
-    def check(self, second_moment: torch.Tensor, directional: torch.Tensor,
-              head_energies: torch.Tensor) -> GateDecision:
+    def check(
+        self, second_moment: torch.Tensor, directional: torch.Tensor, head_energies: torch.Tensor
+    ) -> GateDecision:
         """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision; under
         `gate_rule="bidirectional"` the bidirectional rule above (docs/growth_gate.md)."""
         config = self.config
@@ -448,8 +481,10 @@ class IncrtGate(nn.Module):
             scale = float(torch.linalg.matrix_norm(symmetric))
             spectral_bound = float(spectral_radius_bound(residual))
             if not all(math.isfinite(value) for value in (residual_norm, scale, spectral_bound)):
-                raise ValueError("the gate's matrices A_sym / A_res overflow float32 (C = X^T X / N or the "
-                                 "query/key weights are too large); the gate state is left unchanged")
+                raise ValueError(
+                    "the gate's matrices A_sym / A_res overflow float32 (C = X^T X / N or the "
+                    "query/key weights are too large); the gate state is left unchanged"
+                )
             self.num_checks += 1
             if config.gate_theta_w is None and config.gate_threshold == "relative":
                 self.theta_w.fill_(config.gate_calibration_factor * scale)
@@ -461,24 +496,34 @@ class IncrtGate(nn.Module):
                 minor = TrackedEigenpair(exact.minor, exact.lambda_min, 0.0, 0)
             else:
                 seed = 1000 * (self.layer_index + 1) + int(self.basis_size)
-                rates = (config.gate_oja_step / max(spectral_bound, EPS),
-                         config.gate_mca_step / max(spectral_bound, EPS))
+                rates = (
+                    config.gate_oja_step / max(spectral_bound, EPS),
+                    config.gate_mca_step / max(spectral_bound, EPS),
+                )
                 tracker = {
-                    "max_steps": config.gate_tracker_steps, "tolerance": config.gate_tracker_tolerance,
-                    "floor": float(self.theta_w), "spectral_bound": spectral_bound,
+                    "max_steps": config.gate_tracker_steps,
+                    "tolerance": config.gate_tracker_tolerance,
+                    "floor": float(self.theta_w),
+                    "spectral_bound": spectral_bound,
                 }
                 starts = (self._warm_start(self.u_plus, seed), self._warm_start(self.u_minus, seed + 500))
                 if bidirectional and config.gate_couple_trackers:
                     pair = track_coupled_pair(
-                        residual, *starts, rates=rates, gamma=coupling_weight(*self.spectral_gaps.tolist()),
-                        max_steps=tracker["max_steps"], tolerance=tracker["tolerance"],
-                        floor=tracker["floor"])
+                        residual,
+                        *starts,
+                        rates=rates,
+                        gamma=coupling_weight(*self.spectral_gaps.tolist()),
+                        max_steps=tracker["max_steps"],
+                        tolerance=tracker["tolerance"],
+                        floor=tracker["floor"],
+                    )
                     top = TrackedEigenpair(pair.top, pair.lambda_max, pair.top_residual, pair.steps)
                     minor = TrackedEigenpair(pair.minor, pair.lambda_min, pair.minor_residual, pair.steps)
                 else:
                     top = track_eigenvector(residual, starts[0], step=config.gate_oja_step, **tracker)
-                    minor = track_eigenvector(residual, starts[1], step=config.gate_mca_step, minor=True,
-                                              **tracker)
+                    minor = track_eigenvector(
+                        residual, starts[1], step=config.gate_mca_step, minor=True, **tracker
+                    )
             if bidirectional:
                 gaps = self._spectral_gaps(residual, top, minor, spectral_bound)
                 self.spectral_gaps.copy_(torch.tensor(gaps))
@@ -492,39 +537,65 @@ class IncrtGate(nn.Module):
             prune = self._update_prune_counters(head_energies.float())
             phi_w = config.gate_phi_w_factor * theta_w
             # u-'s Rayleigh quotient bounds lambda_min from above: rho- < phi_w settles the test unconverged
-            minor_unsettled = (bidirectional and config.gate_use_lambda_min_test and minor.eigenvalue >= phi_w
-                               and minor.residual > config.gate_tracker_tolerance)
+            minor_unsettled = (
+                bidirectional
+                and config.gate_use_lambda_min_test
+                and minor.eigenvalue >= phi_w
+                and minor.residual > config.gate_tracker_tolerance
+            )
             if top.residual > config.gate_tracker_tolerance or minor_unsettled:
                 action = "pending"
             elif bidirectional:
                 action = bidirectional_action(
-                    top.eigenvalue, minor.eigenvalue, theta_w=theta_w, phi_w=phi_w,
-                    use_lambda_min=config.gate_use_lambda_min_test, in_dwell=self._in_dwell(),
-                    full=head_energies.shape[0] >= config.max_heads)
+                    top.eigenvalue,
+                    minor.eigenvalue,
+                    theta_w=theta_w,
+                    phi_w=phi_w,
+                    use_lambda_min=config.gate_use_lambda_min_test,
+                    in_dwell=self._in_dwell(),
+                    full=head_energies.shape[0] >= config.max_heads,
+                )
             elif top.eigenvalue > theta_w:
                 action = "full" if head_energies.shape[0] >= config.max_heads else "grow"
             else:
                 action = "stop"
         return GateDecision(
-            layer=self.layer_index, action=action, lambda_max=top.eigenvalue, lambda_min=minor.eigenvalue,
-            theta_w=theta_w, residual_norm=residual_norm,
-            direction=top.vector.clone(), head_energies=head_energies.tolist(), prune=prune,
+            layer=self.layer_index,
+            action=action,
+            lambda_max=top.eigenvalue,
+            lambda_min=minor.eigenvalue,
+            theta_w=theta_w,
+            residual_norm=residual_norm,
+            direction=top.vector.clone(),
+            head_energies=head_energies.tolist(),
+            prune=prune,
         )
 
-    def _spectral_gaps(self, residual: torch.Tensor, top: TrackedEigenpair, minor: TrackedEigenpair,
-                       bound: float) -> tuple[float, float]:
+    def _spectral_gaps(
+        self, residual: torch.Tensor, top: TrackedEigenpair, minor: TrackedEigenpair, bound: float
+    ) -> tuple[float, float]:
         """(Delta+, Delta-) / b of A_res: exact with `gate_use_exact_eigh`, else from the trackers."""
         if self.config.gate_use_exact_eigh:
             return exact_spectral_gaps(residual, bound)
         config = self.config
         seed = 1000 * (self.layer_index + 1) + int(self.basis_size) + 250
-        starts = tuple(project_out(seeded_unit_vector(residual.shape[0], seed + k).to(residual),
-                                   self.active_basis()) for k in (0, 1))
-        pair = TrackedPair(top.vector, top.eigenvalue, top.residual, minor.vector, minor.eigenvalue,
-                           minor.residual, top.steps)
+        starts = tuple(
+            project_out(seeded_unit_vector(residual.shape[0], seed + k).to(residual), self.active_basis())
+            for k in (0, 1)
+        )
+        pair = TrackedPair(
+            top.vector,
+            top.eigenvalue,
+            top.residual,
+            minor.vector,
+            minor.eigenvalue,
+            minor.residual,
+            top.steps,
+        )
         rates = (config.gate_oja_step / max(bound, EPS), config.gate_mca_step / max(bound, EPS))
-        return tracked_spectral_gaps(residual, pair, starts, bound=bound, rates=rates,
-                                     max_steps=config.gate_tracker_steps)
+        return tracked_spectral_gaps(
+            residual, pair, starts, bound=bound, rates=rates, max_steps=config.gate_tracker_steps
+        )
 
     def _in_dwell(self) -> bool:
         """Fewer than T_d checks since the layer's last growth (`gate_use_dwell`; docs/growth_gate.md)."""
@@ -533,8 +604,12 @@ class IncrtGate(nn.Module):
             return False
         config = self.config
         dwell = dwell_checks(
-            config.gate_oja_step, float(self.spectral_gaps[0]), kappa_t=config.gate_dwell_kappa,
-            eps=config.gate_dwell_eps, iterations_per_check=config.gate_tracker_steps)
+            config.gate_oja_step,
+            float(self.spectral_gaps[0]),
+            kappa_t=config.gate_dwell_kappa,
+            eps=config.gate_dwell_eps,
+            iterations_per_check=config.gate_tracker_steps,
+        )
         return int(self.num_checks) - last < dwell
 
     @torch.no_grad()
@@ -570,7 +645,7 @@ class IncrtGate(nn.Module):
         self.basis_owner[: rows.shape[0]] = kept_owners
         self.basis_size.fill_(rows.shape[0])
         counters = self.prune_counters.clone()
-        self.prune_counters[head_index:-1] = counters[head_index + 1:]
+        self.prune_counters[head_index:-1] = counters[head_index + 1 :]
         self.prune_counters[-1] = 0
 
 
@@ -609,8 +684,10 @@ class HeadGrowthMixin:
         unit = None
         if direction is not None:
             if not isinstance(direction, torch.Tensor) or direction.shape != (self.config.hidden_size,):
-                raise ValueError(f"`direction` must be a tensor of shape ({self.config.hidden_size},), got "
-                                 f"{getattr(direction, 'shape', type(direction).__name__)}")
+                raise ValueError(
+                    f"`direction` must be a tensor of shape ({self.config.hidden_size},), got "
+                    f"{getattr(direction, 'shape', type(direction).__name__)}"
+                )
             norm = direction.double().norm()
             if not torch.isfinite(norm) or norm < 1e-8:
                 raise ValueError("`direction` must be finite and non-zero")
@@ -674,8 +751,12 @@ class HeadGrowthMixin:
         self.eval()
         try:
             outputs = self.base_model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                inputs_embeds=inputs_embeds, output_hidden_states=True, return_dict=True,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                inputs_embeds=inputs_embeds,
+                output_hidden_states=True,
+                return_dict=True,
             )
         finally:
             self.train(was_training)
@@ -726,8 +807,10 @@ class HeadGrowthMixin:
         gates = [layer.attention.gate for layer in layers]
         saved = [{name: buffer.clone() for name, buffer in gate.named_buffers()} for gate in gates]
         try:
-            return [_layer_gate_check(layer.attention, moment)
-                    for layer, moment in zip(layers, second_moments, strict=True)]
+            return [
+                _layer_gate_check(layer.attention, moment)
+                for layer, moment in zip(layers, second_moments, strict=True)
+            ]
         except ValueError:  # a later layer's check failed: no layer keeps a half-done check
             for gate, state in zip(gates, saved, strict=True):
                 for name, buffer in gate.named_buffers():  # non-persistent ones too (`IncrtGate`)
@@ -739,5 +822,8 @@ def _layer_gate_check(attention: nn.Module, second_moment: torch.Tensor) -> Gate
     """One layer's gate on C = X^T X / N of its input, with M_a and the per-head energies of its heads."""
     query_weights, key_weights = attention.stacked("q_proj").float(), attention.stacked("k_proj").float()
     second_moment = second_moment.float()
-    return attention.gate.check(second_moment, directional_matrix(query_weights, key_weights),
-                                head_directional_energy(second_moment, query_weights, key_weights))
+    return attention.gate.check(
+        second_moment,
+        directional_matrix(query_weights, key_weights),
+        head_directional_energy(second_moment, query_weights, key_weights),
+    )

@@ -183,8 +183,11 @@ def check_logits_to_keep(logits_to_keep) -> None:
     """Llama's `logits_to_keep`: an int >= 0 (0 keeps every position, k > 0 the last k) or a 1-D integer
     tensor of the sequence positions to keep."""
     if isinstance(logits_to_keep, torch.Tensor):
-        if logits_to_keep.ndim != 1 or logits_to_keep.is_floating_point() or logits_to_keep.is_complex() or (
-            logits_to_keep.dtype == torch.bool
+        if (
+            logits_to_keep.ndim != 1
+            or logits_to_keep.is_floating_point()
+            or logits_to_keep.is_complex()
+            or (logits_to_keep.dtype == torch.bool)
         ):
             raise TypeError(
                 "`logits_to_keep` given as a tensor must be a 1-D integer tensor of sequence positions, got "

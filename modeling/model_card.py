@@ -79,33 +79,52 @@ def model_card(model, metrics: Mapping[str, float] | None = None) -> ModelCard:
     measured = _checked_metrics(metrics)
     title, pipeline_tag, description, fields = _CARD_FACTS[model_type]
     name = type(model).__name__
-    data = ModelCardData(library_name="transformers", pipeline_tag=pipeline_tag,
-                         tags=["geoformers", model_type, "custom_code"])
-    rows = [f"| `{field}` ({meaning}) | {getattr(config, field)} |" for field, meaning in fields
-            if getattr(config, field, None) is not None]
+    data = ModelCardData(
+        library_name="transformers", pipeline_tag=pipeline_tag, tags=["geoformers", model_type, "custom_code"]
+    )
+    rows = [
+        f"| `{field}` ({meaning}) | {getattr(config, field)} |"
+        for field, meaning in fields
+        if getattr(config, field, None) is not None
+    ]
     lines = [
-        "---", data.to_yaml(), "---", "",
-        f"# {title}: `{name}`", "",
-        description, "",
-        "## This model", "",
-        "| config field | value |", "|---|---|", *rows,
-        f"| parameters | {model.num_parameters():,} |", "",
-        "## Evaluation", "",
+        "---",
+        data.to_yaml(),
+        "---",
+        "",
+        f"# {title}: `{name}`",
+        "",
+        description,
+        "",
+        "## This model",
+        "",
+        "| config field | value |",
+        "|---|---|",
+        *rows,
+        f"| parameters | {model.num_parameters():,} |",
+        "",
+        "## Evaluation",
+        "",
     ]
     if measured:
         lines += ["| metric | value |", "|---|---|"]
         lines += [f"| {metric} | {value:.6g} |" for metric, value in measured.items()]
     else:
         lines.append("No evaluation results were recorded for this model.")
-    auto_class = next((auto for suffix, auto in TASK_AUTO_CLASSES.items() if name.endswith(suffix)),
-                      "AutoModel")
+    auto_class = next(
+        (auto for suffix, auto in TASK_AUTO_CLASSES.items() if name.endswith(suffix)), "AutoModel"
+    )
     lines += [
-        "", "## Use", "",
+        "",
+        "## Use",
+        "",
         "The modelling code ships in this repository (`configuration_*.py`, `modeling_*.py`); `geoformers` "
-        "need not be installed:", "",
+        "need not be installed:",
+        "",
         "```python",
         f"from transformers import {auto_class}",
         f'model = {auto_class}.from_pretrained("<this repository>", trust_remote_code=True)',
-        "```", "",
+        "```",
+        "",
     ]
     return ModelCard("\n".join(lines))

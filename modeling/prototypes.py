@@ -86,8 +86,10 @@ def prototype_block(
             f"`prototypes` must have shape (heads={num_heads}, K, dim={dim}), got {tuple(prototypes.shape)}"
         )
     if tau.shape != (prototypes.shape[0],):
-        raise ValueError(f"`tau` must have shape ({prototypes.shape[0]},), one temperature per head, "
-                         f"got {tuple(tau.shape)}")
+        raise ValueError(
+            f"`tau` must have shape ({prototypes.shape[0]},), one temperature per head, "
+            f"got {tuple(tau.shape)}"
+        )
     compute_dtype = torch.promote_types(head_outputs.dtype, torch.float32)
     device = head_outputs.device.type  # devices without autocast (meta: shape-only runs) have none to leave
     no_autocast = torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else None
@@ -148,4 +150,3 @@ class PrototypeBank(nn.Module):
     def extra_repr(self) -> str:
         num_prototypes, dim = self.prototypes.shape
         return f"num_prototypes={num_prototypes}, dim={dim}, tau_min={self.tau_min}"
-

@@ -16,8 +16,15 @@ Refused here:
 """
 
 _SHOWN_KEYS = 12
-_DOWNLOAD_KWARGS = ("cache_dir", "force_download", "proxies", "token", "local_files_only", "revision",
-                    "subfolder")
+_DOWNLOAD_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "local_files_only",
+    "revision",
+    "subfolder",
+)
 
 
 def _named(keys: list[str]) -> str:

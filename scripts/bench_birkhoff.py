@@ -185,25 +185,58 @@ def bench_rtbp_function(
 
 
 def rtbp_function_table(results: list[dict]) -> str:
-    rows = [[r["n"], r["batch"], r["pass"], f"{r['rtbp_autograd_seconds_median'] * 1e3:.3f}",
-             f"{r['rtbp_function_seconds_median'] * 1e3:.3f}", f"{r['function_vs_autograd']:.2f}"]
-            for r in results]
+    rows = [
+        [
+            r["n"],
+            r["batch"],
+            r["pass"],
+            f"{r['rtbp_autograd_seconds_median'] * 1e3:.3f}",
+            f"{r['rtbp_function_seconds_median'] * 1e3:.3f}",
+            f"{r['function_vs_autograd']:.2f}",
+        ]
+        for r in results
+    ]
     headers = ["n", "batch", "pass", "rtbp autograd ms", "rtbp function ms", "function / autograd"]
     return markdown_table(headers, rows, align="rrlrrr")
 
 
 def variants_table(rows: list[dict]) -> str:
-    table = [[r["n"], r["method"], r["num_logits"], f"{r['seconds_median'] * 1e3:.2f}",
-              f"{r['ratio_vs_sinkhorn20']:.3f}", f"{r['ratio_vs_varied']:.2f} ({r['varies']})",
-              f"{r['max_violation']:.1e}"] for r in rows]
-    headers = ["n", "variant", "logits", "fwd+bwd ms (median)", "x Sinkhorn-20", "x the chart it varies",
-               "max DS violation (float32)"]
+    table = [
+        [
+            r["n"],
+            r["method"],
+            r["num_logits"],
+            f"{r['seconds_median'] * 1e3:.2f}",
+            f"{r['ratio_vs_sinkhorn20']:.3f}",
+            f"{r['ratio_vs_varied']:.2f} ({r['varies']})",
+            f"{r['max_violation']:.1e}",
+        ]
+        for r in rows
+    ]
+    headers = [
+        "n",
+        "variant",
+        "logits",
+        "fwd+bwd ms (median)",
+        "x Sinkhorn-20",
+        "x the chart it varies",
+        "max DS violation (float32)",
+    ]
     return markdown_table(headers, table, align="rlrrrrr")
 
 
 def results_table(results: list[dict]) -> str:
-    rows = [[r["n"], r["method"], r["num_logits"], f"{r['seconds_median'] * 1e3:.2f}",
-             f"{r['ratio_vs_sinkhorn20']:.3f}", f"{r['max_violation']:.1e}"] for r in results]
+    rows = [
+        [
+            r["n"],
+            r["method"],
+            r["num_logits"],
+            f"{r['seconds_median'] * 1e3:.2f}",
+            f"{r['ratio_vs_sinkhorn20']:.3f}",
+            f"{r['max_violation']:.1e}",
+        ]
+        for r in results
+    ]
     headers = ["n", "method", "logits", "fwd+bwd ms (median)", "x Sinkhorn-20", "max DS violation (float32)"]
     return markdown_table(headers, rows, align="rlrrrr")
 
@@ -235,10 +268,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors take the Triton charts)")
     add_threads_argument(parser)
-    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "outputs" / "benchmarks",
-                        help="folder of the report (benchmarks: the committed reports)")
-    parser.add_argument("--rtbp_function", action="store_true",
-                        help="only RTBP autograd reference vs one-node chart (rtbp_function.json)")
+    parser.add_argument(
+        "--output_dir",
+        type=Path,
+        default=REPO_ROOT / "outputs" / "benchmarks",
+        help="folder of the report (benchmarks: the committed reports)",
+    )
+    parser.add_argument(
+        "--rtbp_function",
+        action="store_true",
+        help="only RTBP autograd reference vs one-node chart (rtbp_function.json)",
+    )
     args = parser.parse_args()
     if args.reps < 5:
         parser.error("--reps must be >= 5 (medians of at least five repetitions)")
@@ -274,8 +314,11 @@ def main() -> None:
 
 def timing_environment() -> dict:
     """What a timing depends on besides its arguments: torch, its threads and the processor."""
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine()}
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+    }
 
 
 def run_rtbp_function(args, generator: torch.Generator) -> None:
@@ -292,8 +335,13 @@ def run_rtbp_function(args, generator: torch.Generator) -> None:
         "interleaved repetitions of the four timings",
         **timing_environment(),
     }
-    write_results(args.output_dir / "rtbp_function.json", "bench_birkhoff.py", None, vars(args),
-                  {"config": config, "results": results})
+    write_results(
+        args.output_dir / "rtbp_function.json",
+        "bench_birkhoff.py",
+        None,
+        vars(args),
+        {"config": config, "results": results},
+    )
 
 
 if __name__ == "__main__":

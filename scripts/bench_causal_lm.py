@@ -163,18 +163,33 @@ def measure(
 
 
 def results_table(rows: list[dict]) -> str:
-    headers = ["model", "width", "params", "train tok/s", "train vs Llama", "decode tok/s", "decode vs Llama",
-               "peak mem (MiB)", "val loss"]
+    headers = [
+        "model",
+        "width",
+        "params",
+        "train tok/s",
+        "train vs Llama",
+        "decode tok/s",
+        "decode vs Llama",
+        "peak mem (MiB)",
+        "val loss",
+    ]
     cells = []
     for row in rows:
         gen = row["generation_tokens_per_second"]
-        cells.append([
-            row["model"], row["hidden_size"], f"{row['parameters']:,}",
-            f"{row['train_tokens_per_second']:,.0f}", f"{row['train_throughput_ratio']:.2f}",
-            f"{gen:,.0f}" if gen else None,
-            f"{row['generation_ratio']:.2f}" if gen else None, f"{row['peak_memory_bytes'] / 2**20:.1f}",
-            f"{row['val_loss']:.4f}",
-        ])
+        cells.append(
+            [
+                row["model"],
+                row["hidden_size"],
+                f"{row['parameters']:,}",
+                f"{row['train_tokens_per_second']:,.0f}",
+                f"{row['train_throughput_ratio']:.2f}",
+                f"{gen:,.0f}" if gen else None,
+                f"{row['generation_ratio']:.2f}" if gen else None,
+                f"{row['peak_memory_bytes'] / 2**20:.1f}",
+                f"{row['val_loss']:.4f}",
+            ]
+        )
     return markdown_table(headers, cells, align="lrrrrrrrr")
 
 
@@ -247,9 +262,16 @@ def summarize_equal_time(per_seed: list[dict]) -> dict:
         }
     table = markdown_table(
         ["model", "params", "steps in Llama's time", "train s", "val loss (mean ± std)"],
-        [[name, f"{entry['parameters']:,}", f"{entry['steps_mean']:.0f}",
-          f"{entry['train_seconds_mean']:.0f}", f"{entry['val_loss_mean']:.4f} ± {entry['val_loss_std']:.4f}"]
-         for name, entry in summary.items()],
+        [
+            [
+                name,
+                f"{entry['parameters']:,}",
+                f"{entry['steps_mean']:.0f}",
+                f"{entry['train_seconds_mean']:.0f}",
+                f"{entry['val_loss_mean']:.4f} ± {entry['val_loss_std']:.4f}",
+            ]
+            for name, entry in summary.items()
+        ],
         align="lrrrr",
     )
     best_llama = min(summary[LLAMA]["val_loss_mean"], summary["llama param-matched"]["val_loss_mean"])
@@ -314,8 +336,11 @@ def main() -> None:
     parser.add_argument(
         "--merge", nargs="*", default=None, help="--equal_time: combine the JSON of seed runs"
     )
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "benchmarks"),
-                        help="folder of the report (benchmarks: the committed reports)")
+    parser.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "benchmarks"),
+        help="folder of the report (benchmarks: the committed reports)",
+    )
     args = parser.parse_args()
     set_threads(args.threads)
     device = torch.device(args.device)

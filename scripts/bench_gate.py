@@ -50,8 +50,14 @@ TARGET_OVERHEAD = 0.05
 
 def bench_config() -> DDCLIncrtConfig:
     return DDCLIncrtConfig(
-        vocab_size=2000, hidden_size=128, num_hidden_layers=2, num_heads=[2, 2], head_dim=32,
-        num_prototypes=16, max_position_embeddings=128, num_labels=2,
+        vocab_size=2000,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_heads=[2, 2],
+        head_dim=32,
+        num_prototypes=16,
+        max_position_embeddings=128,
+        num_labels=2,
     )
 
 
@@ -108,20 +114,33 @@ def bench_training(intervals: list[int], steps: int, reps: int, batch: int, leng
     t_step, t_check = statistics.median(step_times), statistics.median(check_times)
     rows = []
     for k in intervals:
-        rows.append({
-            "check_every": k, "seconds_per_run": statistics.median(totals[k]),
-            "run_time_overhead": statistics.median(totals[k]) / baseline - 1.0,
-            "in_run_check_share": statistics.median(shares[k]),
-            "expected_overhead": t_check / (k * t_step),
-        })
+        rows.append(
+            {
+                "check_every": k,
+                "seconds_per_run": statistics.median(totals[k]),
+                "run_time_overhead": statistics.median(totals[k]) / baseline - 1.0,
+                "in_run_check_share": statistics.median(shares[k]),
+                "expected_overhead": t_check / (k * t_step),
+            }
+        )
     return {
-        "model": {"hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers,
-                  "num_heads": config.num_heads, "head_dim": config.head_dim,
-                  "num_prototypes": config.num_prototypes, "batch": batch, "sequence_length": length,
-                  "gate_num_tokens": config.gate_num_tokens},
-        "steps_per_run": steps, "reps": reps, "seconds_per_run_without_checks": baseline,
-        "seconds_per_step": t_step, "seconds_per_check": t_check,
-        "default_check_every": config.gate_check_every, "intervals": rows,
+        "model": {
+            "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_heads": config.num_heads,
+            "head_dim": config.head_dim,
+            "num_prototypes": config.num_prototypes,
+            "batch": batch,
+            "sequence_length": length,
+            "gate_num_tokens": config.gate_num_tokens,
+        },
+        "steps_per_run": steps,
+        "reps": reps,
+        "seconds_per_run_without_checks": baseline,
+        "seconds_per_step": t_step,
+        "seconds_per_check": t_check,
+        "default_check_every": config.gate_check_every,
+        "intervals": rows,
     }
 
 
@@ -148,11 +167,15 @@ def median_seconds(function, reps: int) -> float:
     return statistics.median(seconds)
 
 
-def run_trackers(matrix: torch.Tensor, start_top: torch.Tensor, start_minor: torch.Tensor,
-                 config: DDCLIncrtConfig) -> tuple[TrackedEigenpair, TrackedEigenpair]:
+def run_trackers(
+    matrix: torch.Tensor, start_top: torch.Tensor, start_minor: torch.Tensor, config: DDCLIncrtConfig
+) -> tuple[TrackedEigenpair, TrackedEigenpair]:
     """The gate's spectral work: one spectral bound, then Oja (top) and MCA EXIN (minor)."""
-    tracker = {"max_steps": config.gate_tracker_steps, "tolerance": config.gate_tracker_tolerance,
-               "spectral_bound": float(spectral_radius_bound(matrix))}
+    tracker = {
+        "max_steps": config.gate_tracker_steps,
+        "tolerance": config.gate_tracker_tolerance,
+        "spectral_bound": float(spectral_radius_bound(matrix)),
+    }
     top = track_eigenvector(matrix, start_top, step=config.gate_oja_step, **tracker)
     minor = track_eigenvector(matrix, start_minor, step=config.gate_mca_step, minor=True, **tracker)
     return top, minor
@@ -176,15 +199,19 @@ def bench_spectral(dims: list[int], reps: int, config: DDCLIncrtConfig) -> list[
             ),
             "eigh": median_seconds(lambda a=residual: exact_extreme_eigenpairs(a), reps),
         }
-        rows.append({
-            "hidden_size": dim, "num_heads": num_heads,
-            **{f"seconds_{name}": value for name, value in seconds.items()},
-            "iterations_cold": top.steps + minor.steps, "iterations_warm": warm[0].steps + warm[1].steps,
-            "cosine_top_vs_eigh": abs(float(top.vector @ exact.top)),
-            "lambda_max_relative_error": abs(top.eigenvalue - exact.lambda_max) / abs(exact.lambda_max),
-            "lambda_min_relative_error": abs(minor.eigenvalue - exact.lambda_min) / abs(exact.lambda_min),
-            "eigh_over_warm_trackers": seconds["eigh"] / seconds["trackers_warm"],
-        })
+        rows.append(
+            {
+                "hidden_size": dim,
+                "num_heads": num_heads,
+                **{f"seconds_{name}": value for name, value in seconds.items()},
+                "iterations_cold": top.steps + minor.steps,
+                "iterations_warm": warm[0].steps + warm[1].steps,
+                "cosine_top_vs_eigh": abs(float(top.vector @ exact.top)),
+                "lambda_max_relative_error": abs(top.eigenvalue - exact.lambda_max) / abs(exact.lambda_max),
+                "lambda_min_relative_error": abs(minor.eigenvalue - exact.lambda_min) / abs(exact.lambda_min),
+                "eigh_over_warm_trackers": seconds["eigh"] / seconds["trackers_warm"],
+            }
+        )
     return rows
 
 
@@ -199,44 +226,62 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 1024])
     add_threads_argument(parser)
-    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "outputs" / "benchmarks",
-                        help="folder of the report (benchmarks: the committed reports)")
+    parser.add_argument(
+        "--output_dir",
+        type=Path,
+        default=REPO_ROOT / "outputs" / "benchmarks",
+        help="folder of the report (benchmarks: the committed reports)",
+    )
     args = parser.parse_args()
     set_threads(args.threads)
 
     training = bench_training(args.intervals, args.max_steps, args.reps, args.batch, args.length)
-    print(f"\nTraining step (fwd + bwd + AdamW), {args.max_steps} steps per run, median of {args.reps} runs: "
-          f"{1e3 * training['seconds_per_step']:.1f} ms/step, "
-          f"{1e3 * training['seconds_per_check']:.1f} ms/check\n")
-    print("| check every k | s per run | s per run, no checks | run-time overhead | check time / step time "
-          "| expected overhead |")
+    print(
+        f"\nTraining step (fwd + bwd + AdamW), {args.max_steps} steps per run, median of {args.reps} runs: "
+        f"{1e3 * training['seconds_per_step']:.1f} ms/step, "
+        f"{1e3 * training['seconds_per_check']:.1f} ms/check\n"
+    )
+    print(
+        "| check every k | s per run | s per run, no checks | run-time overhead | check time / step time "
+        "| expected overhead |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for row in training["intervals"]:
         default = " (default)" if row["check_every"] == training["default_check_every"] else ""
-        print(f"| {row['check_every']}{default} | {row['seconds_per_run']:.3f} | "
-              f"{training['seconds_per_run_without_checks']:.3f} | {100 * row['run_time_overhead']:+.2f} % | "
-              f"{100 * row['in_run_check_share']:.2f} % | {100 * row['expected_overhead']:.2f} % |")
+        print(
+            f"| {row['check_every']}{default} | {row['seconds_per_run']:.3f} | "
+            f"{training['seconds_per_run_without_checks']:.3f} | {100 * row['run_time_overhead']:+.2f} % | "
+            f"{100 * row['in_run_check_share']:.2f} % | {100 * row['expected_overhead']:.2f} % |"
+        )
 
     spectral = bench_spectral(args.dims, max(args.reps, 5), bench_config())
     print("\nSpectral work of one check (top + minor direction), median seconds\n")
-    print("| hidden | heads | trackers, cold | trackers, warm | eigh | eigh / warm trackers "
-          "| iterations cold / warm | lambda_max rel. error | cos(u+, eigh) |")
+    print(
+        "| hidden | heads | trackers, cold | trackers, warm | eigh | eigh / warm trackers "
+        "| iterations cold / warm | lambda_max rel. error | cos(u+, eigh) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in spectral:
-        print(f"| {row['hidden_size']} | {row['num_heads']} | {row['seconds_trackers_cold']:.2e} | "
-              f"{row['seconds_trackers_warm']:.2e} | {row['seconds_eigh']:.2e} | "
-              f"{row['eigh_over_warm_trackers']:.1f}x | "
-              f"{row['iterations_cold']} / {row['iterations_warm']} | "
-              f"{row['lambda_max_relative_error']:.1e} | {row['cosine_top_vs_eigh']:.4f} |")
+        print(
+            f"| {row['hidden_size']} | {row['num_heads']} | {row['seconds_trackers_cold']:.2e} | "
+            f"{row['seconds_trackers_warm']:.2e} | {row['seconds_eigh']:.2e} | "
+            f"{row['eigh_over_warm_trackers']:.1f}x | "
+            f"{row['iterations_cold']} / {row['iterations_warm']} | "
+            f"{row['lambda_max_relative_error']:.1e} | {row['cosine_top_vs_eigh']:.4f} |"
+        )
 
     default_interval = training["default_check_every"]
     default_row = next((r for r in training["intervals"] if r["check_every"] == default_interval), None)
     result = {
-        "benchmark": "bench_gate", "platform": platform.platform(), "processor": platform.processor(),
+        "benchmark": "bench_gate",
+        "platform": platform.platform(),
+        "processor": platform.processor(),
         "target_overhead_at_default_interval": TARGET_OVERHEAD,
-        "meets_target": None if default_row is None else
-        max(default_row["in_run_check_share"], default_row["expected_overhead"]) <= TARGET_OVERHEAD,
-        "training": training, "spectral": spectral,
+        "meets_target": None
+        if default_row is None
+        else max(default_row["in_run_check_share"], default_row["expected_overhead"]) <= TARGET_OVERHEAD,
+        "training": training,
+        "spectral": spectral,
     }
     write_results(args.output_dir / "gate.json", "bench_gate.py", None, vars(args), result)
 

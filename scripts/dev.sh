@@ -22,7 +22,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>
 fi
 case "${1:-}" in
     main) shift; exec "$VENV/bin/python" scripts/grow_demo.py "$@" ;;
-    test) shift; "$VENV/bin/ruff" check .; exec "$VENV/bin/python" -m pytest -m "not slow" -q "$@" ;;
+    test) shift; "$VENV/bin/ruff" check .; "$VENV/bin/ruff" format --check .; exec "$VENV/bin/python" -m pytest -m "not slow" -q "$@" ;;
     setup) ;;
     *) echo "usage: bash scripts/dev.sh {main|test|setup}" >&2; exit 2 ;;
 esac

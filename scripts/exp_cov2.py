@@ -58,20 +58,28 @@ def kmer_count_baseline(train, validation) -> dict:
     classifier = LogisticRegression(max_iter=2000).fit(features, train["labels"])
     predictions = classifier.predict(vectorizer.transform(validation["input_ids"]))
     accuracy = float((predictions == np.asarray(validation["labels"])).mean())
-    return {"name": "kmer_counts_logistic_regression", "accuracy": accuracy,
-            "features": len(vectorizer.vocabulary_),
-            "parameters": int(classifier.coef_.size + classifier.intercept_.size),
-            "wall_time_s": time.perf_counter() - started}
+    return {
+        "name": "kmer_counts_logistic_regression",
+        "accuracy": accuracy,
+        "features": len(vectorizer.vocabulary_),
+        "parameters": int(classifier.coef_.size + classifier.intercept_.size),
+        "wall_time_s": time.perf_counter() - started,
+    }
 
 
 def plot(result: dict, history: dict, path: Path) -> None:
     figure, (accuracy_axis, heads_axis, law_axis) = plt.subplots(1, 3, figsize=(15, 4.2))
     evaluations = result["validation_accuracy_history"]
-    accuracy_axis.plot([e["step"] for e in evaluations], [e["accuracy"] for e in evaluations], marker="o",
-                       label="DDCL-INCRT")
+    accuracy_axis.plot(
+        [e["step"] for e in evaluations], [e["accuracy"] for e in evaluations], marker="o", label="DDCL-INCRT"
+    )
     accuracy_axis.axhline(PAPER_ACCURACY, color="tab:red", linestyle=":", label="paper 99.47 %")
-    accuracy_axis.axhline(result["baseline"]["accuracy"], color="tab:green", linestyle="--",
-                          label="k-mer counts + logistic regression")
+    accuracy_axis.axhline(
+        result["baseline"]["accuracy"],
+        color="tab:green",
+        linestyle="--",
+        label="k-mer counts + logistic regression",
+    )
     accuracy_axis.set(xlabel="optimizer step", ylabel="validation accuracy", title="lineage accuracy")
     accuracy_axis.legend(fontsize=8)
     steps = [history["growth_started_at_step"]] + [check["step"] for check in history["checks"]]
@@ -79,17 +87,27 @@ def plot(result: dict, history: dict, path: Path) -> None:
     heads_axis.step(steps, heads, where="post")
     heads_axis.set(xlabel="optimizer step", ylabel="heads (layer 0)", title="INCRT growth")
     checks = history["checks"]
-    law_axis.plot([c["step"] for c in checks], [c["lambda_max"][0] for c in checks], marker=".",
-                  label="lambda_max(A_res)")
-    law_axis.plot([c["step"] for c in checks], [c["theta_w"][0] for c in checks], linestyle="--",
-                  label="theta_w")
+    law_axis.plot(
+        [c["step"] for c in checks],
+        [c["lambda_max"][0] for c in checks],
+        marker=".",
+        label="lambda_max(A_res)",
+    )
+    law_axis.plot(
+        [c["step"] for c in checks], [c["theta_w"][0] for c in checks], linestyle="--", label="theta_w"
+    )
     laws = result["head_count_law"]
     trajectory, spectrum = laws["trajectory"][0], laws["spectrum_at_growth_start"][0]
-    predicted = ["undefined" if law["predicted_heads"] is None else f"{law['predicted_heads']:.2f}"
-                 for law in (trajectory, spectrum)]
-    law_axis.set(xlabel="optimizer step", yscale="log",
-                 title=f"observed {trajectory['observed_heads']} heads; K* = {predicted[0]} (trajectory), "
-                       f"{predicted[1]} (spectrum)")
+    predicted = [
+        "undefined" if law["predicted_heads"] is None else f"{law['predicted_heads']:.2f}"
+        for law in (trajectory, spectrum)
+    ]
+    law_axis.set(
+        xlabel="optimizer step",
+        yscale="log",
+        title=f"observed {trajectory['observed_heads']} heads; K* = {predicted[0]} (trajectory), "
+        f"{predicted[1]} (spectrum)",
+    )
     law_axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -103,43 +121,64 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = Path(args.output_dir)
     task, vocab_size, sequence_length = build_task(args)
     baseline = kmer_count_baseline(task["train"], task["validation"])
-    model = build_model(args, vocab_size=vocab_size, max_position_embeddings=sequence_length,
-                        num_labels=len(LINEAGES))
-    print(f"{len(task['train'])} training genomes as {sequence_length} k-mer tokens; DDCL-INCRT with "
-          f"{args.num_hidden_layers} layer(s); growth after {args.pre_growth_steps} of {args.max_steps} "
-          "steps")
+    model = build_model(
+        args, vocab_size=vocab_size, max_position_embeddings=sequence_length, num_labels=len(LINEAGES)
+    )
+    print(
+        f"{len(task['train'])} training genomes as {sequence_length} k-mer tokens; DDCL-INCRT with "
+        f"{args.num_hidden_layers} layer(s); growth after {args.pre_growth_steps} of {args.max_steps} "
+        "steps"
+    )
     gate_rows = rows_as_batch(task["train"], range(min(args.gate_batch_size, len(task["train"]))))
     spectrum = {}
 
     def at_growth_start(start: int, end: int) -> None:
         if start == args.pre_growth_steps:
-            spectrum["eigenvalues"] = gate_spectrum(model, {key: gate_rows[key]
-                                                            for key in ("input_ids", "attention_mask")})
+            spectrum["eigenvalues"] = gate_spectrum(
+                model, {key: gate_rows[key] for key in ("input_ids", "attention_mask")}
+            )
 
-    run = run_growth_training(model, args, task["train"], output_dir=output_dir,
-                              eval_dataset=task["validation"], print_events=True, on_window=at_growth_start)
+    run = run_growth_training(
+        model,
+        args,
+        task["train"],
+        output_dir=output_dir,
+        eval_dataset=task["validation"],
+        print_events=True,
+        on_window=at_growth_start,
+    )
     history = run.history
     thetas = theta_at_growth_start(history, model)
     result = {
         "experiment": "cov2",
-        "task": {"lineages": list(LINEAGES), "train": len(task["train"]),
-                 "validation": len(task["validation"]), "sequence_length": sequence_length,
-                 "vocab_size": vocab_size},
+        "task": {
+            "lineages": list(LINEAGES),
+            "train": len(task["train"]),
+            "validation": len(task["validation"]),
+            "sequence_length": sequence_length,
+            "vocab_size": vocab_size,
+        },
         "validation_accuracy": evaluate_accuracy(model, task["validation"], batch_size=64),
         "validation_accuracy_history": run.evaluations,
-        "num_heads": list(model.config.num_heads), "growth_end": stop_summary(history),
+        "num_heads": list(model.config.num_heads),
+        "growth_end": stop_summary(history),
         "head_count_law": {
             "trajectory": head_count_law(history),
-            "spectrum_at_growth_start": spectrum_head_count_law(spectrum["eigenvalues"], thetas,
-                                                                list(model.config.num_heads)),
+            "spectrum_at_growth_start": spectrum_head_count_law(
+                spectrum["eigenvalues"], thetas, list(model.config.num_heads)
+            ),
         },
         "events": history["events"],
         "parameters": parameter_count(model),
         "non_embedding_parameters": parameter_count(model) - parameter_count(model.model.embeddings),
         "baseline": baseline,
-        "reference": {"paper_accuracy": PAPER_ACCURACY, "paper_bert_base_accuracy": PAPER_BERT_BASE_ACCURACY,
-                      "paper_predicted_over_observed_heads": PAPER_HEAD_RATIO},
-        "train_time_s": run.train_time_s, "wall_time_s": time.perf_counter() - started,
+        "reference": {
+            "paper_accuracy": PAPER_ACCURACY,
+            "paper_bert_base_accuracy": PAPER_BERT_BASE_ACCURACY,
+            "paper_predicted_over_observed_heads": PAPER_HEAD_RATIO,
+        },
+        "train_time_s": run.train_time_s,
+        "wall_time_s": time.perf_counter() - started,
     }
     result = write_results(output_dir / "cov2.json", "exp_cov2.py", argv, vars(args), result)
     plot(result, history, output_dir / "cov2.png")
@@ -153,20 +192,57 @@ def print_summary(result: dict, history: dict) -> None:
     rows = []
     for name, laws in result["head_count_law"].items():
         for law, end in zip(laws, result["growth_end"], strict=True):
-            rows.append([name, law["layer"], law["observed_heads"], end["verdict"], law["gamma_res0"],
-                         law["theta_w"], law["kappa_T"], law["predicted_heads"], law["ratio"]])
-    print(markdown_table(["estimator", "layer", "observed heads", "growth ended", "Gamma_res^(0)", "theta_w",
-                          "kappa_T", "K*", "K* / observed"], rows))
+            rows.append(
+                [
+                    name,
+                    law["layer"],
+                    law["observed_heads"],
+                    end["verdict"],
+                    law["gamma_res0"],
+                    law["theta_w"],
+                    law["kappa_T"],
+                    law["predicted_heads"],
+                    law["ratio"],
+                ]
+            )
+    print(
+        markdown_table(
+            [
+                "estimator",
+                "layer",
+                "observed heads",
+                "growth ended",
+                "Gamma_res^(0)",
+                "theta_w",
+                "kappa_T",
+                "K*",
+                "K* / observed",
+            ],
+            rows,
+        )
+    )
     baseline = result["baseline"]
-    print(markdown_table(
-        ["model", "validation accuracy", "parameters", "train time"],
-        [["DDCL-INCRT", result["validation_accuracy"], f"{result['parameters']:,}",
-          f"{result['train_time_s']:.0f} s"],
-         ["k-mer counts + logistic regression", baseline["accuracy"], f"{baseline['parameters']:,}",
-          f"{baseline['wall_time_s']:.0f} s"],
-         ["paper: DDCL-INCRT, one layer", PAPER_ACCURACY, None, None],
-         ["paper: BERT-base", PAPER_BERT_BASE_ACCURACY, None, None]],
-    ))
+    print(
+        markdown_table(
+            ["model", "validation accuracy", "parameters", "train time"],
+            [
+                [
+                    "DDCL-INCRT",
+                    result["validation_accuracy"],
+                    f"{result['parameters']:,}",
+                    f"{result['train_time_s']:.0f} s",
+                ],
+                [
+                    "k-mer counts + logistic regression",
+                    baseline["accuracy"],
+                    f"{baseline['parameters']:,}",
+                    f"{baseline['wall_time_s']:.0f} s",
+                ],
+                ["paper: DDCL-INCRT, one layer", PAPER_ACCURACY, None, None],
+                ["paper: BERT-base", PAPER_BERT_BASE_ACCURACY, None, None],
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -84,28 +84,48 @@ def prepare(task: str, extra: list[str]):
         _, tokenizer, (train_rows, dev) = sst2.load_data(args)
 
         def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
-            one = argparse.Namespace(**{**vars(args), "seed": seed, "initial_heads": heads,
-                                        "max_heads": max_heads, "no_growth": not grow,
-                                        "output_dir": str(folder)})
+            one = argparse.Namespace(
+                **{
+                    **vars(args),
+                    "seed": seed,
+                    "initial_heads": heads,
+                    "max_heads": max_heads,
+                    "no_growth": not grow,
+                    "output_dir": str(folder),
+                }
+            )
             set_seed(seed)
             model = sst2.build_model(one, tokenizer)
             initial = parameter_count(model)
             run = sst2.train(model, one, train_rows, dev, DataCollatorWithPadding(tokenizer), folder)
-            return Trained(model, initial, run["final"]["eval_accuracy"], run["steps"], run["history"],
-                           run["train_time_s"])
+            return Trained(
+                model,
+                initial,
+                run["final"]["eval_accuracy"],
+                run["steps"],
+                run["history"],
+                run["train_time_s"],
+            )
 
         return train
     if task == "planted":
         args = synthetic.parse_args(["--no-ablation", *extra])
-        data = build_spectral_task(args.strengths, num_train=args.num_train,
-                                   num_validation=args.num_validation, seed=args.data_seed)
-        shape = {"vocab_size": task_spec(data)["vocab_size"],
-                 "max_position_embeddings": task_spec(data)["seq_len"], "num_labels": 2}
+        data = build_spectral_task(
+            args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.data_seed
+        )
+        shape = {
+            "vocab_size": task_spec(data)["vocab_size"],
+            "max_position_embeddings": task_spec(data)["seq_len"],
+            "num_labels": 2,
+        }
     else:
         args = cov2.parse_args(extra)
         data, vocab_size, sequence_length = cov2.build_task(args)
-        shape = {"vocab_size": vocab_size, "max_position_embeddings": sequence_length,
-                 "num_labels": len(LINEAGES)}
+        shape = {
+            "vocab_size": vocab_size,
+            "max_position_embeddings": sequence_length,
+            "num_labels": len(LINEAGES),
+        }
     set_threads(args.threads)
 
     def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
@@ -138,26 +158,38 @@ def step_parameters(history: dict | None, steps: int, initial: int, final: int) 
 
 def run_one(train, planned: dict, folder: Path) -> dict:
     """One planned run (`plan`) -> its record: the plan's fields and what training measured."""
-    trained = train(planned["seed"], planned["initial_heads"], planned["kind"] == "grown",
-                    planned["max_heads"], folder)
+    trained = train(
+        planned["seed"], planned["initial_heads"], planned["kind"] == "grown", planned["max_heads"], folder
+    )
     final = parameter_count(trained.model)
     history = trained.history
-    return {**planned,
-            "num_heads": list(trained.model.config.num_heads), "accuracy": trained.accuracy,
-            "steps": trained.steps, "initial_parameters": trained.initial_parameters, "parameters": final,
-            "step_parameters": step_parameters(history, trained.steps, trained.initial_parameters, final),
-            "train_time_s": trained.train_time_s,
-            "growth_end": None if history is None else [e["action"] for e in history["events"]
-                                                        if e["action"] in ("stop", "full")]}
+    return {
+        **planned,
+        "num_heads": list(trained.model.config.num_heads),
+        "accuracy": trained.accuracy,
+        "steps": trained.steps,
+        "initial_parameters": trained.initial_parameters,
+        "parameters": final,
+        "step_parameters": step_parameters(history, trained.steps, trained.initial_parameters, final),
+        "train_time_s": trained.train_time_s,
+        "growth_end": None
+        if history is None
+        else [e["action"] for e in history["events"] if e["action"] in ("stop", "full")],
+    }
 
 
 def plan(args: argparse.Namespace, flags: list[str]) -> list[dict]:
     """The runs of a task: every static count of `--static_heads` (cap = its heads) and the grown model (one
     head, cap `--max_heads`), for every seed."""
-    static = [{"kind": "static", "seed": seed, "initial_heads": heads, "max_heads": heads, "flags": flags}
-              for heads in args.static_heads for seed in args.seeds]
-    return static + [{"kind": "grown", "seed": seed, "initial_heads": 1, "max_heads": args.max_heads,
-                      "flags": flags} for seed in args.seeds]
+    static = [
+        {"kind": "static", "seed": seed, "initial_heads": heads, "max_heads": heads, "flags": flags}
+        for heads in args.static_heads
+        for seed in args.seeds
+    ]
+    return static + [
+        {"kind": "grown", "seed": seed, "initial_heads": 1, "max_heads": args.max_heads, "flags": flags}
+        for seed in args.seeds
+    ]
 
 
 def run_key(run: dict) -> tuple:
@@ -175,9 +207,16 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
     for heads in sorted(static):
         records = static[heads]
         accuracy, std = mean_std([r["accuracy"] for r in records])
-        counts.append({"heads": heads, "seeds": len(records), "accuracy": accuracy, "accuracy_std": std,
-                       "train_time_s": statistics.fmean(r["train_time_s"] for r in records),
-                       "step_parameters": statistics.fmean(r["step_parameters"] for r in records)})
+        counts.append(
+            {
+                "heads": heads,
+                "seeds": len(records),
+                "accuracy": accuracy,
+                "accuracy_std": std,
+                "train_time_s": statistics.fmean(r["train_time_s"] for r in records),
+                "step_parameters": statistics.fmean(r["step_parameters"] for r in records),
+            }
+        )
     grown = [r for r in runs if r["kind"] == "grown"]
     summary = {"static": counts, "tolerance": tolerance}
     if not counts or not grown:
@@ -190,14 +229,25 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
     sweep_compute = sum(row["step_parameters"] for row in counts)
     grown_time = statistics.fmean(r["train_time_s"] for r in grown)
     grown_compute = statistics.fmean(r["step_parameters"] for r in grown)
-    summary.update({
-        "best_static_heads": best["heads"], "best_static_accuracy": best["accuracy"], "knee_heads": knee,
-        "grown": {"seeds": len(grown), "accuracy": accuracy, "accuracy_std": std, "heads": heads,
-                  "train_time_s": grown_time, "step_parameters": grown_compute},
-        "sweep": {"counts": len(counts), "train_time_s": sweep_time, "step_parameters": sweep_compute},
-        "gap_to_best": best["accuracy"] - accuracy,
-        "time_ratio": grown_time / sweep_time, "compute_ratio": grown_compute / sweep_compute,
-    })
+    summary.update(
+        {
+            "best_static_heads": best["heads"],
+            "best_static_accuracy": best["accuracy"],
+            "knee_heads": knee,
+            "grown": {
+                "seeds": len(grown),
+                "accuracy": accuracy,
+                "accuracy_std": std,
+                "heads": heads,
+                "train_time_s": grown_time,
+                "step_parameters": grown_compute,
+            },
+            "sweep": {"counts": len(counts), "train_time_s": sweep_time, "step_parameters": sweep_compute},
+            "gap_to_best": best["accuracy"] - accuracy,
+            "time_ratio": grown_time / sweep_time,
+            "compute_ratio": grown_compute / sweep_compute,
+        }
+    )
     summary["claim"] = {
         "within_tolerance": summary["gap_to_best"] <= tolerance,
         "under_a_third_of_the_sweep": max(summary["time_ratio"], summary["compute_ratio"]) < 1 / 3,
@@ -210,12 +260,24 @@ def plot(task: str, runs: list[dict], summary: dict, path: Path) -> None:
     """Static accuracy (mean +- std over seeds) against heads, each grown run marked at its heads."""
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
     counts = summary["static"]
-    axis.errorbar([row["heads"] for row in counts], [row["accuracy"] for row in counts],
-                  yerr=[row["accuracy_std"] for row in counts], marker="o", capsize=3,
-                  label="static (mean ± std over seeds)")
+    axis.errorbar(
+        [row["heads"] for row in counts],
+        [row["accuracy"] for row in counts],
+        yerr=[row["accuracy_std"] for row in counts],
+        marker="o",
+        capsize=3,
+        label="static (mean ± std over seeds)",
+    )
     grown = [r for r in runs if r["kind"] == "grown"]
-    axis.scatter([sum(r["num_heads"]) for r in grown], [r["accuracy"] for r in grown], marker="*", s=140,
-                 color="tab:red", zorder=3, label="grown (one run each)")
+    axis.scatter(
+        [sum(r["num_heads"]) for r in grown],
+        [r["accuracy"] for r in grown],
+        marker="*",
+        s=140,
+        color="tab:red",
+        zorder=3,
+        label="grown (one run each)",
+    )
     if "knee_heads" in summary:
         axis.axvline(summary["knee_heads"], color="grey", linestyle=":", label="knee")
     axis.set(xlabel="heads (all layers)", ylabel="validation accuracy", title=f"grown vs swept: {task}")
@@ -232,22 +294,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--static_heads", type=int, nargs="+", default=list(range(1, 9)))
     parser.add_argument("--max_heads", type=int, default=16, help="the grown models' cap")
     parser.add_argument("--tolerance", type=float, default=0.005, help="accuracy gap allowed (0.005: 0.5 pt)")
-    parser.add_argument("--task_flags", nargs="+", default=[], metavar='TASK="FLAGS"',
-                        help="flags passed on to one task's recipe, e.g. cov2=\"--genome_length 600\"")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "grown_vs_swept"),
-                        help="results/grown_vs_swept: the committed run")
+    parser.add_argument(
+        "--task_flags",
+        nargs="+",
+        default=[],
+        metavar='TASK="FLAGS"',
+        help='flags passed on to one task\'s recipe, e.g. cov2="--genome_length 600"',
+    )
+    parser.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "grown_vs_swept"),
+        help="results/grown_vs_swept: the committed run",
+    )
     parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "grown_vs_swept"))
     args = parser.parse_args(argv)
     if min(args.static_heads) < 1 or args.max_heads < 2:
-        parser.error(f"--static_heads must be >= 1 and --max_heads >= 2, got {args.static_heads}, "
-                     f"{args.max_heads}")
+        parser.error(
+            f"--static_heads must be >= 1 and --max_heads >= 2, got {args.static_heads}, {args.max_heads}"
+        )
     if not 0 <= args.tolerance < 1:
         parser.error(f"--tolerance must lie in [0, 1), got {args.tolerance}")
     task_flags = {task: [] for task in TASK_NAMES}
     for item in args.task_flags:
         task, _, flags = item.partition("=")
         if task not in TASK_NAMES:
-            parser.error(f"--task_flags takes TASK=\"FLAGS\" with TASK in {list(TASK_NAMES)}, got {item!r}")
+            parser.error(f'--task_flags takes TASK="FLAGS" with TASK in {list(TASK_NAMES)}, got {item!r}')
         task_flags[task] = shlex.split(flags)
     args.task_flags = task_flags
     return args
@@ -271,9 +342,18 @@ def main(argv: list[str] | None = None) -> dict:
                 done[key] = run_one(train, planned, folder)
             runs.append(done[key])
             # after every run: an interrupted sweep keeps its runs, resumes there
-            result = write_results(path, "exp_grown_vs_swept.py", argv, vars(args),
-                                   {"experiment": "grown_vs_swept", "task": task,
-                                    "summary": summarise(runs, args.tolerance), "runs": runs})
+            result = write_results(
+                path,
+                "exp_grown_vs_swept.py",
+                argv,
+                vars(args),
+                {
+                    "experiment": "grown_vs_swept",
+                    "task": task,
+                    "summary": summarise(runs, args.tolerance),
+                    "runs": runs,
+                },
+            )
         plot(task, runs, result["summary"], output / f"{task}.png")
         print(f"wrote {output / f'{task}.png'}")
         print_summary(task, result["summary"])
@@ -282,16 +362,27 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_summary(task: str, summary: dict) -> None:
-    rows = [[row["heads"], row["seeds"], row["accuracy"], row["accuracy_std"], row["train_time_s"],
-             f"{row['step_parameters']:.3g}"] for row in summary["static"]]
+    rows = [
+        [
+            row["heads"],
+            row["seeds"],
+            row["accuracy"],
+            row["accuracy_std"],
+            row["train_time_s"],
+            f"{row['step_parameters']:.3g}",
+        ]
+        for row in summary["static"]
+    ]
     print(markdown_table(["heads", "seeds", "accuracy", "std", "train time (s)", "step-parameters"], rows))
     if "grown" in summary:
         grown = summary["grown"]
-        print(f"{task}: grown {grown['accuracy']:.4f} ± {grown['accuracy_std']:.4f} with heads "
-              f"{grown['heads']}; best static {summary['best_static_accuracy']:.4f} at "
-              f"{summary['best_static_heads']} heads, knee {summary['knee_heads']}; cost grown / sweep: "
-              f"time {summary['time_ratio']:.3f}, step-parameters {summary['compute_ratio']:.3f}; "
-              f"claim {summary['claim']}")
+        print(
+            f"{task}: grown {grown['accuracy']:.4f} ± {grown['accuracy_std']:.4f} with heads "
+            f"{grown['heads']}; best static {summary['best_static_accuracy']:.4f} at "
+            f"{summary['best_static_heads']} heads, knee {summary['knee_heads']}; cost grown / sweep: "
+            f"time {summary['time_ratio']:.3f}, step-parameters {summary['compute_ratio']:.3f}; "
+            f"claim {summary['claim']}"
+        )
 
 
 if __name__ == "__main__":

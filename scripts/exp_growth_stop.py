@@ -73,21 +73,42 @@ def trainer_defaults(argv: list[str]) -> None:
     """The stock Trainer and `IncrtGrowthCallback` with the library's defaults on the planted task: only the
     shape, `max_heads` and the rule's two gate fields are set; growth_history.json lands in --output_dir."""
     parser = HfArgumentParser((TrainerDefaultsArguments, TrainingArguments), prog="trainer_defaults")
-    parser.set_defaults(seed=0, max_steps=1000, learning_rate=3e-3, per_device_train_batch_size=32,
-                        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    parser.set_defaults(
+        seed=0,
+        max_steps=1000,
+        learning_rate=3e-3,
+        per_device_train_batch_size=32,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     options, training = parser.parse_args_into_dataclasses(argv)
     training = dataclasses.replace(training, logging_steps=training.max_steps)
     set_threads(options.threads)
     task = build_spectral_task(num_train=4000, num_validation=64, seed=0)
     spec = task_spec(task)
     torch.manual_seed(training.seed)
-    model = DDCLIncrtForSequenceClassification(DDCLIncrtConfig(
-        vocab_size=spec["vocab_size"], hidden_size=64, head_dim=8, max_heads=options.max_heads,
-        max_position_embeddings=spec["seq_len"], num_labels=2, type_vocab_size=0,
-        gate_threshold=options.gate_threshold, gate_rule=options.gate_rule))
-    Trainer(model=model, args=training, train_dataset=task["train"],
-            optimizers=(make_optimizer(model, training, prototype_lr_multiplier=10.0), None),
-            callbacks=[IncrtGrowthCallback(check_every=options.check_every, save_plot=False)]).train()
+    model = DDCLIncrtForSequenceClassification(
+        DDCLIncrtConfig(
+            vocab_size=spec["vocab_size"],
+            hidden_size=64,
+            head_dim=8,
+            max_heads=options.max_heads,
+            max_position_embeddings=spec["seq_len"],
+            num_labels=2,
+            type_vocab_size=0,
+            gate_threshold=options.gate_threshold,
+            gate_rule=options.gate_rule,
+        )
+    )
+    Trainer(
+        model=model,
+        args=training,
+        train_dataset=task["train"],
+        optimizers=(make_optimizer(model, training, prototype_lr_multiplier=10.0), None),
+        callbacks=[IncrtGrowthCallback(check_every=options.check_every, save_plot=False)],
+    ).train()
 
 
 # Each task's script (None: `trainer_defaults` in this process), its per-seed flags and where it leaves the
@@ -105,15 +126,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["planted", "cov2"])
     parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--max_heads", type=int, default=16,
-                        help="cap on heads, at least twice the heads the relative rule ends with")
-    parser.add_argument("--rule_max_heads", nargs="+", default=[], metavar="RULE=N",
-                        help="a rule's own cap instead of --max_heads, e.g. bidirectional=24")
+    parser.add_argument(
+        "--max_heads",
+        type=int,
+        default=16,
+        help="cap on heads, at least twice the heads the relative rule ends with",
+    )
+    parser.add_argument(
+        "--rule_max_heads",
+        nargs="+",
+        default=[],
+        metavar="RULE=N",
+        help="a rule's own cap instead of --max_heads, e.g. bidirectional=24",
+    )
     parser.add_argument("--trajectory_points", type=int, default=40)
-    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
-                        help="flags passed on to every task script (e.g. a smaller scale)")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "growth_stop"),
-                        help="results/growth_stop: the committed run")
+    parser.add_argument(
+        "--extra",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="flags passed on to every task script (e.g. a smaller scale)",
+    )
+    parser.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "growth_stop"),
+        help="results/growth_stop: the committed run",
+    )
     parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "growth_stop"))
     args = parser.parse_args(argv)
     if args.max_heads < 2 or args.trajectory_points < 2:
@@ -134,15 +171,26 @@ def layer_endings(history: dict, points: int) -> list[dict]:
     endings = []
     for layer, heads in enumerate(history["num_heads"]):
         ends = [e for e in history["events"] if e["layer"] == layer and e["action"] in ("stop", "full")]
-        ending = {"layer": layer, "heads": heads, "verdict": ends[0]["action"] if ends else None,
-                  "step": ends[0]["step"] if ends else None}
+        ending = {
+            "layer": layer,
+            "heads": heads,
+            "verdict": ends[0]["action"] if ends else None,
+            "step": ends[0]["step"] if ends else None,
+        }
         if ending["verdict"] != "stop":
             checks = history["checks"]
             stride = max(1, -(-len(checks) // points))
             kept = checks[::stride] + ([checks[-1]] if checks and (len(checks) - 1) % stride else [])
-            ending["trajectory"] = [{"step": c["step"], "lambda_max": c["lambda_max"][layer],
-                                     "theta_w": c["theta_w"][layer], "action": c["action"][layer],
-                                     "heads": c["num_heads"][layer]} for c in kept]
+            ending["trajectory"] = [
+                {
+                    "step": c["step"],
+                    "lambda_max": c["lambda_max"][layer],
+                    "theta_w": c["theta_w"][layer],
+                    "action": c["action"][layer],
+                    "heads": c["num_heads"][layer],
+                }
+                for c in kept
+            ]
         endings.append(ending)
     return endings
 
@@ -150,8 +198,17 @@ def layer_endings(history: dict, points: int) -> list[dict]:
 def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
     script, seed_flags, history_folder = TASKS[task]
     folder = Path(args.runs_dir) / task / rule / f"seed{seed}"
-    argv = [*seed_flags(seed), *RULES[rule], "--max_heads", str(args.caps[rule]), "--threads", "1",
-            "--output_dir", str(folder), *args.extra]
+    argv = [
+        *seed_flags(seed),
+        *RULES[rule],
+        "--max_heads",
+        str(args.caps[rule]),
+        "--threads",
+        "1",
+        "--output_dir",
+        str(folder),
+        *args.extra,
+    ]
     started = time.perf_counter()
     if script is None:
         trainer_defaults(argv)
@@ -160,9 +217,16 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
     history = json.loads((folder / history_folder.format(seed=seed) / HISTORY_FILE).read_text())
     # the recipe script's command line, or the arguments of `trainer_defaults` in this script
     command = " ".join(["trainer_defaults" if script is None else f"python scripts/{script}", *argv])
-    return {"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule], "extra": args.extra,
-            "command": command, "layers": layer_endings(history, args.trajectory_points),
-            "wall_time_s": time.perf_counter() - started}
+    return {
+        "task": task,
+        "rule": rule,
+        "seed": seed,
+        "max_heads": args.caps[rule],
+        "extra": args.extra,
+        "command": command,
+        "layers": layer_endings(history, args.trajectory_points),
+        "wall_time_s": time.perf_counter() - started,
+    }
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -174,14 +238,25 @@ def summarise(runs: list[dict]) -> list[dict]:
             layers = [layer for r in runs if (r["task"], r["rule"]) == (task, rule) for layer in r["layers"]]
             verdicts = [layer["verdict"] for layer in layers]
             caps = sorted({r["max_heads"] for r in runs if (r["task"], r["rule"]) == (task, rule)})
-            rows.append({"task": task, "rule": rule, "max_heads": caps, "layer_runs": len(layers),
-                         "stop": verdicts.count("stop"), "full": verdicts.count("full"),
-                         "neither": verdicts.count(None),
-                         "stop_fraction": verdicts.count("stop") / len(layers),
-                         "cap_at_least_twice_final": all(2 * layer["heads"] <= r["max_heads"] for r in runs
-                                                         if (r["task"], r["rule"]) == (task, rule)
-                                                         for layer in r["layers"]),
-                         "heads": [layer["heads"] for layer in layers]})
+            rows.append(
+                {
+                    "task": task,
+                    "rule": rule,
+                    "max_heads": caps,
+                    "layer_runs": len(layers),
+                    "stop": verdicts.count("stop"),
+                    "full": verdicts.count("full"),
+                    "neither": verdicts.count(None),
+                    "stop_fraction": verdicts.count("stop") / len(layers),
+                    "cap_at_least_twice_final": all(
+                        2 * layer["heads"] <= r["max_heads"]
+                        for r in runs
+                        if (r["task"], r["rule"]) == (task, rule)
+                        for layer in r["layers"]
+                    ),
+                    "heads": [layer["heads"] for layer in layers],
+                }
+            )
     return rows
 
 
@@ -200,17 +275,48 @@ def main(argv: list[str] | None = None) -> dict:
     for task in args.tasks:
         for rule in args.rules:
             for seed in args.seeds:
-                key = run_key({"task": task, "rule": rule, "seed": seed, "max_heads": args.caps[rule],
-                               "extra": args.extra})
+                key = run_key(
+                    {
+                        "task": task,
+                        "rule": rule,
+                        "seed": seed,
+                        "max_heads": args.caps[rule],
+                        "extra": args.extra,
+                    }
+                )
                 runs.append(done[key] if key in done else run(task, rule, seed, args))
                 # after every run: a partial sweep still leaves its numbers
                 content = {"experiment": "growth_stop", "summary": summarise(runs), "runs": runs}
                 result = write_results(path, "exp_growth_stop.py", argv, vars(args), content)
-    columns = ("task", "rule", "max_heads", "layer_runs", "stop", "full", "neither", "stop_fraction",
-               "cap_at_least_twice_final", "heads")
-    print(markdown_table(["task", "rule", "cap", "layer-runs", "stop", "full (cap)", "neither",
-                          "stop fraction", "cap >= 2 x heads", "final heads"],
-                         [[row[name] for name in columns] for row in result["summary"]]))
+    columns = (
+        "task",
+        "rule",
+        "max_heads",
+        "layer_runs",
+        "stop",
+        "full",
+        "neither",
+        "stop_fraction",
+        "cap_at_least_twice_final",
+        "heads",
+    )
+    print(
+        markdown_table(
+            [
+                "task",
+                "rule",
+                "cap",
+                "layer-runs",
+                "stop",
+                "full (cap)",
+                "neither",
+                "stop fraction",
+                "cap >= 2 x heads",
+                "final heads",
+            ],
+            [[row[name] for name in columns] for row in result["summary"]],
+        )
+    )
     return result
 
 

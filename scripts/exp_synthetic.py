@@ -62,11 +62,21 @@ def prototype_separation(records: list[dict], collapse_ratio: float) -> list[dic
     heads = []
     for layer, distances in enumerate(final["min_prototype_distance"]):
         for head, last in enumerate(distances):
-            first = next(r["min_prototype_distance"][layer][head] for r in records
-                         if len(r["min_prototype_distance"][layer]) > head)
-            heads.append({"layer": layer, "head": head, "first": first, "final": last,
-                          "final_perplexity": final["prototype_perplexity"][layer][head],
-                          "collapsed": last < collapse_ratio * first})
+            first = next(
+                r["min_prototype_distance"][layer][head]
+                for r in records
+                if len(r["min_prototype_distance"][layer]) > head
+            )
+            heads.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "first": first,
+                    "final": last,
+                    "final_perplexity": final["prototype_perplexity"][layer][head],
+                    "collapsed": last < collapse_ratio * first,
+                }
+            )
     return heads
 
 
@@ -74,8 +84,12 @@ def run_one(args: argparse.Namespace, task, name: str, seed: int, pre_growth_ste
     """One growth run; the exact A_sym spectrum on the probe rows is taken when growth starts."""
     run_args = copy.copy(args)
     run_args.seed, run_args.pre_growth_steps = seed, pre_growth_steps
-    model = build_model(run_args, vocab_size=task_spec(task)["vocab_size"],
-                        max_position_embeddings=task_spec(task)["seq_len"], num_labels=2)
+    model = build_model(
+        run_args,
+        vocab_size=task_spec(task)["vocab_size"],
+        max_position_embeddings=task_spec(task)["seq_len"],
+        num_labels=2,
+    )
     probe_batch = rows_as_batch(task["validation"], range(args.probe_rows))
     probe = PrototypeProbe(probe_batch, args.probe_every)
     inputs = {key: probe_batch[key] for key in ("input_ids", "attention_mask")}
@@ -85,30 +99,43 @@ def run_one(args: argparse.Namespace, task, name: str, seed: int, pre_growth_ste
         if start == pre_growth_steps:
             spectrum["eigenvalues"] = gate_spectrum(model, inputs)
 
-    run = run_growth_training(model, run_args, task["train"], output_dir=Path(args.output_dir) / name,
-                              probe=probe, on_window=at_growth_start)
+    run = run_growth_training(
+        model,
+        run_args,
+        task["train"],
+        output_dir=Path(args.output_dir) / name,
+        probe=probe,
+        on_window=at_growth_start,
+    )
     if probe.records[-1]["step"] != args.max_steps:
         probe.record(model, args.max_steps)
     history = run.history
     order = grow_order(history)
     thetas = theta_at_growth_start(history, model)
     return {
-        "run": name, "seed": seed, "pre_growth_steps": pre_growth_steps,
-        "num_heads": list(model.config.num_heads), "growth_end": stop_summary(history),
+        "run": name,
+        "seed": seed,
+        "pre_growth_steps": pre_growth_steps,
+        "num_heads": list(model.config.num_heads),
+        "growth_end": stop_summary(history),
         "grow_order": order,
-        "exact_spectrum_at_growth_start": [eigenvalues[: len(layer["grow_lambdas"]) + 3]
-                                           for eigenvalues, layer in zip(spectrum["eigenvalues"], order,
-                                                                         strict=True)],
+        "exact_spectrum_at_growth_start": [
+            eigenvalues[: len(layer["grow_lambdas"]) + 3]
+            for eigenvalues, layer in zip(spectrum["eigenvalues"], order, strict=True)
+        ],
         "theta_w": thetas,
         "head_count_law": {
             "trajectory": head_count_law(history),
-            "spectrum_at_growth_start": spectrum_head_count_law(spectrum["eigenvalues"], thetas,
-                                                                list(model.config.num_heads)),
+            "spectrum_at_growth_start": spectrum_head_count_law(
+                spectrum["eigenvalues"], thetas, list(model.config.num_heads)
+            ),
         },
         "temperatures": temperature_split(probe.records[-1]["temperatures"], args.tau_min, args.tau_init),
         "prototype_separation": prototype_separation(probe.records, args.collapse_ratio),
         "validation_accuracy": evaluate_accuracy(model, task["validation"]),
-        "events": history["events"], "probes": probe.records, "train_time_s": run.train_time_s,
+        "events": history["events"],
+        "probes": probe.records,
+        "train_time_s": run.train_time_s,
     }
 
 
@@ -120,12 +147,21 @@ def plot(result: dict, path: Path) -> None:
         lambdas = run["grow_order"][0]["grow_lambdas"]
         line = order_axis.plot(range(1, len(lambdas) + 1), lambdas, marker="o", label=run["run"])[0]
         exact = run["exact_spectrum_at_growth_start"][0]
-        order_axis.plot(range(1, len(exact) + 1), exact, linestyle=":", color=line.get_color(),
-                        label=f"exact eigenvalues at growth start, seed {run['seed']}")
+        order_axis.plot(
+            range(1, len(exact) + 1),
+            exact,
+            linestyle=":",
+            color=line.get_color(),
+            label=f"exact eigenvalues at growth start, seed {run['seed']}",
+        )
         if run["theta_w"]:
             order_axis.axhline(run["theta_w"][0], color=line.get_color(), linestyle="--", linewidth=0.8)
-    order_axis.set(xlabel="grow event (layer 0) / eigenvalue index", ylabel="lambda_max(A_res)", yscale="log",
-                   title="grow order vs exact spectrum (dashed: theta_w)")
+    order_axis.set(
+        xlabel="grow event (layer 0) / eigenvalue index",
+        ylabel="lambda_max(A_res)",
+        yscale="log",
+        title="grow order vs exact spectrum (dashed: theta_w)",
+    )
     order_axis.legend(fontsize=7)
     for run in runs + ([ablation] if ablation else []):
         changes = [e for e in run["events"] if e["action"] in ("grow", "prune")]
@@ -138,21 +174,36 @@ def plot(result: dict, path: Path) -> None:
     first = runs[0]
     steps = [r["step"] for r in first["probes"]]
     for head in range(first["num_heads"][0]):
-        values = [r["min_prototype_distance"][0][head] if len(r["min_prototype_distance"][0]) > head else None
-                  for r in first["probes"]]
-        separation_axis.plot(steps, [v if v is not None else float("nan") for v in values],
-                             label=f"head {head}")
-    separation_axis.set(xlabel="optimizer step", ylabel="min_{i!=j} ||p_i - p_j||", yscale="log",
-                        title=f"prototype separation, layer 0, {first['run']}")
+        values = [
+            r["min_prototype_distance"][0][head] if len(r["min_prototype_distance"][0]) > head else None
+            for r in first["probes"]
+        ]
+        separation_axis.plot(
+            steps, [v if v is not None else float("nan") for v in values], label=f"head {head}"
+        )
+    separation_axis.set(
+        xlabel="optimizer step",
+        ylabel="min_{i!=j} ||p_i - p_j||",
+        yscale="log",
+        title=f"prototype separation, layer 0, {first['run']}",
+    )
     separation_axis.legend(fontsize=8)
     for index, run in enumerate(runs):
         taus = run["temperatures"][0]["temperatures"]
         tau_axis.scatter([index] * len(taus), taus, label=run["run"])
     tau_axis.axhline(result["tau_min"], color="grey", linestyle=":", label="tau_min")
-    tau_axis.axhline(runs[0]["temperatures"][0]["threshold"], color="grey", linestyle="--",
-                     label="local / global threshold")
-    tau_axis.set(xticks=range(len(runs)), xticklabels=[run["run"] for run in runs], ylabel="tau per head",
-                 title="final temperatures, layer 0")
+    tau_axis.axhline(
+        runs[0]["temperatures"][0]["threshold"],
+        color="grey",
+        linestyle="--",
+        label="local / global threshold",
+    )
+    tau_axis.set(
+        xticks=range(len(runs)),
+        xticklabels=[run["run"] for run in runs],
+        ylabel="tau per head",
+        title="final temperatures, layer 0",
+    )
     tau_axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -165,8 +216,9 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    task = build_spectral_task(args.strengths, num_train=args.num_train, num_validation=args.num_validation,
-                               seed=args.data_seed)
+    task = build_spectral_task(
+        args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.data_seed
+    )
     runs = []
     for seed in args.seeds:
         print(f"seed {seed}: growth after {args.pre_growth_steps} pre-growth steps")
@@ -178,18 +230,25 @@ def main(argv: list[str] | None = None) -> dict:
     counts = [run["num_heads"] for run in runs]
     result = {
         "experiment": "synthetic",
-        "task": {"strengths": args.strengths, "relations": len(args.strengths),
-                 "bayes_accuracy": task_spec(task)["bayes_accuracy"]},
-        "tau_min": args.tau_min, "tau_init": args.tau_init,
+        "task": {
+            "strengths": args.strengths,
+            "relations": len(args.strengths),
+            "bayes_accuracy": task_spec(task)["bayes_accuracy"],
+        },
+        "tau_min": args.tau_min,
+        "tau_init": args.tau_init,
         "verdicts": {
             "grow_order_decreasing": all(layer["decreasing"] for run in runs for layer in run["grow_order"]),
             "finite_stop": all(end["verdict"] == "stop" for run in runs for end in run["growth_end"]),
             "local_heads": sum(len(layer["local_heads"]) for run in runs for layer in run["temperatures"]),
             "global_heads": sum(len(layer["global_heads"]) for run in runs for layer in run["temperatures"]),
             "collapsed_heads": sum(head["collapsed"] for run in runs for head in run["prototype_separation"]),
-            "head_counts": counts, "unique_head_count": all(count == counts[0] for count in counts),
+            "head_counts": counts,
+            "unique_head_count": all(count == counts[0] for count in counts),
         },
-        "runs": runs, "ablation": ablation, "wall_time_s": time.perf_counter() - started,
+        "runs": runs,
+        "ablation": ablation,
+        "wall_time_s": time.perf_counter() - started,
     }
     result = write_results(output_dir / "synthetic.json", "exp_synthetic.py", argv, vars(args), result)
     plot(result, output_dir / "synthetic.png")
@@ -202,26 +261,88 @@ def print_summary(result: dict) -> None:
     rows = []
     for run in result["runs"] + ([result["ablation"]] if result["ablation"] else []):
         laws = run["head_count_law"]
-        for end, order, trajectory, spectrum in zip(run["growth_end"], run["grow_order"], laws["trajectory"],
-                                                    laws["spectrum_at_growth_start"], strict=True):
-            rows.append([run["run"], end["layer"], run["num_heads"][end["layer"]], end["verdict"],
-                         end["step"], ", ".join(f"{value:.3g}" for value in order["grow_lambdas"]),
-                         f"{order['decreasing_pairs']}/{order['pairs']}",
-                         ", ".join(f"{value:.3g}" for value in spectrum["captured_eigenvalues"]),
-                         spectrum["theta_w"], trajectory["predicted_heads"], spectrum["predicted_heads"],
-                         run["validation_accuracy"]])
-    print(markdown_table(["run", "layer", "heads", "growth ended", "at step", "lambda_max at grow events",
-                          "decreasing pairs", "exact eigenvalues > theta_w at growth start", "theta_w",
-                          "K* (trajectory)", "K* (spectrum)", "val. accuracy"], rows))
+        for end, order, trajectory, spectrum in zip(
+            run["growth_end"],
+            run["grow_order"],
+            laws["trajectory"],
+            laws["spectrum_at_growth_start"],
+            strict=True,
+        ):
+            rows.append(
+                [
+                    run["run"],
+                    end["layer"],
+                    run["num_heads"][end["layer"]],
+                    end["verdict"],
+                    end["step"],
+                    ", ".join(f"{value:.3g}" for value in order["grow_lambdas"]),
+                    f"{order['decreasing_pairs']}/{order['pairs']}",
+                    ", ".join(f"{value:.3g}" for value in spectrum["captured_eigenvalues"]),
+                    spectrum["theta_w"],
+                    trajectory["predicted_heads"],
+                    spectrum["predicted_heads"],
+                    run["validation_accuracy"],
+                ]
+            )
+    print(
+        markdown_table(
+            [
+                "run",
+                "layer",
+                "heads",
+                "growth ended",
+                "at step",
+                "lambda_max at grow events",
+                "decreasing pairs",
+                "exact eigenvalues > theta_w at growth start",
+                "theta_w",
+                "K* (trajectory)",
+                "K* (spectrum)",
+                "val. accuracy",
+            ],
+            rows,
+        )
+    )
     print(f"Bayes accuracy {result['task']['bayes_accuracy']:.4f}")
-    rows = [[run["run"], layer["layer"], ", ".join(f"{tau:.3g}" for tau in layer["temperatures"]),
-             layer["local_heads"], layer["global_heads"]]
-            for run in result["runs"] for layer in run["temperatures"]]
+    rows = [
+        [
+            run["run"],
+            layer["layer"],
+            ", ".join(f"{tau:.3g}" for tau in layer["temperatures"]),
+            layer["local_heads"],
+            layer["global_heads"],
+        ]
+        for run in result["runs"]
+        for layer in run["temperatures"]
+    ]
     print(markdown_table(["run", "layer", "tau per head", "local heads", "global heads"], rows))
-    rows = [[run["run"], head["layer"], head["head"], head["first"], head["final"], head["final_perplexity"],
-             head["collapsed"]] for run in result["runs"] for head in run["prototype_separation"]]
-    print(markdown_table(["run", "layer", "head", "min proto. distance (first probe)", "(final)",
-                          "used prototypes (final)", "collapsed"], rows))
+    rows = [
+        [
+            run["run"],
+            head["layer"],
+            head["head"],
+            head["first"],
+            head["final"],
+            head["final_perplexity"],
+            head["collapsed"],
+        ]
+        for run in result["runs"]
+        for head in run["prototype_separation"]
+    ]
+    print(
+        markdown_table(
+            [
+                "run",
+                "layer",
+                "head",
+                "min proto. distance (first probe)",
+                "(final)",
+                "used prototypes (final)",
+                "collapsed",
+            ],
+            rows,
+        )
+    )
     print("verdicts:", result["verdicts"])
 
 

@@ -81,8 +81,9 @@ def encode_text(path: str | Path, tokenizer, max_unk_fraction: float) -> tuple[t
     unk_id = tokenizer.unk_token_id
     num_unknown = 0 if unk_id is None else sum(token == unk_id for token in ids)
     if num_unknown > max_unk_fraction * len(ids):
-        unknown_chars = {char for char in set(text) if tokenizer(char, add_special_tokens=False)["input_ids"]
-                         == [unk_id]}
+        unknown_chars = {
+            char for char in set(text) if tokenizer(char, add_special_tokens=False)["input_ids"] == [unk_id]
+        }
         unknown = Counter(char for char in text if char in unknown_chars)
         shown = ", ".join(f"{char!r} x{count}" for char, count in unknown.most_common(10))
         raise ValueError(
@@ -132,8 +133,9 @@ def check_arguments(args: argparse.Namespace, config) -> None:
 def lora_config_for(model: nn.Module, args: argparse.Namespace) -> LoraConfig:
     """`LoraConfig` over `--target_modules` (leaf names of `nn.Linear` modules; by default those of
     `DEFAULT_TARGETS` the model has: a static model has no `maps_proj`, an "add" one no `value_proj`)."""
-    linear_names = {name.rpartition(".")[-1] for name, module in model.named_modules()
-                    if isinstance(module, nn.Linear)}
+    linear_names = {
+        name.rpartition(".")[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)
+    }
     targets = args.target_modules
     if targets is None:
         targets = [name for name in DEFAULT_TARGETS if name in linear_names]
@@ -160,11 +162,19 @@ def lora_config_for(model: nn.Module, args: argparse.Namespace) -> LoraConfig:
 
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LoRA (peft.LoraConfig)")
-    group.add_argument("--target_modules", nargs="+", default=None,
-                       help=f"leaf names of the nn.Linear projections to adapt (default: those of "
-                       f"{list(DEFAULT_TARGETS)} the model has)")
-    group.add_argument("--modules_to_save", nargs="*", default=[],
-                       help="modules trained in full and saved with the adapter (e.g. lm_head)")
+    group.add_argument(
+        "--target_modules",
+        nargs="+",
+        default=None,
+        help=f"leaf names of the nn.Linear projections to adapt (default: those of "
+        f"{list(DEFAULT_TARGETS)} the model has)",
+    )
+    group.add_argument(
+        "--modules_to_save",
+        nargs="*",
+        default=[],
+        help="modules trained in full and saved with the adapter (e.g. lm_head)",
+    )
     group.add_argument("--lora_r", type=int, default=8)
     group.add_argument("--lora_alpha", type=float, default=16.0)
     group.add_argument("--lora_dropout", type=float, default=0.0)
@@ -178,8 +188,12 @@ def main() -> None:
     add_training_arguments(parser, max_steps=500)
     parser.set_defaults(data=None, warmup_steps=20, weight_decay=0.0)
     parser.add_argument("--train_fraction", type=float, default=0.9)
-    parser.add_argument("--max_unk_fraction", type=float, default=0.01,
-                        help="most tolerated fraction of <unk> tokens in --data")
+    parser.add_argument(
+        "--max_unk_fraction",
+        type=float,
+        default=0.01,
+        help="most tolerated fraction of <unk> tokens in --data",
+    )
     parser.add_argument("--eval_interval", type=int, default=100, help="val loss every N steps; 0: off")
     parser.add_argument("--merge", action="store_true", help="also save the merged model: OUTPUT_DIR/merged")
     parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "ddl_mhc_lora"))
@@ -203,10 +217,13 @@ def main() -> None:
     val_loss_before = evaluate(model, val_ids)
     model = get_peft_model(model, lora_config_for(model, args))
     trainable, total = model.get_nb_trainable_parameters()
-    wrapped = Counter(name.rpartition(".")[-1] for name, module in model.named_modules()
-                      if isinstance(module, LoraLayer))
-    print(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f} %) in "
-          f"{sum(wrapped.values())} LoRA layers {dict(sorted(wrapped.items()))}")
+    wrapped = Counter(
+        name.rpartition(".")[-1] for name, module in model.named_modules() if isinstance(module, LoraLayer)
+    )
+    print(
+        f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f} %) in "
+        f"{sum(wrapped.values())} LoRA layers {dict(sorted(wrapped.items()))}"
+    )
 
     history = []
     step = make_trainer(model, train_ids, args, device)

@@ -46,8 +46,13 @@ from harness.results import (
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     task = parser.add_argument_group("task (build_spectral_task)")
-    task.add_argument("--strengths", type=float, nargs="+", default=list(DEFAULT_STRENGTHS),
-                      help="planted relation strengths, strictly decreasing in (0, 1)")
+    task.add_argument(
+        "--strengths",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_STRENGTHS),
+        help="planted relation strengths, strictly decreasing in (0, 1)",
+    )
     task.add_argument("--num_train", type=int, default=4000)
     task.add_argument("--num_validation", type=int, default=1000)
     task.add_argument("--vocab_size", type=int, default=48)
@@ -66,19 +71,30 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
-    task = build_spectral_task(args.strengths, num_train=args.num_train, num_validation=args.num_validation,
-                               vocab_size=args.vocab_size, seq_len=args.seq_len, seed=args.data_seed)
+    task = build_spectral_task(
+        args.strengths,
+        num_train=args.num_train,
+        num_validation=args.num_validation,
+        vocab_size=args.vocab_size,
+        seq_len=args.seq_len,
+        seed=args.data_seed,
+    )
     spec = task_spec(task)
     model = build_model(args, vocab_size=args.vocab_size, max_position_embeddings=args.seq_len, num_labels=2)
-    print(f"Task: {len(spec['relations'])} planted directional relations (strengths {args.strengths}), "
-          f"{args.num_train} training rows of {args.seq_len} tokens, "
-          f"Bayes accuracy {spec['bayes_accuracy']:.4f}")
-    print(f"Model: DDCL-INCRT, {args.num_hidden_layers} layer(s), heads {model.config.num_heads} (at most "
-          f"{model.config.max_heads} per layer), {parameter_count(model):,} parameters; growth starts after "
-          f"{args.pre_growth_steps} of {args.max_steps} steps, gate check every {args.check_every} steps")
+    print(
+        f"Task: {len(spec['relations'])} planted directional relations (strengths {args.strengths}), "
+        f"{args.num_train} training rows of {args.seq_len} tokens, "
+        f"Bayes accuracy {spec['bayes_accuracy']:.4f}"
+    )
+    print(
+        f"Model: DDCL-INCRT, {args.num_hidden_layers} layer(s), heads {model.config.num_heads} (at most "
+        f"{model.config.max_heads} per layer), {parameter_count(model):,} parameters; growth starts after "
+        f"{args.pre_growth_steps} of {args.max_steps} steps, gate check every {args.check_every} steps"
+    )
 
-    run = run_growth_training(model, args, task["train"], output_dir=output_dir,
-                              eval_dataset=task["validation"], print_events=True)
+    run = run_growth_training(
+        model, args, task["train"], output_dir=output_dir, eval_dataset=task["validation"], print_events=True
+    )
     accuracy = evaluate_accuracy(model, task["validation"])
     transformers.utils.logging.disable_progress_bar()  # no bars for writing and reloading the checkpoint
     model.save_pretrained(output_dir)
@@ -87,15 +103,27 @@ def main(argv: list[str] | None = None) -> dict:
     history = run.history
     summary = {
         "command": command_line("grow_demo.py", argv),
-        "task": {"name": "spectral_relations", "strengths": args.strengths, "bayes_accuracy":
-                 spec["bayes_accuracy"], "num_train": args.num_train, "num_validation": args.num_validation},
-        "initial_num_heads": history["initial_num_heads"], "num_heads": list(model.config.num_heads),
+        "task": {
+            "name": "spectral_relations",
+            "strengths": args.strengths,
+            "bayes_accuracy": spec["bayes_accuracy"],
+            "num_train": args.num_train,
+            "num_validation": args.num_validation,
+        },
+        "initial_num_heads": history["initial_num_heads"],
+        "num_heads": list(model.config.num_heads),
         "growth_started_at_step": history["growth_started_at_step"],
-        "growth_stopped_at_step": history["growth_stopped_at_step"], "growth_end": stop_summary(history),
-        "events": history["events"], "validation_accuracy": accuracy,
-        "validation_accuracy_history": run.evaluations, "parameters": parameter_count(model),
-        "reloaded_num_heads": list(reloaded.config.num_heads), "train_time_s": run.train_time_s,
-        "wall_time_s": time.perf_counter() - started, "args": vars(args), "environment": environment(),
+        "growth_stopped_at_step": history["growth_stopped_at_step"],
+        "growth_end": stop_summary(history),
+        "events": history["events"],
+        "validation_accuracy": accuracy,
+        "validation_accuracy_history": run.evaluations,
+        "parameters": parameter_count(model),
+        "reloaded_num_heads": list(reloaded.config.num_heads),
+        "train_time_s": run.train_time_s,
+        "wall_time_s": time.perf_counter() - started,
+        "args": vars(args),
+        "environment": environment(),
     }
     write_json(output_dir / "summary.json", summary)
     print_summary(summary, output_dir)
@@ -104,24 +132,44 @@ def main(argv: list[str] | None = None) -> dict:
 
 def print_summary(summary: dict, output_dir: Path) -> None:
     print("\n## Heads per layer")
-    rows = [[end["layer"], initial, final, end["verdict"] or "still growing", end["step"]]
-            for end, initial, final in zip(summary["growth_end"], summary["initial_num_heads"],
-                                           summary["num_heads"], strict=True)]
+    rows = [
+        [end["layer"], initial, final, end["verdict"] or "still growing", end["step"]]
+        for end, initial, final in zip(
+            summary["growth_end"], summary["initial_num_heads"], summary["num_heads"], strict=True
+        )
+    ]
     print(markdown_table(["layer", "initial heads", "final heads", "growth ended by", "at step"], rows))
     print("\n## Growth events (lambda_max = top eigenvalue of the deflated residual A_res)")
     print(events_table(summary))
     print("\n## Accuracy")
     accuracy, bayes = summary["validation_accuracy"], summary["task"]["bayes_accuracy"]
-    print(markdown_table(["validation accuracy", "Bayes accuracy", "ratio", "parameters", "train time"],
-                         [[accuracy, bayes, accuracy / bayes, f"{summary['parameters']:,}",
-                           f"{summary['train_time_s']:.0f} s"]]))
+    print(
+        markdown_table(
+            ["validation accuracy", "Bayes accuracy", "ratio", "parameters", "train time"],
+            [
+                [
+                    accuracy,
+                    bayes,
+                    accuracy / bayes,
+                    f"{summary['parameters']:,}",
+                    f"{summary['train_time_s']:.0f} s",
+                ]
+            ],
+        )
+    )
     print(f"\nCheckpoint reloads with heads {summary['reloaded_num_heads']}. Contents of {output_dir}/:")
     files = sorted(path for path in output_dir.iterdir() if path.is_file())
     width = max(len(path.name) for path in files)
     for path in files:
         print(f"  {path.name:<{width}}  {path.stat().st_size:>10,} bytes")
-    print(json.dumps({"validation_accuracy": round(summary["validation_accuracy"], 4),
-                      "num_heads": summary["num_heads"]}))
+    print(
+        json.dumps(
+            {
+                "validation_accuracy": round(summary["validation_accuracy"], 4),
+                "num_heads": summary["num_heads"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -139,8 +139,13 @@ def main() -> None:
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     print(f"saved model and tokenizer to {output_dir}")
-    write_results(output_dir / "training_history.json", "train_causal_lm.py", None, vars(args),
-                  {"history": history, "tokens_per_second": tokens_per_second})
+    write_results(
+        output_dir / "training_history.json",
+        "train_causal_lm.py",
+        None,
+        vars(args),
+        {"history": history, "tokens_per_second": tokens_per_second},
+    )
 
 
 if __name__ == "__main__":

@@ -258,8 +258,11 @@ def main() -> None:
     parser.add_argument("--eval_interval", type=int, default=50)
     parser.add_argument("--spike_window", type=int, default=50, help="steps after the switch summarised")
     parser.add_argument("--zoom", type=int, default=100, help="half width of the figure's switch panel")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "upcycle_llama"),
-                        help="results/upcycle_llama: the committed run")
+    parser.add_argument(
+        "--output_dir",
+        default=str(REPO_ROOT / "outputs" / "upcycle_llama"),
+        help="results/upcycle_llama: the committed run",
+    )
     args = parser.parse_args()
     if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.max_steps:
         parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --max_steps")

@@ -58,8 +58,14 @@ class Case(NamedTuple):
 
 def ddl_mhc(residual: str, chart: str) -> Case:
     config = DDLmHCConfig(
-        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        hc_streams=4, residual=residual, hc_chart=chart,
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hc_streams=4,
+        residual=residual,
+        hc_chart=chart,
     )
 
     def build(seed: int) -> nn.Module:
@@ -76,9 +82,18 @@ def ddl_mhc(residual: str, chart: str) -> Case:
 
 def ddcl_incrt() -> Case:
     settings = dict(
-        vocab_size=48, hidden_size=32, head_dim=8, num_hidden_layers=2, num_heads=2, max_heads=4,
-        num_prototypes=8, max_position_embeddings=SEQ, num_labels=2, hidden_dropout_prob=0.0,
-        classifier_dropout=0.0, pooling="mean",
+        vocab_size=48,
+        hidden_size=32,
+        head_dim=8,
+        num_hidden_layers=2,
+        num_heads=2,
+        max_heads=4,
+        num_prototypes=8,
+        max_position_embeddings=SEQ,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        classifier_dropout=0.0,
+        pooling="mean",
     )
 
     def build(seed: int) -> nn.Module:
@@ -179,8 +194,9 @@ def check_case(name: str, rank: int, world_size: int, mesh, folder: Path) -> Non
     restored_model_state, restored_optimizer_state = get_state_dict(restored, restored_optimizer)
     state = {"model": restored_model_state, "optimizer": restored_optimizer_state}
     dcp.load(state, checkpoint_id=checkpoint)
-    set_state_dict(restored, restored_optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+    set_state_dict(
+        restored, restored_optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
     for (key, saved), (restored_key, loaded) in zip(
         model.state_dict().items(), restored.state_dict().items(), strict=True
     ):

@@ -41,8 +41,12 @@ def spectral_task(num_train: int = 512):
 def sign_rows(dataset):
     """Tokens 1 and 2 of each row spell its index (index // 40 + 5, index % 40 + 5): a gate batch's rows can
     be read back with `signed_row_indices`."""
-    return dataset.map(lambda row, index: {"input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5]
-                                           + row["input_ids"][3:]}, with_indices=True)
+    return dataset.map(
+        lambda row, index: {
+            "input_ids": [row["input_ids"][0], index // 40 + 5, index % 40 + 5] + row["input_ids"][3:]
+        },
+        with_indices=True,
+    )
 
 
 def signed_row_indices(input_ids: torch.Tensor) -> list[int]:
@@ -52,9 +56,19 @@ def signed_row_indices(input_ids: torch.Tensor) -> list[int]:
 
 def tiny_model(seed: int = 0, **overrides) -> DDCLIncrtForSequenceClassification:
     settings = {
-        "vocab_size": 48, "hidden_size": 32, "head_dim": 8, "num_hidden_layers": 1, "num_heads": 1,
-        "max_heads": 4, "num_prototypes": 8, "max_position_embeddings": SEQ_LEN, "num_labels": 2,
-        "hidden_dropout_prob": 0.0, "classifier_dropout": 0.0, "pooling": "mean", "gate_num_tokens": 256,
+        "vocab_size": 48,
+        "hidden_size": 32,
+        "head_dim": 8,
+        "num_hidden_layers": 1,
+        "num_heads": 1,
+        "max_heads": 4,
+        "num_prototypes": 8,
+        "max_position_embeddings": SEQ_LEN,
+        "num_labels": 2,
+        "hidden_dropout_prob": 0.0,
+        "classifier_dropout": 0.0,
+        "pooling": "mean",
+        "gate_num_tokens": 256,
     }
     settings.update(overrides)
     torch.manual_seed(seed)
@@ -63,9 +77,17 @@ def tiny_model(seed: int = 0, **overrides) -> DDCLIncrtForSequenceClassification
 
 def training_args(output_dir, **overrides) -> TrainingArguments:
     settings = {
-        "output_dir": str(output_dir), "max_steps": 40, "per_device_train_batch_size": 32,
-        "learning_rate": 3e-3, "logging_steps": 1, "save_strategy": "no", "report_to": [], "use_cpu": True,
-        "disable_tqdm": True, "seed": 0, "dataloader_num_workers": 0,
+        "output_dir": str(output_dir),
+        "max_steps": 40,
+        "per_device_train_batch_size": 32,
+        "learning_rate": 3e-3,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "seed": 0,
+        "dataloader_num_workers": 0,
     }
     settings.update(overrides)
     return TrainingArguments(**settings)
@@ -73,9 +95,13 @@ def training_args(output_dir, **overrides) -> TrainingArguments:
 
 def growth_trainer(model, args, train_dataset, check_every: int = 5) -> Trainer:
     """The documented set-up: prototype parameter groups and the growth callback."""
-    return Trainer(model=model, args=args, train_dataset=train_dataset,
-                   optimizers=(make_optimizer(model, args), None),
-                   callbacks=[IncrtGrowthCallback(check_every=check_every)])
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        optimizers=(make_optimizer(model, args), None),
+        callbacks=[IncrtGrowthCallback(check_every=check_every)],
+    )
 
 
 def growth_callback(trainer: Trainer) -> IncrtGrowthCallback:
@@ -104,38 +130,59 @@ def _resume(options) -> None:
     else:
         resume_growth_training(trainer, options.checkpoint)
     history = json.loads((Path(options.output_dir) / "growth_history.json").read_text())
-    Path(options.result).write_text(json.dumps({
-        "num_heads": model.config.num_heads, "losses": step_losses(trainer.state.log_history),
-        "events": history["events"], "checksum": parameter_checksum(model),
-    }))
+    Path(options.result).write_text(
+        json.dumps(
+            {
+                "num_heads": model.config.num_heads,
+                "losses": step_losses(trainer.state.log_history),
+                "events": history["events"],
+                "checksum": parameter_checksum(model),
+            }
+        )
+    )
 
 
 def _ddp(options) -> None:
     torch.set_num_threads(1)
     # Different initial weights per rank (DDP broadcasts rank 0's); a prune factor that prunes during the run.
-    model = tiny_model(seed=int(os.environ["RANK"]), max_heads=3, gate_prune_factor=30.0,
-                       gate_prune_patience=2)
-    args = training_args(options.output_dir, max_steps=options.max_steps, save_strategy="steps",
-                         save_steps=options.max_steps, logging_steps=5)
+    model = tiny_model(
+        seed=int(os.environ["RANK"]), max_heads=3, gate_prune_factor=30.0, gate_prune_patience=2
+    )
+    args = training_args(
+        options.output_dir,
+        max_steps=options.max_steps,
+        save_strategy="steps",
+        save_steps=options.max_steps,
+        logging_steps=5,
+    )
     trainer = growth_trainer(model, args, spectral_task()["train"], check_every=3)
     trainer.train()
     callback = growth_callback(trainer)
     rank = torch.distributed.get_rank()
-    strict_args = training_args(Path(options.output_dir) / "refused", max_steps=2,
-                                ddp_find_unused_parameters=False)
+    strict_args = training_args(
+        Path(options.output_dir) / "refused", max_steps=2, ddp_find_unused_parameters=False
+    )
     try:  # pruning is enabled, so DDP without find_unused_parameters must be refused before any step
-        growth_trainer(tiny_model(max_heads=3, gate_prune_factor=30.0), strict_args,
-                       spectral_task()["train"]).train()
+        growth_trainer(
+            tiny_model(max_heads=3, gate_prune_factor=30.0), strict_args, spectral_task()["train"]
+        ).train()
         refusal = None
     except ValueError as error:
         refusal = str(error)
     path = Path(options.result)
-    path.with_name(f"{path.stem}.rank{rank}{path.suffix}").write_text(json.dumps({
-        "world_size": torch.distributed.get_world_size(), "pid": os.getpid(),
-        "num_heads": model.config.num_heads, "checksum": parameter_checksum(model),
-        "events": callback.history["events"], "checks": callback.history["checks"],
-        "refusal_without_find_unused": refusal,
-    }))
+    path.with_name(f"{path.stem}.rank{rank}{path.suffix}").write_text(
+        json.dumps(
+            {
+                "world_size": torch.distributed.get_world_size(),
+                "pid": os.getpid(),
+                "num_heads": model.config.num_heads,
+                "checksum": parameter_checksum(model),
+                "events": callback.history["events"],
+                "checks": callback.history["checks"],
+                "refusal_without_find_unused": refusal,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

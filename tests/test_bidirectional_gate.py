@@ -34,8 +34,9 @@ def bidirectional_config(**overrides):
 def planted_symmetric(eigenvalues, seed=0):
     """Q diag(eigenvalues) Q^T with a random orthogonal Q (float64), and Q."""
     generator = torch.Generator().manual_seed(seed)
-    basis, _ = torch.linalg.qr(torch.randn(len(eigenvalues), len(eigenvalues), generator=generator,
-                                           dtype=torch.float64))
+    basis, _ = torch.linalg.qr(
+        torch.randn(len(eigenvalues), len(eigenvalues), generator=generator, dtype=torch.float64)
+    )
     return basis @ torch.diag(torch.tensor(eigenvalues, dtype=torch.float64)) @ basis.T, basis
 
 
@@ -72,9 +73,16 @@ def test_coupled_steps_fix_eigenvectors_and_keep_the_pair_orthogonal():
 def test_coupled_pair_tracks_the_extreme_eigenpairs_of_an_indefinite_matrix():
     matrix, basis = planted_symmetric([5.0, 2.0, 1.0, 0.0, -1.0, -4.0])
     bound = float(spectral_radius_bound(matrix))
-    pair = track_coupled_pair(matrix, seeded_unit_vector(6, 0).double(), seeded_unit_vector(6, 1).double(),
-                              rates=(0.9 / bound, 0.9 / bound), gamma=0.5, max_steps=2000, tolerance=1e-6,
-                              floor=0.0)
+    pair = track_coupled_pair(
+        matrix,
+        seeded_unit_vector(6, 0).double(),
+        seeded_unit_vector(6, 1).double(),
+        rates=(0.9 / bound, 0.9 / bound),
+        gamma=0.5,
+        max_steps=2000,
+        tolerance=1e-6,
+        floor=0.0,
+    )
     assert pair.lambda_max == pytest.approx(5.0, abs=1e-9)
     assert pair.lambda_min == pytest.approx(-4.0, abs=1e-9)
     assert abs(float(pair.top @ basis[:, 0])) == pytest.approx(1.0, abs=1e-9)
@@ -88,8 +96,16 @@ def test_tracked_spectral_gaps_agree_with_eigvalsh():
     exact = exact_spectral_gaps(matrix, bound)
     assert exact.plus == pytest.approx(2.0 / bound) and exact.minus == pytest.approx(1.5 / bound)
     rates = (0.9 / bound, 0.9 / bound)
-    pair = track_coupled_pair(matrix, seeded_unit_vector(8, 0).double(), seeded_unit_vector(8, 1).double(),
-                              rates=rates, gamma=0.5, max_steps=2000, tolerance=1e-8, floor=0.0)
+    pair = track_coupled_pair(
+        matrix,
+        seeded_unit_vector(8, 0).double(),
+        seeded_unit_vector(8, 1).double(),
+        rates=rates,
+        gamma=0.5,
+        max_steps=2000,
+        tolerance=1e-8,
+        floor=0.0,
+    )
     starts = (seeded_unit_vector(8, 2).double(), seeded_unit_vector(8, 3).double())
     tracked = tracked_spectral_gaps(matrix, pair, starts, bound=bound, rates=rates, max_steps=400)
     assert tracked.plus == pytest.approx(exact.plus, rel=1e-3)
@@ -98,15 +114,27 @@ def test_tracked_spectral_gaps_agree_with_eigvalsh():
 
 @pytest.mark.parametrize(
     ("lambda_max", "lambda_min", "use_lambda_min", "in_dwell", "full", "expected"),
-    [(3.0, -3.0, True, False, False, "grow"), (2.0, -3.0, True, False, False, "stop"),
-     (3.0, 1.5, True, False, False, "stop"), (3.0, 1.5, False, False, False, "grow"),
-     (3.0, -3.0, True, True, False, "dwell"), (2.0, -3.0, True, True, False, "stop"),
-     (3.0, -3.0, True, False, True, "full")],
+    [
+        (3.0, -3.0, True, False, False, "grow"),
+        (2.0, -3.0, True, False, False, "stop"),
+        (3.0, 1.5, True, False, False, "stop"),
+        (3.0, 1.5, False, False, False, "grow"),
+        (3.0, -3.0, True, True, False, "dwell"),
+        (2.0, -3.0, True, True, False, "stop"),
+        (3.0, -3.0, True, False, True, "full"),
+    ],
 )
 def test_bidirectional_action_table(lambda_max, lambda_min, use_lambda_min, in_dwell, full, expected):
     """theta_w = 2.5, phi_w = 1.25."""
-    action = bidirectional_action(lambda_max, lambda_min, theta_w=2.5, phi_w=1.25,
-                                  use_lambda_min=use_lambda_min, in_dwell=in_dwell, full=full)
+    action = bidirectional_action(
+        lambda_max,
+        lambda_min,
+        theta_w=2.5,
+        phi_w=1.25,
+        use_lambda_min=use_lambda_min,
+        in_dwell=in_dwell,
+        full=full,
+    )
     assert action == expected
 
 
@@ -156,16 +184,18 @@ def test_no_growth_within_the_dwell_of_the_last_one():
     expected_gap = 0.2 / float(spectral_radius_bound(residual))
     assert float(gate.spectral_gaps[0]) == pytest.approx(expected_gap, rel=1e-3)
     # without the dwell the same gate grows at consecutive checks
-    ablated = IncrtGate(bidirectional_config(gate_use_exact_eigh=True, gate_dwell_kappa=0.1,
-                                             gate_use_dwell=False), 0)
+    ablated = IncrtGate(
+        bidirectional_config(gate_use_exact_eigh=True, gate_dwell_kappa=0.1, gate_use_dwell=False), 0
+    )
     actions = [action for action, _, _ in run_checks(ablated, second_moment, directional, 4)]
     assert actions == ["grow", "grow", "grow", "stop"]
 
 
 def test_max_only_ignores_the_dwell_state_and_keeps_it_out_of_checkpoints():
     second_moment, directional, _ = planted_problem([8.0, 5.0, 4.8])
-    max_only = IncrtGate(bidirectional_config(gate_rule="max_only", gate_use_exact_eigh=True,
-                                              gate_dwell_kappa=0.1), 0)
+    max_only = IncrtGate(
+        bidirectional_config(gate_rule="max_only", gate_use_exact_eigh=True, gate_dwell_kappa=0.1), 0
+    )
     actions = [action for action, _, _ in run_checks(max_only, second_moment, directional, 4)]
     assert actions == ["grow", "grow", "grow", "stop"]
     assert "last_growth_check" not in max_only.state_dict() and "spectral_gaps" not in max_only.state_dict()
@@ -177,8 +207,9 @@ def test_max_only_ignores_the_dwell_state_and_keeps_it_out_of_checkpoints():
 def test_the_lambda_min_test_stops_growth_when_no_direction_lies_below_phi_w(use_lambda_min, expected):
     """lambda_min(A_sym) = -8; phi_w = -4 theta_w = -10 puts it above phi_w."""
     second_moment, directional, _ = planted_problem([8.0, 6.0])
-    config = bidirectional_config(gate_use_exact_eigh=True, gate_phi_w_factor=-4.0,
-                                  gate_use_lambda_min_test=use_lambda_min)
+    config = bidirectional_config(
+        gate_use_exact_eigh=True, gate_phi_w_factor=-4.0, gate_use_lambda_min_test=use_lambda_min
+    )
     decision = IncrtGate(config, 0).check(second_moment, directional, torch.ones(1))
     assert decision.lambda_min == pytest.approx(-8.0, rel=1e-4) and decision.action == expected
     # phi_w = -2 theta_w = -5: lambda_min = -8 lies below it, both variants grow
@@ -205,8 +236,10 @@ def test_author_pruning_needs_t_prune_consecutive_checks_below_phi_g():
     second_moment, directional, _ = planted_problem([8.0])
     gate = IncrtGate(bidirectional_config(gate_prune_factor=0.01, gate_prune_patience=4), 0)
     low, high = torch.tensor([2.0, 0.01]), torch.tensor([2.0, 0.03])
-    prunes = [gate.check(second_moment, directional, energies).prune
-              for energies in (low, low, low, high, low, low, low, low)]
+    prunes = [
+        gate.check(second_moment, directional, energies).prune
+        for energies in (low, low, low, high, low, low, low, low)
+    ]
     assert prunes == [[], [], [], [], [], [], [], [1]]
 
 

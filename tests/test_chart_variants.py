@@ -37,6 +37,7 @@ def test_hub_code_ships_the_chart_table_with_the_variants():
     assert all(f'"{method}": _Chart(' in charts[table:] for method in VARIANTS)
     assert "from .modeling_ops_charts import birkhoff, num_logits" in files["modeling_ddl_mhc.py"]
 
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 VARIANTS = ("stbp", "srtbp", "mstbp", "msrtbp", "atbp")
@@ -446,5 +447,3 @@ def test_model_trains_and_round_trips_with_each_variant(chart, tmp_path):
     assert (loaded.config.hc_chart, loaded.config.hc_res_mix) == (chart, config.hc_res_mix)
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
-
-

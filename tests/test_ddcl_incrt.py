@@ -18,8 +18,14 @@ VOCAB, HIDDEN, HEAD_DIM = 40, 16, 4
 
 def small_config(**overrides):
     settings = {
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "head_dim": HEAD_DIM, "num_hidden_layers": 2,
-        "num_heads": [1, 2], "num_prototypes": 3, "max_position_embeddings": 12, "num_labels": 3,
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "head_dim": HEAD_DIM,
+        "num_hidden_layers": 2,
+        "num_heads": [1, 2],
+        "num_prototypes": 3,
+        "max_position_embeddings": 12,
+        "num_labels": 3,
     }
     settings.update(overrides)
     return DDCLIncrtConfig(**settings)
@@ -46,8 +52,9 @@ def reference_forward(model, input_ids, attention_mask):
     config = model.config
 
     def layer_norm(x, prefix):
-        return F.layer_norm(x, (HIDDEN,), parameters[f"{prefix}.weight"], parameters[f"{prefix}.bias"],
-                            config.layer_norm_eps)
+        return F.layer_norm(
+            x, (HIDDEN,), parameters[f"{prefix}.weight"], parameters[f"{prefix}.bias"], config.layer_norm_eps
+        )
 
     length = input_ids.shape[1]
     x = parameters["model.embeddings.word_embeddings.weight"][input_ids]
@@ -200,7 +207,10 @@ def test_auxiliary_outputs_attentions_and_hidden_states():
     model = small_model()
     input_ids, attention_mask = batch()
     output = model(
-        input_ids, attention_mask=attention_mask, output_attentions=True, output_hidden_states=True,
+        input_ids,
+        attention_mask=attention_mask,
+        output_attentions=True,
+        output_hidden_states=True,
         output_prototype_statistics=True,
     )
     assert [t.shape for t in output.temperatures] == [(1,), (2,)]
@@ -248,8 +258,12 @@ def test_bfloat16_autocast_forward_is_finite():
     model = small_model()
     input_ids, attention_mask = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        output = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]),
-                       output_prototype_statistics=True)
+        output = model(
+            input_ids,
+            attention_mask=attention_mask,
+            labels=torch.tensor([0, 1, 2]),
+            output_prototype_statistics=True,
+        )
     assert torch.isfinite(output.loss) and output.l_q.dtype == torch.float32
 
 
@@ -265,8 +279,11 @@ IDS = torch.ones(2, 4, dtype=torch.long)
         ({"input_ids": torch.ones(1, 13, dtype=torch.long)}, "max_position_embeddings", ValueError),
         ({"input_ids": IDS, "attention_mask": torch.ones(2, 5)}, "attention_mask", ValueError),
         ({"input_ids": IDS, "attention_mask": torch.full((2, 4), 2)}, "attention_mask", ValueError),
-        ({"input_ids": IDS, "attention_mask": torch.tensor([[1, 1, 0, 0], [0] * 4])}, "attention_mask",
-         ValueError),
+        (
+            {"input_ids": IDS, "attention_mask": torch.tensor([[1, 1, 0, 0], [0] * 4])},
+            "attention_mask",
+            ValueError,
+        ),
         ({"input_ids": IDS, "attention_mask": torch.tensor([[0, 1, 1, 1]] * 2)}, "pooling", ValueError),
         ({"input_ids": IDS, "token_type_ids": torch.full((2, 4), 2)}, "token_type_ids", ValueError),
         ({"inputs_embeds": torch.zeros(1, 4, HIDDEN + 1)}, "inputs_embeds", ValueError),
@@ -426,8 +443,12 @@ def test_grown_checkpoint_reloads_at_its_size_with_identical_logits_and_gate_sta
     model.save_pretrained(tmp_path)
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     assert reloaded.config.num_heads == [2, 2]
-    torch.testing.assert_close(reloaded(input_ids, attention_mask=attention_mask).logits,
-                               model(input_ids, attention_mask=attention_mask).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        reloaded(input_ids, attention_mask=attention_mask).logits,
+        model(input_ids, attention_mask=attention_mask).logits,
+        rtol=0,
+        atol=0,
+    )
     original, loaded = model.state_dict(), reloaded.state_dict()
     assert original.keys() == loaded.keys()
     assert not any(key.startswith("model.layers.1.attention.heads.2") for key in loaded)
@@ -462,8 +483,11 @@ def test_keys_missing_from_a_checkpoint_are_initialised_by_init_weights(tmp_path
     model.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "model.safetensors")
     missing = [k for k in weights if ".gate." in k or k.endswith("heads.1.prototype_bank.prototypes")]
-    save_file({k: v for k, v in weights.items() if k not in missing}, tmp_path / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if k not in missing},
+        tmp_path / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path, strict=False)  # a partial load
     for layer in reloaded.model.layers:
         gate = layer.attention.gate
@@ -496,8 +520,9 @@ def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     for key in rho_keys:
         assert torch.equal(reloaded.get_parameter(key), weights[key])
-    torch.testing.assert_close(reloaded(input_ids, attention_mask=attention_mask).logits, expected,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        reloaded(input_ids, attention_mask=attention_mask).logits, expected, rtol=0, atol=0
+    )
     plain = small_model(seed=1)
     plain.load_state_dict(old)  # nn.Module loading takes the 0-d layout too
     logits = plain(input_ids, attention_mask=attention_mask).logits
@@ -507,8 +532,11 @@ def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
     assert resaved.keys() == weights.keys()
     assert all(torch.equal(resaved[key], weights[key]) for key in weights)
     with pytest.raises(RuntimeError, match="mismatched|size"):  # other shapes are not reshaped silently
-        save_file({**weights, rho_keys[0]: torch.zeros(2)}, tmp_path / "model.safetensors",
-                  metadata={"format": "pt"})
+        save_file(
+            {**weights, rho_keys[0]: torch.zeros(2)},
+            tmp_path / "model.safetensors",
+            metadata={"format": "pt"},
+        )
         AutoModelForSequenceClassification.from_pretrained(tmp_path)
 
 

@@ -12,16 +12,34 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, D
 from geoformers.tokenization import train_wordpiece
 
 VOCAB, HIDDEN, HEAD_DIM = 40, 16, 4
-STATISTICS = ("l_q", "l_ols", "prototype_variance", "temperatures", "min_prototype_distance",
-              "prototype_perplexity")
-TEXTS = ["the film was good", "a bad and boring film", "good acting", "the plot was bad", "boring",
-         "a good film with good acting and a plot"]
+STATISTICS = (
+    "l_q",
+    "l_ols",
+    "prototype_variance",
+    "temperatures",
+    "min_prototype_distance",
+    "prototype_perplexity",
+)
+TEXTS = [
+    "the film was good",
+    "a bad and boring film",
+    "good acting",
+    "the plot was bad",
+    "boring",
+    "a good film with good acting and a plot",
+]
 
 
 def small_config(**overrides):
     settings = {
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "head_dim": HEAD_DIM, "num_hidden_layers": 2,
-        "num_heads": [1, 2], "num_prototypes": 3, "max_position_embeddings": 16, "num_labels": 3,
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "head_dim": HEAD_DIM,
+        "num_hidden_layers": 2,
+        "num_heads": [1, 2],
+        "num_prototypes": 3,
+        "max_position_embeddings": 16,
+        "num_labels": 3,
         "hidden_dropout_prob": 0.0,
     }
     settings.update(overrides)
@@ -50,8 +68,13 @@ def padded_batch(seed=0):
 def test_standard_outputs_are_per_example_and_statistics_need_the_flag():
     model = small_model()
     input_ids, attention_mask = padded_batch()
-    output = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2, 0]),
-                   output_hidden_states=True, output_attentions=True)
+    output = model(
+        input_ids,
+        attention_mask=attention_mask,
+        labels=torch.tensor([0, 1, 2, 0]),
+        output_hidden_states=True,
+        output_attentions=True,
+    )
     assert set(output.keys()) == {"loss", "logits", "hidden_states", "attentions"}
     for tensor in (output.logits, *output.hidden_states, *output.attentions):
         assert tensor.shape[0] == 4
@@ -66,16 +89,17 @@ def test_standard_outputs_are_per_example_and_statistics_need_the_flag():
 def test_batching_equivalence_each_row_equals_its_single_row_call(pooling):
     model = small_model(pooling=pooling)
     input_ids, attention_mask = padded_batch()
-    batched = model(input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                    output_attentions=True)
+    batched = model(
+        input_ids, attention_mask=attention_mask, output_hidden_states=True, output_attentions=True
+    )
     for row in range(4):
         length = int(attention_mask[row].sum())
-        single = model(input_ids[row:row + 1, :length], output_hidden_states=True, output_attentions=True)
-        torch.testing.assert_close(batched.logits[row:row + 1], single.logits, atol=1e-6, rtol=1e-5)
+        single = model(input_ids[row : row + 1, :length], output_hidden_states=True, output_attentions=True)
+        torch.testing.assert_close(batched.logits[row : row + 1], single.logits, atol=1e-6, rtol=1e-5)
         for ours, theirs in zip(batched.hidden_states, single.hidden_states, strict=True):
-            torch.testing.assert_close(ours[row:row + 1, :length], theirs, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours[row : row + 1, :length], theirs, atol=1e-5, rtol=1e-5)
         for ours, theirs in zip(batched.attentions, single.attentions, strict=True):
-            torch.testing.assert_close(ours[row:row + 1, :, :length, :length], theirs, atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(ours[row : row + 1, :, :length, :length], theirs, atol=1e-6, rtol=1e-5)
             assert ours[row, :, :, length:].abs().sum() == 0  # no attention to padding
 
 
@@ -86,8 +110,12 @@ def tokenizer():
 
 def pipeline_model(tokenizer, **overrides):
     torch.manual_seed(0)
-    config = small_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                          max_position_embeddings=32, **overrides)
+    config = small_config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=32,
+        **overrides,
+    )
     return DDCLIncrtForSequenceClassification(config).eval()
 
 
@@ -118,15 +146,17 @@ def test_feature_extraction_pipeline_with_batch_size_4(tokenizer):
 
 def test_zero_shot_classification_pipeline_with_batch_size_4(tokenizer):
     names = ["contradiction", "neutral", "entailment"]
-    model = pipeline_model(tokenizer, id2label=dict(enumerate(names)),
-                           label2id={name: index for index, name in enumerate(names)})
+    model = pipeline_model(
+        tokenizer, id2label=dict(enumerate(names)), label2id={name: index for index, name in enumerate(names)}
+    )
     classifier = pipeline("zero-shot-classification", model=model, tokenizer=tokenizer, batch_size=4)
     labels = ["good", "bad", "boring"]
     results = classifier(TEXTS[:3], candidate_labels=labels)
     assert len(results) == 3
     for text, result in zip(TEXTS[:3], results, strict=True):
-        pairs = tokenizer([text] * 3, [f"This example is {label}." for label in labels], padding=True,
-                          return_tensors="pt")
+        pairs = tokenizer(
+            [text] * 3, [f"This example is {label}." for label in labels], padding=True, return_tensors="pt"
+        )
         entailment = model(**pairs).logits[:, 2].softmax(0)
         expected = dict(zip(labels, entailment.tolist(), strict=True))
         assert result["scores"] == pytest.approx([expected[label] for label in result["labels"]], rel=1e-4)
@@ -146,8 +176,9 @@ def test_num_labels_one_is_mse_regression():
     input_ids, attention_mask = padded_batch()
     targets = torch.tensor([0.5, -1.0, 2.0, 0.0])
     for labels in (targets, targets[:, None], torch.tensor([1, 0, 2, 0])):
-        task, logits = statistics_free_loss(model, {"input_ids": input_ids, "attention_mask": attention_mask},
-                                            labels)
+        task, logits = statistics_free_loss(
+            model, {"input_ids": input_ids, "attention_mask": attention_mask}, labels
+        )
         expected = ((logits[:, 0] - labels.reshape(-1).float()) ** 2).mean()
         torch.testing.assert_close(task, expected, rtol=1e-5, atol=1e-6)
     assert model.config.problem_type is None  # inferred per call, the config is not edited
@@ -158,17 +189,23 @@ def test_multi_label_classification_is_bce_with_logits():
     input_ids, attention_mask = padded_batch()
     labels = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]])
     for given in (labels.float(), labels.bool()):
-        task, logits = statistics_free_loss(model, {"input_ids": input_ids, "attention_mask": attention_mask},
-                                            given)
+        task, logits = statistics_free_loss(
+            model, {"input_ids": input_ids, "attention_mask": attention_mask}, given
+        )
         probabilities = torch.sigmoid(logits.double())
         expected = -(labels * probabilities.log() + (1 - labels) * (1 - probabilities).log()).mean()
         torch.testing.assert_close(task.double(), expected, rtol=1e-5, atol=1e-6)
     # float labels without a problem type choose BCE too, as BertForSequenceClassification does
     plain = small_model()
-    plain_task, _ = statistics_free_loss(plain, {"input_ids": input_ids, "attention_mask": attention_mask},
-                                         labels.float())
-    torch.testing.assert_close(plain_task, F.binary_cross_entropy_with_logits(
-        plain(input_ids, attention_mask=attention_mask).logits, labels.float()))
+    plain_task, _ = statistics_free_loss(
+        plain, {"input_ids": input_ids, "attention_mask": attention_mask}, labels.float()
+    )
+    torch.testing.assert_close(
+        plain_task,
+        F.binary_cross_entropy_with_logits(
+            plain(input_ids, attention_mask=attention_mask).logits, labels.float()
+        ),
+    )
 
 
 def test_cross_entropy_ignores_minus_100_and_is_zero_when_every_label_is_ignored():
@@ -230,8 +267,12 @@ def test_tau_init_800_builds_and_the_temperatures_are_800():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("pooling", "max", "pooling"), ("hidden_size", 0, "hidden_size"), ("tau_min", 0.0, "tau_min"),
-     ("num_heads", ["2"], "num_heads")],
+    [
+        ("pooling", "max", "pooling"),
+        ("hidden_size", 0, "hidden_size"),
+        ("tau_min", 0.0, "tau_min"),
+        ("num_heads", ["2"], "num_heads"),
+    ],
 )
 def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(field, value, message):
     config = small_config(max_heads=4)
@@ -243,8 +284,11 @@ def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("num_heads", [5, 1], r"num_heads\[0\]"), ("num_hidden_layers", 3, "num_heads"),
-     ("tau_init", 0.01, "tau_init")],
+    [
+        ("num_heads", [5, 1], r"num_heads\[0\]"),
+        ("num_hidden_layers", 3, "num_heads"),
+        ("tau_init", 0.01, "tau_init"),
+    ],
 )
 def test_fields_assigned_after_construction_are_checked_at_build_and_save(tmp_path, field, value, message):
     config = small_config(max_heads=4)
@@ -257,8 +301,11 @@ def test_fields_assigned_after_construction_are_checked_at_build_and_save(tmp_pa
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("hidden_size", 15, "hidden_size"), ("num_heads", [1, 3], "num_heads"),
-     ("num_prototypes", 4, "num_prototypes")],
+    [
+        ("hidden_size", 15, "hidden_size"),
+        ("num_heads", [1, 3], "num_heads"),
+        ("num_prototypes", 4, "num_prototypes"),
+    ],
 )
 def test_fields_assigned_after_build_are_refused_by_forward(field, value, message):
     model = small_model()
@@ -275,9 +322,13 @@ def test_forward_reads_no_tensor_values_off_cpu():
     so it forces no host sync; the value checks run on CPU only."""
     model = small_model().to("meta")
     input_ids, attention_mask = padded_batch()
-    output = model(input_ids.to("meta"), attention_mask=attention_mask.to("meta"),
-                   labels=torch.tensor([0, 1, 2, 0], device="meta"), output_hidden_states=True,
-                   output_prototype_statistics=True)
+    output = model(
+        input_ids.to("meta"),
+        attention_mask=attention_mask.to("meta"),
+        labels=torch.tensor([0, 1, 2, 0], device="meta"),
+        output_hidden_states=True,
+        output_prototype_statistics=True,
+    )
     assert output.logits.shape == (4, 3) and output.loss.shape == ()
 
 

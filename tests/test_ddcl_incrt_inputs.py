@@ -21,8 +21,14 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 def small_config(**overrides):
     settings_ = {
-        "vocab_size": VOCAB, "hidden_size": HIDDEN, "head_dim": HEAD_DIM, "num_hidden_layers": 2,
-        "num_heads": [1, 2], "num_prototypes": 3, "max_position_embeddings": MAX_LENGTH, "num_labels": LABELS,
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "head_dim": HEAD_DIM,
+        "num_hidden_layers": 2,
+        "num_heads": [1, 2],
+        "num_prototypes": 3,
+        "max_position_embeddings": MAX_LENGTH,
+        "num_labels": LABELS,
     }
     settings_.update(overrides)
     return DDCLIncrtConfig(**settings_)
@@ -54,27 +60,51 @@ def test_integer_input_ids_of_any_width_are_converted(model, dtype):
         ({"input_ids": ids().tolist()}, "`input_ids` must be a torch.Tensor, got list", TypeError),
         ({"input_ids": ids().numpy()}, "`input_ids` must be a torch.Tensor, got ndarray", TypeError),
         ({"input_ids": ids() > 5}, "`input_ids` must be an integer tensor, got torch.bool", TypeError),
-        ({"input_ids": ids(), "attention_mask": [[1] * 5] * 2}, "`attention_mask` must be a torch.Tensor",
-         TypeError),
-        ({"input_ids": ids(), "token_type_ids": np.zeros((2, 5))}, "`token_type_ids` must be a torch.Tensor",
-         TypeError),
-        ({"input_ids": ids(), "token_type_ids": torch.zeros(2, 5)}, "`token_type_ids` must be an integer",
-         TypeError),
+        (
+            {"input_ids": ids(), "attention_mask": [[1] * 5] * 2},
+            "`attention_mask` must be a torch.Tensor",
+            TypeError,
+        ),
+        (
+            {"input_ids": ids(), "token_type_ids": np.zeros((2, 5))},
+            "`token_type_ids` must be a torch.Tensor",
+            TypeError,
+        ),
+        (
+            {"input_ids": ids(), "token_type_ids": torch.zeros(2, 5)},
+            "`token_type_ids` must be an integer",
+            TypeError,
+        ),
         ({"input_ids": ids(batch=0)}, "`input_ids` has batch size 0", ValueError),
         ({"input_ids": ids(length=0)}, "`input_ids` has sequence length 0", ValueError),
         ({"inputs_embeds": torch.zeros(0, 4, HIDDEN)}, "`inputs_embeds` has batch size 0", ValueError),
-        ({"inputs_embeds": torch.zeros(1, 4, HIDDEN, dtype=torch.float64)}, "`inputs_embeds` must have the "
-         "model's dtype torch.float32", TypeError),
+        (
+            {"inputs_embeds": torch.zeros(1, 4, HIDDEN, dtype=torch.float64)},
+            "`inputs_embeds` must have the model's dtype torch.float32",
+            TypeError,
+        ),
         ({"inputs_embeds": torch.zeros(1, 4, HIDDEN, dtype=torch.long)}, "`inputs_embeds`", TypeError),
-        ({"inputs_embeds": torch.full((1, 4, HIDDEN), math.nan)}, "`inputs_embeds` must be finite",
-         ValueError),
-        ({"inputs_embeds": torch.full((1, 4, HIDDEN), -math.inf)}, "`inputs_embeds` must be finite",
-         ValueError),
+        (
+            {"inputs_embeds": torch.full((1, 4, HIDDEN), math.nan)},
+            "`inputs_embeds` must be finite",
+            ValueError,
+        ),
+        (
+            {"inputs_embeds": torch.full((1, 4, HIDDEN), -math.inf)},
+            "`inputs_embeds` must be finite",
+            ValueError,
+        ),
         ({"inputs_embeds": 1e30 * torch.randn(1, 4, HIDDEN)}, "`inputs_embeds` are too large", ValueError),
-        ({"input_ids": ids(), "attention_mask": torch.tensor([[1, 1, 1, 0.5, 0]] * 2)}, "`attention_mask`",
-         ValueError),
-        ({"input_ids": ids(), "attention_mask": torch.tensor([[1, 1, 1, math.nan, 0]] * 2)},
-         "`attention_mask`", ValueError),
+        (
+            {"input_ids": ids(), "attention_mask": torch.tensor([[1, 1, 1, 0.5, 0]] * 2)},
+            "`attention_mask`",
+            ValueError,
+        ),
+        (
+            {"input_ids": ids(), "attention_mask": torch.tensor([[1, 1, 1, math.nan, 0]] * 2)},
+            "`attention_mask`",
+            ValueError,
+        ),
         ({"input_ids": ids(), "attention_mask": torch.ones(5)}, "`attention_mask`", ValueError),
         ({"input_ids": ids(), "labels": torch.zeros(0, dtype=torch.long)}, "`labels`", ValueError),
         ({"input_ids": ids(), "labels": torch.tensor([0, LABELS])}, "`labels`", ValueError),
@@ -112,8 +142,12 @@ def assert_unchanged(before, model):
     [
         (lambda m: m.gate_check(ids(batch=0)), "`input_ids` has batch size 0"),
         (lambda m: m.gate_check(ids(), attention_mask=torch.zeros(2, 5)), "attention_mask"),
-        (lambda m: m.gate_check(second_moments=[torch.eye(HIDDEN), torch.full((HIDDEN, HIDDEN), math.nan)]),
-         "`second_moments` must be finite"),
+        (
+            lambda m: m.gate_check(
+                second_moments=[torch.eye(HIDDEN), torch.full((HIDDEN, HIDDEN), math.nan)]
+            ),
+            "`second_moments` must be finite",
+        ),
         (lambda m: m.gate_check(second_moments=[torch.eye(HIDDEN), HUGE_MOMENT]), "overflow"),
     ],
 )
@@ -148,8 +182,11 @@ def mutate_input_ids(draw, kwargs):
     choice = draw(st.sampled_from(["dtype", "value", "shape", "container"]))
     input_ids = kwargs["input_ids"]
     if choice == "dtype":
-        dtype = draw(st.sampled_from([torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool,
-                                      torch.float32, torch.float64]))
+        dtype = draw(
+            st.sampled_from(
+                [torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool, torch.float32, torch.float64]
+            )
+        )
         kwargs["input_ids"] = input_ids.to(dtype)
     elif choice == "value":
         value = draw(st.sampled_from([-1, VOCAB, VOCAB + 7, 2**40]))
@@ -159,9 +196,17 @@ def mutate_input_ids(draw, kwargs):
         input_ids[row, column] = value
         kwargs["input_ids"] = input_ids
     elif choice == "shape":
-        kwargs["input_ids"] = draw(st.sampled_from([
-            input_ids[0], input_ids[None], input_ids[:0], input_ids[:, :0],
-            torch.ones(input_ids.shape[0], MAX_LENGTH + 1, dtype=torch.long)]))
+        kwargs["input_ids"] = draw(
+            st.sampled_from(
+                [
+                    input_ids[0],
+                    input_ids[None],
+                    input_ids[:0],
+                    input_ids[:, :0],
+                    torch.ones(input_ids.shape[0], MAX_LENGTH + 1, dtype=torch.long),
+                ]
+            )
+        )
     else:
         kwargs["input_ids"] = draw(st.sampled_from([input_ids.tolist(), input_ids.numpy()]))
 
@@ -185,9 +230,18 @@ def mutate_attention_mask(draw, kwargs):
 
 def mutate_token_type_ids(draw, kwargs):
     shape = kwargs["input_ids"].shape
-    kwargs["token_type_ids"] = draw(st.sampled_from([
-        torch.zeros(shape, dtype=torch.long), torch.ones(shape, dtype=torch.int8), torch.full(shape, 2),
-        torch.full(shape, -1), torch.zeros(shape), torch.zeros(shape[0], shape[1] + 1, dtype=torch.long)]))
+    kwargs["token_type_ids"] = draw(
+        st.sampled_from(
+            [
+                torch.zeros(shape, dtype=torch.long),
+                torch.ones(shape, dtype=torch.int8),
+                torch.full(shape, 2),
+                torch.full(shape, -1),
+                torch.zeros(shape),
+                torch.zeros(shape[0], shape[1] + 1, dtype=torch.long),
+            ]
+        )
+    )
 
 
 def mutate_inputs_embeds(draw, kwargs, model):
@@ -205,10 +259,21 @@ def mutate_inputs_embeds(draw, kwargs, model):
 
 def mutate_labels(draw, kwargs):
     batch = kwargs["input_ids"].shape[0]
-    kwargs["labels"] = draw(st.sampled_from([
-        torch.zeros(batch, dtype=torch.long), torch.full((batch,), -100), torch.full((batch,), LABELS),
-        torch.full((batch,), -1), torch.zeros(batch), torch.zeros(0, dtype=torch.long),
-        torch.zeros(batch, LABELS, dtype=torch.long), torch.ones(batch, dtype=torch.int8), [0] * batch]))
+    kwargs["labels"] = draw(
+        st.sampled_from(
+            [
+                torch.zeros(batch, dtype=torch.long),
+                torch.full((batch,), -100),
+                torch.full((batch,), LABELS),
+                torch.full((batch,), -1),
+                torch.zeros(batch),
+                torch.zeros(0, dtype=torch.long),
+                torch.zeros(batch, LABELS, dtype=torch.long),
+                torch.ones(batch, dtype=torch.int8),
+                [0] * batch,
+            ]
+        )
+    )
 
 
 @st.composite
@@ -218,13 +283,18 @@ def forward_case(draw, model):
     input_ids = ids(batch, length, seed=draw(st.integers(0, 2**16)))
     attention_mask = (torch.arange(length)[None] < torch.tensor(lengths)[:, None]).long()
     kwargs = {"input_ids": input_ids * attention_mask, "attention_mask": attention_mask}
-    target = draw(st.sampled_from([None, "input_ids", "attention_mask", "token_type_ids", "inputs_embeds",
-                                   "labels"]))
+    target = draw(
+        st.sampled_from([None, "input_ids", "attention_mask", "token_type_ids", "inputs_embeds", "labels"])
+    )
     if target == "inputs_embeds":
         mutate_inputs_embeds(draw, kwargs, model)
     elif target is not None:
-        {"input_ids": mutate_input_ids, "attention_mask": mutate_attention_mask,
-         "token_type_ids": mutate_token_type_ids, "labels": mutate_labels}[target](draw, kwargs)
+        {
+            "input_ids": mutate_input_ids,
+            "attention_mask": mutate_attention_mask,
+            "token_type_ids": mutate_token_type_ids,
+            "labels": mutate_labels,
+        }[target](draw, kwargs)
     return kwargs, target
 
 
@@ -259,40 +329,85 @@ def test_fuzzed_forward_inputs_give_the_reference_output_or_name_the_argument(mo
 
 # A field's value can make a field it is checked against the one at fault (tau_init > tau_min, ...).
 COUPLED = {
-    "hidden_size": {"head_dim", "max_heads"}, "head_dim": {"hidden_size", "max_heads"},
-    "num_hidden_layers": {"num_heads"}, "max_heads": {"num_heads"}, "tau_min": {"tau_init"},
-    "vocab_size": {"pad_token_id", "eos_token_id"}, "gate_threshold": {"gate_theta_w"},
-    "num_labels": {"problem_type"}, "problem_type": {"num_labels"}, "num_attention_heads": {"num_heads"},
+    "hidden_size": {"head_dim", "max_heads"},
+    "head_dim": {"hidden_size", "max_heads"},
+    "num_hidden_layers": {"num_heads"},
+    "max_heads": {"num_heads"},
+    "tau_min": {"tau_init"},
+    "vocab_size": {"pad_token_id", "eos_token_id"},
+    "gate_threshold": {"gate_theta_w"},
+    "num_labels": {"problem_type"},
+    "problem_type": {"num_labels"},
+    "num_attention_heads": {"num_heads"},
 }
-ODD_VALUES = st.sampled_from([None, True, "3", [1], {"a": 1}, math.nan, math.inf, -math.inf, 1e300, -1e300,
-                              1e-300, 0, -1, 0.5, 1.0, 2.0])
+ODD_VALUES = st.sampled_from(
+    [
+        None,
+        True,
+        "3",
+        [1],
+        {"a": 1},
+        math.nan,
+        math.inf,
+        -math.inf,
+        1e300,
+        -1e300,
+        1e-300,
+        0,
+        -1,
+        0.5,
+        1.0,
+        2.0,
+    ]
+)
 SMALL_INTS = st.integers(-2, 16)
 FIELDS = {
-    "vocab_size": SMALL_INTS, "hidden_size": SMALL_INTS, "num_hidden_layers": st.integers(-1, 3),
-    "head_dim": SMALL_INTS, "max_heads": SMALL_INTS, "num_prototypes": SMALL_INTS,
-    "max_position_embeddings": SMALL_INTS, "type_vocab_size": st.integers(-1, 3),
+    "vocab_size": SMALL_INTS,
+    "hidden_size": SMALL_INTS,
+    "num_hidden_layers": st.integers(-1, 3),
+    "head_dim": SMALL_INTS,
+    "max_heads": SMALL_INTS,
+    "num_prototypes": SMALL_INTS,
+    "max_position_embeddings": SMALL_INTS,
+    "type_vocab_size": st.integers(-1, 3),
     "num_heads": st.one_of(SMALL_INTS, st.lists(st.integers(-1, 6), max_size=3)),
-    "num_attention_heads": st.integers(-1, 6), "num_labels": st.integers(-1, 4),
-    "tau_init": st.floats(allow_nan=True, allow_infinity=True), "tau_min": st.floats(allow_nan=True),
-    "prototype_loss_weight": st.floats(-2, 1e6), "layer_norm_eps": st.floats(allow_nan=True),
+    "num_attention_heads": st.integers(-1, 6),
+    "num_labels": st.integers(-1, 4),
+    "tau_init": st.floats(allow_nan=True, allow_infinity=True),
+    "tau_min": st.floats(allow_nan=True),
+    "prototype_loss_weight": st.floats(-2, 1e6),
+    "layer_norm_eps": st.floats(allow_nan=True),
     "initializer_range": st.floats(allow_nan=True, allow_infinity=True),
-    "hidden_dropout_prob": st.floats(-1, 2), "classifier_dropout": st.floats(-1, 2),
+    "hidden_dropout_prob": st.floats(-1, 2),
+    "classifier_dropout": st.floats(-1, 2),
     "pooling": st.sampled_from(["cls", "mean", "max", "", "CLS"]),
     "gate_threshold": st.sampled_from(["calibrated", "relative", "fixed"]),
-    "gate_theta_w": st.one_of(st.none(), st.floats(allow_nan=True)), "gate_oja_step": st.floats(-1, 2),
-    "gate_num_tokens": SMALL_INTS, "pad_token_id": st.one_of(st.none(), SMALL_INTS),
+    "gate_theta_w": st.one_of(st.none(), st.floats(allow_nan=True)),
+    "gate_oja_step": st.floats(-1, 2),
+    "gate_num_tokens": SMALL_INTS,
+    "pad_token_id": st.one_of(st.none(), SMALL_INTS),
     "eos_token_id": st.one_of(SMALL_INTS, st.lists(SMALL_INTS, max_size=2)),
-    "problem_type": st.sampled_from([None, "regression", "single_label_classification",
-                                     "multi_label_classification", "ranking"]),
-    "id2label": st.one_of(st.dictionaries(st.integers(-1, 3), st.text(max_size=3), max_size=3),
-                          st.dictionaries(st.text(max_size=2), st.integers(0, 3), max_size=2)),
+    "problem_type": st.sampled_from(
+        [None, "regression", "single_label_classification", "multi_label_classification", "ranking"]
+    ),
+    "id2label": st.one_of(
+        st.dictionaries(st.integers(-1, 3), st.text(max_size=3), max_size=3),
+        st.dictionaries(st.text(max_size=2), st.integers(0, 3), max_size=2),
+    ),
     "output_hidden_states": st.one_of(st.booleans(), st.none(), st.integers(0, 2)),
 }
 
 
 def base_settings():
-    return {"vocab_size": 12, "hidden_size": 8, "head_dim": 4, "num_hidden_layers": 2, "num_prototypes": 3,
-            "max_position_embeddings": 8, "pad_token_id": 0}
+    return {
+        "vocab_size": 12,
+        "hidden_size": 8,
+        "head_dim": 4,
+        "num_hidden_layers": 2,
+        "num_prototypes": 3,
+        "max_position_embeddings": 8,
+        "pad_token_id": 0,
+    }
 
 
 def labels_for(config, batch):
@@ -305,9 +420,11 @@ def labels_for(config, batch):
 
 
 @FUZZ
-@given(overrides=st.dictionaries(st.sampled_from(sorted(FIELDS)), st.just(None), min_size=1, max_size=3)
-       .flatmap(lambda chosen: st.fixed_dictionaries(
-           {name: st.one_of(FIELDS[name], ODD_VALUES) for name in chosen})))
+@given(
+    overrides=st.dictionaries(st.sampled_from(sorted(FIELDS)), st.just(None), min_size=1, max_size=3).flatmap(
+        lambda chosen: st.fixed_dictionaries({name: st.one_of(FIELDS[name], ODD_VALUES) for name in chosen})
+    )
+)
 def test_fuzzed_configs_build_a_finite_model_or_name_the_field(tmp_path_factory, overrides):
     settings_ = {**base_settings(), **overrides}
     try:

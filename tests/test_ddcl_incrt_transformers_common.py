@@ -35,8 +35,19 @@ PipelineTesterMixin = pipeline_tester_mixin(
 class DDCLIncrtModelTester:
     """Tiny DDCL-INCRT configs and inputs for the common tests (as BertModelTester is for BERT)."""
 
-    def __init__(self, parent, batch_size=3, seq_length=7, vocab_size=50, hidden_size=16, num_hidden_layers=2,
-                 num_attention_heads=2, head_dim=4, num_labels=3, is_training=True):
+    def __init__(
+        self,
+        parent,
+        batch_size=3,
+        seq_length=7,
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        head_dim=4,
+        num_labels=3,
+        is_training=True,
+    ):
         self.parent = parent
         self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
         self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
@@ -45,11 +56,17 @@ class DDCLIncrtModelTester:
 
     def get_config(self) -> DDCLIncrtConfig:
         return DDCLIncrtConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers, num_heads=self.num_attention_heads,
-            head_dim=self.head_dim, num_prototypes=3,
-            max_position_embeddings=32, num_labels=self.num_labels, hidden_dropout_prob=0.0,
-            classifier_dropout=0.0, pad_token_id=0,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_heads=self.num_attention_heads,
+            head_dim=self.head_dim,
+            num_prototypes=3,
+            max_position_embeddings=32,
+            num_labels=self.num_labels,
+            hidden_dropout_prob=0.0,
+            classifier_dropout=0.0,
+            pad_token_id=0,
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -57,7 +74,7 @@ class DDCLIncrtModelTester:
         of a sequence classifier itself."""
         input_ids = common.ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
         attention_mask = torch.ones(self.batch_size, self.seq_length, dtype=torch.long)
-        attention_mask[1:, self.seq_length - 2:] = 0
+        attention_mask[1:, self.seq_length - 2 :] = 0
         token_type_ids = common.ids_tensor([self.batch_size, self.seq_length], 2)
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         return self.get_config(), inputs
@@ -65,9 +82,11 @@ class DDCLIncrtModelTester:
 
 class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.TestCase):
     all_model_classes = (DDCLIncrtModel, DDCLIncrtForSequenceClassification)
-    pipeline_model_mapping = {"feature-extraction": DDCLIncrtModel,
-                              "text-classification": DDCLIncrtForSequenceClassification,
-                              "zero-shot": DDCLIncrtForSequenceClassification}
+    pipeline_model_mapping = {
+        "feature-extraction": DDCLIncrtModel,
+        "text-classification": DDCLIncrtForSequenceClassification,
+        "zero-shot": DDCLIncrtForSequenceClassification,
+    }
     test_resize_embeddings = True
     # the mixin runs this test only for models whose config file has a copyright year >= 2023 (ours has no
     # such header) or that opt in, as transformers' priority models do
@@ -77,23 +96,31 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.
         """The mixin skips base models (no loss) in its training and activation-checkpointing tests by their
         names in transformers' MODEL_MAPPING: list ours there, as an in-tree model is, for each test."""
         self.model_tester = DDCLIncrtModelTester(self)
-        list_in_auto_mappings(self, DDCLIncrtConfig.model_type,
-                              (common.MODEL_MAPPING_NAMES, "DDCLIncrtModel"),
-                              (common.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-                               "DDCLIncrtForSequenceClassification"))
+        list_in_auto_mappings(
+            self,
+            DDCLIncrtConfig.model_type,
+            (common.MODEL_MAPPING_NAMES, "DDCLIncrtModel"),
+            (common.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "DDCLIncrtForSequenceClassification"),
+        )
 
     def test_config(self):
-        run_config_tests(self, "tests/test_ddcl_incrt_contract.py (standard config attributes, edits)",
-                         config_class=DDCLIncrtConfig, hidden_size=37)
+        run_config_tests(
+            self,
+            "tests/test_ddcl_incrt_contract.py (standard config attributes, edits)",
+            config_class=DDCLIncrtConfig,
+            hidden_size=37,
+        )
 
     def test_reverse_loading_mapping(self):
         """The model's one checkpoint conversion (`one_element_parameters`: a legacy 0-d `rho` loads as shape
         (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left out."""
         super().test_reverse_loading_mapping(check_keys_were_modified=False)
 
-    @unittest.skip("transformers 5.24's test compares bool tensors with `state_dict()[key]`, calling the "
-                   "state dict (a dict) it holds, so it fails for any model with a bool buffer (the INCRT "
-                   "gate's `calibrated`); save/load round trips are tested in test_ddcl_incrt.py and "
-                   "test_strict_loading.py")
+    @unittest.skip(
+        "transformers 5.24's test compares bool tensors with `state_dict()[key]`, calling the "
+        "state dict (a dict) it holds, so it fails for any model with a bool buffer (the INCRT "
+        "gate's `calibrated`); save/load round trips are tested in test_ddcl_incrt.py and "
+        "test_strict_loading.py"
+    )
     def test_torch_save_load(self):
         pass

@@ -15,8 +15,9 @@ from geoformers.modeling.ops.charts import ds_violation
 
 VOCAB = 17
 STEPS = 50
-SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-             num_attention_heads=4)
+SHAPE = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -18,9 +18,19 @@ VOCAB = 48
 
 
 def small_model(seed=0, **overrides) -> DDLmHCForCausalLM:
-    settings = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-                "num_key_value_heads": 1, "intermediate_size": 32, "hc_streams": 4,
-                "max_position_embeddings": 64, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}
+    settings = {
+        "vocab_size": VOCAB,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 32,
+        "hc_streams": 4,
+        "max_position_embeddings": 64,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    }
     torch.manual_seed(seed)
     return DDLmHCForCausalLM(DDLmHCConfig(**{**settings, **overrides})).eval()
 
@@ -34,9 +44,17 @@ def token_ids(batch, length, seed=0):
 
 def test_hidden_states_at_one_stream_equal_llamas_gradients_included():
     torch.manual_seed(3)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-                                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=64)).eval()
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    ).eval()
     model = convert_llama_to_ddl_mhc(llama).eval()
     ids = token_ids(2, 9)
     grads = []
@@ -85,9 +103,14 @@ def test_logits_to_keep_keeps_the_last_k_or_the_given_positions():
 
 @pytest.mark.parametrize(
     ("value", "error", "message"),
-    [(-1, ValueError, "must be >= 0.*got -1"), ("a", TypeError, "got str"), (True, TypeError, "got bool"),
-     (1.5, TypeError, "got float"), (torch.tensor([[1]]), TypeError, "1-D integer tensor"),
-     (torch.tensor([1.0]), TypeError, "1-D integer tensor")],
+    [
+        (-1, ValueError, "must be >= 0.*got -1"),
+        ("a", TypeError, "got str"),
+        (True, TypeError, "got bool"),
+        (1.5, TypeError, "got float"),
+        (torch.tensor([[1]]), TypeError, "1-D integer tensor"),
+        (torch.tensor([1.0]), TypeError, "1-D integer tensor"),
+    ],
 )
 def test_logits_to_keep_that_is_not_a_count_or_positions_is_refused(value, error, message):
     with pytest.raises(error, match=r"`logits_to_keep` .*" + message):
@@ -105,8 +128,9 @@ def test_generate_from_inputs_embeds_with_a_static_cache_and_eos_minus_one_never
     embeds = model.get_input_embeddings()(ids)
     options = {"max_new_tokens": 12, "do_sample": False, "eos_token_id": -1, "pad_token_id": 1}
     from_ids = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
-    from_embeds = model.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(ids),
-                                 cache_implementation="static", **options)
+    from_embeds = model.generate(
+        inputs_embeds=embeds, attention_mask=torch.ones_like(ids), cache_implementation="static", **options
+    )
     assert from_embeds.shape == (2, 12)  # only the new tokens, all of them
     assert torch.equal(from_embeds, from_ids[:, 5:])
 
@@ -147,5 +171,7 @@ def test_torch_export_gives_the_eager_logits():
     mask[1, :2] = 0
     program = torch.export.export(model, (ids,), {"attention_mask": mask, "use_cache": False})
     with torch.no_grad():
-        torch.testing.assert_close(program.module()(ids, attention_mask=mask, use_cache=False).logits,
-                                   model(ids, attention_mask=mask).logits)
+        torch.testing.assert_close(
+            program.module()(ids, attention_mask=mask, use_cache=False).logits,
+            model(ids, attention_mask=mask).logits,
+        )

@@ -78,9 +78,17 @@ def blocks(tokenizer):
 def tiny_model(tokenizer, seed: int = 0) -> geoformers.DDLmHCForCausalLM:
     torch.manual_seed(seed)
     config = geoformers.DDLmHCConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=BLOCK, hc_streams=4, residual="delta", hc_chart="rtbp",
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=BLOCK,
+        hc_streams=4,
+        residual="delta",
+        hc_chart="rtbp",
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
     return geoformers.DDLmHCForCausalLM(config)
@@ -88,9 +96,18 @@ def tiny_model(tokenizer, seed: int = 0) -> geoformers.DDLmHCForCausalLM:
 
 def make_trainer(model, tokenizer, blocks, output_dir, **overrides) -> Trainer:
     settings = {
-        "output_dir": str(output_dir), "max_steps": 30, "per_device_train_batch_size": 8,
-        "per_device_eval_batch_size": 4, "learning_rate": 1e-2, "warmup_steps": 3, "logging_steps": 1,
-        "save_strategy": "no", "report_to": [], "use_cpu": True, "disable_tqdm": True, "seed": 0,
+        "output_dir": str(output_dir),
+        "max_steps": 30,
+        "per_device_train_batch_size": 8,
+        "per_device_eval_batch_size": 4,
+        "learning_rate": 1e-2,
+        "warmup_steps": 3,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "seed": 0,
         "dataloader_num_workers": 0,
     }
     settings.update(overrides)
@@ -271,8 +288,9 @@ def test_saved_model_reloads_exactly_and_its_mixing_stays_doubly_stochastic(trai
     for t in range(ids.shape[1]):
         product = torch.eye(4 * 32, dtype=torch.float64)
         for record in records:
-            step = linear_part(record.h_res[0, t].double(), record.beta[0, t].double(),
-                               record.direction[0, t].double())
+            step = linear_part(
+                record.h_res[0, t].double(), record.beta[0, t].double(), record.direction[0, t].double()
+            )
             assert torch.linalg.matrix_norm(step, ord=2) <= 1 + 1e-5
             product = step @ product
         assert torch.linalg.matrix_norm(product, ord=2) <= 1 + 1e-5
@@ -319,8 +337,9 @@ def test_trainer_with_torch_compile_follows_the_eager_losses(tokenizer, blocks, 
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         options = {"torch_compile": True, "torch_compile_backend": "aot_eager"} if compiled else {}
-        trainer = make_trainer(tiny_model(tokenizer), tokenizer, blocks, tmp_path / str(compiled),
-                               max_steps=4, **options)
+        trainer = make_trainer(
+            tiny_model(tokenizer), tokenizer, blocks, tmp_path / str(compiled), max_steps=4, **options
+        )
         trainer.train()
         losses.append(logged_losses(trainer))
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -347,9 +366,18 @@ def test_gradient_accumulation_gives_the_same_first_update_as_the_large_batch(to
         model = tiny_model(tokenizer, seed=2)
         start = [param.detach().clone() for param in model.parameters()]
         trainer = make_trainer(
-            model, tokenizer, padded, tmp_path / str(batch_size), max_steps=1, optim="sgd", learning_rate=0.1,
-            warmup_steps=0, max_grad_norm=0.0, per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation, train_sampling_strategy="sequential",
+            model,
+            tokenizer,
+            padded,
+            tmp_path / str(batch_size),
+            max_steps=1,
+            optim="sgd",
+            learning_rate=0.1,
+            warmup_steps=0,
+            max_grad_norm=0.0,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            train_sampling_strategy="sequential",
         )
         trainer.train()
         moved = zip(model.parameters(), start, strict=True)

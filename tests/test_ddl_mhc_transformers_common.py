@@ -38,9 +38,20 @@ PipelineTesterMixin = pipeline_tester_mixin(
 class DDLmHCModelTester:
     """Tiny DDL-mHC configs and inputs for the common tests (as LlamaModelTester is for Llama)."""
 
-    def __init__(self, parent, batch_size=13, seq_length=7, vocab_size=99, hidden_size=32,
-                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=37,
-                 hc_streams=4, is_training=True):
+    def __init__(
+        self,
+        parent,
+        batch_size=13,
+        seq_length=7,
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=37,
+        hc_streams=4,
+        is_training=True,
+    ):
         self.parent = parent
         self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
         self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
@@ -49,11 +60,18 @@ class DDLmHCModelTester:
 
     def get_config(self) -> DDLmHCConfig:
         return DDLmHCConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads, intermediate_size=self.intermediate_size,
-            hidden_act="gelu", max_position_embeddings=512, hc_streams=self.hc_streams,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            intermediate_size=self.intermediate_size,
+            hidden_act="gelu",
+            max_position_embeddings=512,
+            hc_streams=self.hc_streams,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -73,9 +91,12 @@ class DDLmHCModelTest(common.ModelTesterMixin, GenerationTesterMixin, PipelineTe
 
     def setUp(self):
         self.model_tester = DDLmHCModelTester(self)
-        list_in_auto_mappings(self, DDLmHCConfig.model_type,
-                              (common.MODEL_MAPPING_NAMES, "DDLmHCModel"),
-                              (common.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "DDLmHCForCausalLM"))
+        list_in_auto_mappings(
+            self,
+            DDLmHCConfig.model_type,
+            (common.MODEL_MAPPING_NAMES, "DDLmHCModel"),
+            (common.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "DDLmHCForCausalLM"),
+        )
 
     def test_config(self):
         run_config_tests(self, "tests/test_ddl_mhc_config.py", config_class=DDLmHCConfig, hidden_size=37)

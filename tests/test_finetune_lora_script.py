@@ -28,10 +28,19 @@ def checkpoint(tmp_path_factory) -> Path:
     tokenizer = build_char_tokenizer(ORIGINAL_TEXT)
     torch.manual_seed(0)
     config = geoformers.DDLmHCConfig(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=LAYERS,
-        num_attention_heads=4, max_position_embeddings=32, hc_streams=STREAMS, residual="delta",
-        hc_chart="rtbp", hc_dynamic=True, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=48,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+        hc_streams=STREAMS,
+        residual="delta",
+        hc_chart="rtbp",
+        hc_dynamic=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     geoformers.DDLmHCForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -113,8 +122,9 @@ def test_lora_script_reports_counts_and_losses_and_saves_adapter_and_merged_mode
     ],
     ids=["unknown-target", "block-too-long", "text-too-short", "unknown-chars", "rank-0", "unknown-module"],
 )
-def test_lora_script_rejects_bad_arguments_by_flag(checkpoint, tmp_path, monkeypatch, extra, text, error,
-                                                   match):
+def test_lora_script_rejects_bad_arguments_by_flag(
+    checkpoint, tmp_path, monkeypatch, extra, text, error, match
+):
     arguments = smoke_arguments(checkpoint, write_text(tmp_path, text), tmp_path / "lora")
     with pytest.raises(error, match=match):
         run_script(monkeypatch, *arguments, *extra)

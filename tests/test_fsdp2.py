@@ -40,8 +40,9 @@ def test_ddcl_incrt_fsdp2_matches_unsharded(tmp_path):
 
 
 def test_ddl_mhc_has_no_scalar_parameter():
-    shape = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                 num_attention_heads=4)
+    shape = dict(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4
+    )
     for residual in ("delta", "add"):
         for res_mix in ("identity", "lazy"):
             model = DDLmHCForCausalLM(DDLmHCConfig(**shape, residual=residual, hc_res_mix=res_mix))
@@ -52,8 +53,9 @@ def test_checkpoint_with_scalar_parameters_loads(tmp_path):
     """A checkpoint written when the gates and the chart weight were 0-d loads into the (1,) parameters, with
     `from_pretrained` and with `load_state_dict`, and is saved again 1-D."""
     torch.manual_seed(0)
-    config = DDLmHCConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                          num_attention_heads=4)
+    config = DDLmHCConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4
+    )
     model = DDLmHCForCausalLM(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -61,8 +63,10 @@ def test_checkpoint_with_scalar_parameters_loads(tmp_path):
                 parameter.uniform_(-1.0, 1.0)  # away from the initial value a fresh model would get
     model.save_pretrained(tmp_path / "new")
     saved = load_file(tmp_path / "new" / "model.safetensors")
-    old = {key: value.reshape(()) if key.endswith(ONE_ELEMENT_PARAMETERS) else value
-           for key, value in saved.items()}
+    old = {
+        key: value.reshape(()) if key.endswith(ONE_ELEMENT_PARAMETERS) else value
+        for key, value in saved.items()
+    }
     assert sum(value.ndim == 0 for value in old.values()) == 2 * 2 * 4  # layers x sublayers x parameters
     model.save_pretrained(tmp_path / "old")
     save_file(old, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
@@ -71,8 +75,9 @@ def test_checkpoint_with_scalar_parameters_loads(tmp_path):
     plain = DDLmHCForCausalLM(config)
     plain.load_state_dict(old)
     for other in (loaded, plain):
-        for (key, expected), (other_key, value) in zip(model.state_dict().items(), other.state_dict().items(),
-                                                       strict=True):
+        for (key, expected), (other_key, value) in zip(
+            model.state_dict().items(), other.state_dict().items(), strict=True
+        ):
             assert key == other_key and value.shape == expected.shape and torch.equal(value, expected), key
     loaded.save_pretrained(tmp_path / "again")
     again = load_file(tmp_path / "again" / "model.safetensors")

@@ -18,11 +18,16 @@ def script():
 
 
 def test_step_parameters_count_each_shape_for_the_steps_it_trained(script):
-    history = {"initial_num_heads": [1], "num_heads": [2],
-               "events": [{"step": 10, "action": "grow", "num_heads": [2]},
-                          {"step": 15, "action": "grow", "num_heads": [3]},
-                          {"step": 18, "action": "prune", "num_heads": [2]},
-                          {"step": 20, "action": "stop", "num_heads": [2]}]}
+    history = {
+        "initial_num_heads": [1],
+        "num_heads": [2],
+        "events": [
+            {"step": 10, "action": "grow", "num_heads": [2]},
+            {"step": 15, "action": "grow", "num_heads": [3]},
+            {"step": 18, "action": "prune", "num_heads": [2]},
+            {"step": 20, "action": "stop", "num_heads": [2]},
+        ],
+    }
     # 100 parameters with one head, 120 with two: 10 steps x 100 + 5 x 120 + 3 x 140 + 12 x 120
     assert script.step_parameters(history, 30, 100, 120) == 10 * 100 + 5 * 120 + 3 * 140 + 12 * 120
     assert script.step_parameters(None, 30, 100, 100) == 3000
@@ -31,16 +36,28 @@ def test_step_parameters_count_each_shape_for_the_steps_it_trained(script):
 
 
 def record(kind, heads, accuracy, time, compute, num_heads=None):
-    return {"kind": kind, "initial_heads": heads, "accuracy": accuracy, "train_time_s": time,
-            "step_parameters": compute, "num_heads": num_heads or [heads]}
+    return {
+        "kind": kind,
+        "initial_heads": heads,
+        "accuracy": accuracy,
+        "train_time_s": time,
+        "step_parameters": compute,
+        "num_heads": num_heads or [heads],
+    }
 
 
 def test_summary_best_count_knee_gap_and_cost_ratios(script):
-    runs = [record("static", 1, 0.70, 10, 100), record("static", 1, 0.80, 12, 100),
-            record("static", 2, 0.90, 20, 200), record("static", 2, 0.90, 20, 200),
-            record("static", 3, 0.92, 30, 300), record("static", 3, 0.90, 30, 300),
-            record("grown", 1, 0.90, 15, 150, [2]), record("grown", 1, 0.88, 17, 170, [3]),
-            record("grown", 1, 0.89, 16, 160, [2])]
+    runs = [
+        record("static", 1, 0.70, 10, 100),
+        record("static", 1, 0.80, 12, 100),
+        record("static", 2, 0.90, 20, 200),
+        record("static", 2, 0.90, 20, 200),
+        record("static", 3, 0.92, 30, 300),
+        record("static", 3, 0.90, 30, 300),
+        record("grown", 1, 0.90, 15, 150, [2]),
+        record("grown", 1, 0.88, 17, 170, [3]),
+        record("grown", 1, 0.89, 16, 160, [2]),
+    ]
     summary = script.summarise(runs, tolerance=0.015)
     assert [(row["heads"], row["seeds"]) for row in summary["static"]] == [(1, 2), (2, 2), (3, 2)]
     assert summary["static"][0]["accuracy"] == pytest.approx(0.75)
@@ -52,23 +69,47 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
     assert summary["sweep"] == {"counts": 3, "train_time_s": 11 + 20 + 30, "step_parameters": 600}
     assert summary["time_ratio"] == pytest.approx(16 / 61)
     assert summary["compute_ratio"] == pytest.approx(160 / 600)
-    assert summary["claim"] == {"within_tolerance": False, "under_a_third_of_the_sweep": True,
-                                "heads_at_the_knee": True}
+    assert summary["claim"] == {
+        "within_tolerance": False,
+        "under_a_third_of_the_sweep": True,
+        "heads_at_the_knee": True,
+    }
     assert "grown" not in script.summarise(runs[:6], tolerance=0.015)
 
 
-@pytest.mark.parametrize("argv", [["--static_heads", "0"], ["--max_heads", "1"], ["--tolerance", "1"],
-                                  ["--task_flags", "bert=--epochs 1"], ["--tasks", "imdb"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--static_heads", "0"],
+        ["--max_heads", "1"],
+        ["--tolerance", "1"],
+        ["--task_flags", "bert=--epochs 1"],
+        ["--tasks", "imdb"],
+    ],
+)
 def test_bad_flags_are_refused(script, argv):
     with pytest.raises(SystemExit):
         script.parse_args(argv)
 
 
 def test_a_tiny_planted_sweep_end_to_end_and_its_resumption(script, tmp_path, monkeypatch):
-    argv = ["--tasks", "planted", "--seeds", "0", "--static_heads", "1", "2", "--max_heads", "4",
-            "--output_dir", str(tmp_path), "--runs_dir", str(tmp_path / "runs"),
-            "--task_flags", "planted=--max_steps 12 --pre_growth_steps 4 --num_train 64 --num_validation 32 "
-            "--probe_rows 16"]
+    argv = [
+        "--tasks",
+        "planted",
+        "--seeds",
+        "0",
+        "--static_heads",
+        "1",
+        "2",
+        "--max_heads",
+        "4",
+        "--output_dir",
+        str(tmp_path),
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--task_flags",
+        "planted=--max_steps 12 --pre_growth_steps 4 --num_train 64 --num_validation 32 --probe_rows 16",
+    ]
     result = script.main(argv)["planted"]
     saved = json.loads((tmp_path / "planted.json").read_text())
     assert saved["summary"] == json.loads(json.dumps(result["summary"]))
@@ -76,13 +117,25 @@ def test_a_tiny_planted_sweep_end_to_end_and_its_resumption(script, tmp_path, mo
     runs = saved["runs"]
     spec = task_spec(build_spectral_task(num_train=64, num_validation=32, seed=0))
     assert [(r["kind"], r["initial_heads"], r["max_heads"]) for r in runs] == [
-        ("static", 1, 1), ("static", 2, 2), ("grown", 1, 4)]
+        ("static", 1, 1),
+        ("static", 2, 2),
+        ("grown", 1, 4),
+    ]
     for run in runs:
         assert run["steps"] == 12 and 0 <= run["accuracy"] <= 1
-        fresh = DDCLIncrtForSequenceClassification(DDCLIncrtConfig(
-            vocab_size=spec["vocab_size"], max_position_embeddings=spec["seq_len"], hidden_size=64,
-            head_dim=8, num_heads=run["num_heads"], max_heads=run["max_heads"], num_prototypes=16,
-            num_labels=2, type_vocab_size=0))
+        fresh = DDCLIncrtForSequenceClassification(
+            DDCLIncrtConfig(
+                vocab_size=spec["vocab_size"],
+                max_position_embeddings=spec["seq_len"],
+                hidden_size=64,
+                head_dim=8,
+                num_heads=run["num_heads"],
+                max_heads=run["max_heads"],
+                num_prototypes=16,
+                num_labels=2,
+                type_vocab_size=0,
+            )
+        )
         assert run["parameters"] == sum(p.numel() for p in fresh.parameters())
     static = runs[:2]
     assert all(r["step_parameters"] == 12 * r["parameters"] for r in static)

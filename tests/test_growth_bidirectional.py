@@ -24,9 +24,18 @@ def task():
 def default_gate_model(task, seed: int = 0, **overrides) -> DDCLIncrtForSequenceClassification:
     """A DDCL-INCRT classifier for the planted task with no gate field set (the library's defaults)."""
     spec = task_spec(task)
-    settings = {"vocab_size": spec["vocab_size"], "hidden_size": 32, "head_dim": 4, "num_prototypes": 8,
-                "max_position_embeddings": spec["seq_len"], "num_labels": 2, "type_vocab_size": 0,
-                "pooling": "mean", "hidden_dropout_prob": 0.0, "classifier_dropout": 0.0}
+    settings = {
+        "vocab_size": spec["vocab_size"],
+        "hidden_size": 32,
+        "head_dim": 4,
+        "num_prototypes": 8,
+        "max_position_embeddings": spec["seq_len"],
+        "num_labels": 2,
+        "type_vocab_size": 0,
+        "pooling": "mean",
+        "hidden_dropout_prob": 0.0,
+        "classifier_dropout": 0.0,
+    }
     settings.update(overrides)
     torch.manual_seed(seed)
     return DDCLIncrtForSequenceClassification(DDCLIncrtConfig(**settings))
@@ -64,8 +73,9 @@ def test_bidirectional_dwell_state_survives_a_checkpoint_and_the_resumed_run_mat
     spectral gaps), and resuming from it gives the uninterrupted run's checks, heads, gate state, weights."""
     settings = {"gate_rule": "bidirectional", "gate_dwell_kappa": 50.0}
     model = default_gate_model(task, **settings)
-    args = training_args(tmp_path / "full", max_steps=16, save_steps=8, save_strategy="steps",
-                         logging_steps=16)
+    args = training_args(
+        tmp_path / "full", max_steps=16, save_steps=8, save_strategy="steps", logging_steps=16
+    )
     trainer = growth_trainer(model, args, task["train"], check_every=2)
     recorder = RecordGateAt(8)
     trainer.add_callback(recorder)
@@ -81,9 +91,12 @@ def test_bidirectional_dwell_state_survives_a_checkpoint_and_the_resumed_run_mat
 
     output_dir = tmp_path / "resumed"
     shutil.copytree(tmp_path / "full" / "checkpoint-8", output_dir / "checkpoint-8")
-    resumed = growth_trainer(default_gate_model(task, seed=7, **settings),
-                             training_args(output_dir, max_steps=16, logging_steps=16), task["train"],
-                             check_every=2)
+    resumed = growth_trainer(
+        default_gate_model(task, seed=7, **settings),
+        training_args(output_dir, max_steps=16, logging_steps=16),
+        task["train"],
+        check_every=2,
+    )
     resume_growth_training(resumed)
     resumed_history = growth_callback(resumed).history
     assert [c["action"] for c in resumed_history["checks"]] == [c["action"] for c in history["checks"]]

@@ -57,8 +57,12 @@ def test_planted_spectrum_grows_exactly_the_heads_above_theta_then_stops(task, t
     assert planted[-3:].tolist() == pytest.approx([1.0, 6.0, 8.0], rel=1e-4)
 
     args = training_args(tmp_path, max_steps=12, learning_rate=0.0)
-    trainer = Trainer(model=model, args=args, train_dataset=task["train"],
-                      callbacks=[IncrtGrowthCallback(check_every=2, gate_batch_size=64)])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=task["train"],
+        callbacks=[IncrtGrowthCallback(check_every=2, gate_batch_size=64)],
+    )
     trainer.train()
     history = growth_callback(trainer).history
     grown = [e for e in history["events"] if e["action"] == "grow"]
@@ -106,8 +110,9 @@ def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task,
         plant_coupling(head, moment, row, value)
     args = training_args(tmp_path, max_steps=14, learning_rate=0.0)
     growth = IncrtGrowthCallback(check_every=2, gate_batch_size=64, regrow=regrow)
-    trainer = Trainer(model=model, args=args, train_dataset=task["train"],
-                      callbacks=[growth, PlantAtStep(moment, step=7)])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=task["train"], callbacks=[growth, PlantAtStep(moment, step=7)]
+    )
     trainer.train()
     history = growth.history
     actions = [(e["step"], e["action"]) for e in history["events"]]
@@ -139,10 +144,12 @@ def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_p
 
     last_steps = partial(recent_stream_rows, 3, 8)
     growth = IncrtGrowthCallback(check_every=2, gate_batch_size=6, gate_rows=last_steps, regrow=regrow)
-    args = training_args(tmp_path, max_steps=10, train_sampling_strategy="sequential",
-                         per_device_train_batch_size=8)
-    Trainer(model=model, args=args, train_dataset=sign_rows(task["train"].select(range(80))),
-            callbacks=[growth]).train()
+    args = training_args(
+        tmp_path, max_steps=10, train_sampling_strategy="sequential", per_device_train_batch_size=8
+    )
+    Trainer(
+        model=model, args=args, train_dataset=sign_rows(task["train"].select(range(80))), callbacks=[growth]
+    ).train()
     calibrations = model.config.gate_calibration_checks
     checked_steps = [0] * calibrations + [check["step"] for check in growth.history["checks"]]
     assert len(seen) == len(checked_steps) and len(growth.history["checks"]) >= 1
@@ -153,13 +160,19 @@ def test_gate_rows_restrict_every_gate_batch_to_the_rows_of_its_step(task, tmp_p
 
 @pytest.mark.parametrize(
     ("gate_rows", "message"),
-    [(lambda step: [], r"gate_rows\(0\)` must return a non-empty"),
-     (lambda step: [0, 10_000], "outside the training set")],
+    [
+        (lambda step: [], r"gate_rows\(0\)` must return a non-empty"),
+        (lambda step: [0, 10_000], "outside the training set"),
+    ],
 )
 def test_gate_rows_that_name_no_row_or_a_missing_row_are_refused(task, tmp_path, gate_rows, message):
     model = tiny_model(gate_threshold="calibrated")
-    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=2),
-                      train_dataset=task["train"], callbacks=[IncrtGrowthCallback(gate_rows=gate_rows)])
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=task["train"],
+        callbacks=[IncrtGrowthCallback(gate_rows=gate_rows)],
+    )
     with pytest.raises(ValueError, match=message):  # the calibration's gate batch at step 0 is drawn first
         trainer.train()
 
@@ -178,8 +191,13 @@ def test_training_on_the_planted_task_grows_heads_and_stops_growing(planted_task
     trainer, _ = planted_task_run
     model, history = trainer.model, growth_callback(trainer).history
     events = history["events"]
-    assert events[0] == {"step": 0, "layer": 0, "action": "calibrated", "theta_w": events[0]["theta_w"],
-                         "num_heads": [1]}
+    assert events[0] == {
+        "step": 0,
+        "layer": 0,
+        "action": "calibrated",
+        "theta_w": events[0]["theta_w"],
+        "num_heads": [1],
+    }
     assert events[0]["theta_w"] > 0 and all(c["theta_w"] == [events[0]["theta_w"]] for c in history["checks"])
     grown = [e for e in events if e["action"] == "grow"]
     assert len(grown) >= 1 and all(e["lambda_max"] > e["theta_w"] for e in grown)
@@ -223,9 +241,13 @@ def test_the_plot_adds_an_accuracy_panel_when_the_run_was_evaluated(tmp_path):
     """An accuracy panel is added only when the log history holds evaluations (entries without
     `eval_accuracy` are skipped)."""
     check = {"step": 6, "num_heads": [2], "lambda_max": [0.5], "theta_w": [0.2], "action": ["stop"]}
-    history = {"initial_num_heads": [1], "checks": [check], "growth_started_at_step": 4,
-               "growth_stopped_at_step": 6,
-               "events": [{"step": 6, "layer": 0, "action": "grow", "lambda_max": 0.5, "theta_w": 0.2}]}
+    history = {
+        "initial_num_heads": [1],
+        "checks": [check],
+        "growth_started_at_step": 4,
+        "growth_stopped_at_step": 6,
+        "events": [{"step": 6, "layer": 0, "action": "grow", "lambda_max": 0.5, "theta_w": 0.2}],
+    }
     plot_growth_history(history, tmp_path / "plain.png", last_step=40)
     evaluations = [{"step": 20, "eval_accuracy": 0.6}, {"step": 40, "eval_accuracy": 0.8}, {"step": 40}]
     plot_growth_history(history, tmp_path / "accuracy.png", log_history=evaluations, last_step=40)
@@ -258,8 +280,12 @@ def test_start_step_makes_warm_up_and_growth_one_trainer_run(task, tmp_path, mon
     reference = tiny_model()
     callback = IncrtGrowthCallback(check_every=2, start_step=6)
     constant = {"lr_scheduler_type": "constant"}  # the same learning rates up to step 6 in both runs
-    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=12, **constant),
-                      train_dataset=task["train"], callbacks=[callback])
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=12, **constant),
+        train_dataset=task["train"],
+        callbacks=[callback],
+    )
     measured_at, weights_at_start = [], {}
     measure = model.gate_second_moments
 
@@ -278,8 +304,11 @@ def test_start_step_makes_warm_up_and_growth_one_trainer_run(task, tmp_path, mon
     assert [event["step"] for event in calibrated] == [6]
     assert all(event["step"] >= 8 for event in history["events"] if event["action"] != "calibrated")
     assert history["growth_started_at_step"] == 6
-    Trainer(model=reference, args=training_args(tmp_path / "plain", max_steps=6, **constant),
-            train_dataset=task["train"]).train()
+    Trainer(
+        model=reference,
+        args=training_args(tmp_path / "plain", max_steps=6, **constant),
+        train_dataset=task["train"],
+    ).train()
     for name, value in reference.state_dict().items():
         if "gate" not in name:
             torch.testing.assert_close(weights_at_start[name], value, rtol=0, atol=0, msg=name)
@@ -309,10 +338,20 @@ def test_bad_callback_arguments_name_the_argument(kwargs, error, message):
 
 
 def test_a_model_other_than_ddcl_incrt_is_refused(task, tmp_path):
-    config = BertConfig(vocab_size=48, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=16, max_position_embeddings=24)
-    trainer = Trainer(model=BertForSequenceClassification(config), args=training_args(tmp_path, max_steps=2),
-                      train_dataset=task["train"], callbacks=[IncrtGrowthCallback()])
+    config = BertConfig(
+        vocab_size=48,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=24,
+    )
+    trainer = Trainer(
+        model=BertForSequenceClassification(config),
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=task["train"],
+        callbacks=[IncrtGrowthCallback()],
+    )
     with pytest.raises(TypeError, match="DDCL-INCRT"):
         trainer.train()
 
@@ -324,8 +363,12 @@ def test_an_iterable_training_set_is_refused(task, tmp_path):
         def __iter__(self):
             return iter(rows)
 
-    trainer = Trainer(model=tiny_model(), args=training_args(tmp_path, max_steps=2), train_dataset=Stream(),
-                      callbacks=[IncrtGrowthCallback()])
+    trainer = Trainer(
+        model=tiny_model(),
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=Stream(),
+        callbacks=[IncrtGrowthCallback()],
+    )
     with pytest.raises(ValueError, match="map-style"):
         trainer.train()
 
@@ -348,8 +391,12 @@ def test_a_model_sharded_by_fsdp2_is_refused_with_ddp_named(task, tmp_path, one_
         fully_shard(module)
     assert isinstance(model.model.layers[0], FSDPModule)
     assert isinstance(model, FSDPModule) == (shard == "root")
-    trainer = Trainer(model=model, args=training_args(tmp_path, max_steps=2), train_dataset=task["train"],
-                      callbacks=[IncrtGrowthCallback()])
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=2),
+        train_dataset=task["train"],
+        callbacks=[IncrtGrowthCallback()],
+    )
     with pytest.raises(ValueError, match="FSDP.*use DDP"):
         trainer.train()
     assert model.config.num_heads == tiny_model().config.num_heads  # nothing grew

@@ -115,8 +115,13 @@ def interrupted_copy(run, tmp_path, interruption: str) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize(
     "interruption",
-    ["before the completion marker", "before optimizer.pt", "after config.json, over an older save",
-     "after config.json, stale marker kept", "inside model.safetensors"],
+    [
+        "before the completion marker",
+        "before optimizer.pt",
+        "after config.json, over an older save",
+        "after config.json, stale marker kept",
+        "inside model.safetensors",
+    ],
 )
 def test_an_interrupted_save_never_loads_wrongly_and_is_skipped(run, task, tmp_path, interruption):
     output_dir, broken = interrupted_copy(run, tmp_path, interruption)
@@ -145,8 +150,11 @@ def test_from_pretrained_refuses_weights_of_heads_the_config_lacks(run, tmp_path
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(source / "checkpoint-20", checkpoint)  # four heads in config and weights
     weights = load_file(checkpoint / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if ".heads.3." not in k}, checkpoint / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if ".heads.3." not in k},
+        checkpoint / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     _, info = AutoModelForSequenceClassification.from_pretrained(checkpoint, output_loading_info=True)
     assert info["missing_keys"] and all(".heads.3." in key for key in info["missing_keys"])
     config = json.loads((checkpoint / "config.json").read_text())
@@ -175,10 +183,20 @@ def test_stock_resume_in_a_fresh_process_continues_like_the_uninterrupted_run(ru
     output_dir = tmp_path / "resumed"
     shutil.copytree(source / "checkpoint-10", output_dir / "checkpoint-10")
     result = tmp_path / "result.json"
-    command = [sys.executable, str(WORKER), "stock-resume", "--output-dir", str(output_dir),
-               "--result", str(result), "--max-steps", "40"]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        str(WORKER),
+        "stock-resume",
+        "--output-dir",
+        str(output_dir),
+        "--result",
+        str(result),
+        "--max-steps",
+        "40",
+    ]
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     resumed = json.loads(result.read_text())
     history = growth_callback(trainer).history
@@ -270,30 +288,47 @@ def test_a_copy_keeps_the_checkpoint_complete_only_with_its_modification_times(r
         (lambda c: (c / MARKER_FILE).write_text("{}"), "malformed geoformers_checkpoint.json"),
         (lambda c: (c / MARKER_FILE).write_text("[1, 2]"), "a JSON object was expected"),
         (lambda c: (c / MARKER_FILE).write_text("{trunc"), "geoformers_checkpoint.json is unreadable"),
-        (lambda c: (c / "config.json").write_bytes(b'{"num_heads": [4], "x": "\xff\xfe"}'),
-         "config.json is unreadable (UnicodeDecodeError"),
+        (
+            lambda c: (c / "config.json").write_bytes(b'{"num_heads": [4], "x": "\xff\xfe"}'),
+            "config.json is unreadable (UnicodeDecodeError",
+        ),
         (lambda c: add_file_record(c, "config.json", {"size": "big"}), "must hold an int"),
         (lambda c: add_file_record(c, "../config.json", {"size": 1, "mtime_ns": 0}), "points outside"),
         (lambda c: edit_json(c / MARKER_FILE, global_step=30), "is for step 30"),
         (lambda c: remark(c, drop="num_heads"), "config.json has no `num_heads`"),
-        (lambda c: keep_records(c, "config.json", "trainer_state.json", "model.safetensors"),
-         "is in the checkpoint but not in geoformers_checkpoint.json"),
+        (
+            lambda c: keep_records(c, "config.json", "trainer_state.json", "model.safetensors"),
+            "is in the checkpoint but not in geoformers_checkpoint.json",
+        ),
         (lambda c: keep_records(c, "config.json", "model.safetensors"), "does not record trainer_state.json"),
         (lambda c: keep_records(c, "config.json", "trainer_state.json"), "records no model weights"),
     ],
-    ids=["empty marker", "marker a list", "truncated marker", "non-UTF-8 config", "bad file record",
-         "path outside", "marker of another step", "config without num_heads",
-         "marker rewritten without a file", "marker without the trainer state", "marker without the weights"],
+    ids=[
+        "empty marker",
+        "marker a list",
+        "truncated marker",
+        "non-UTF-8 config",
+        "bad file record",
+        "path outside",
+        "marker of another step",
+        "config without num_heads",
+        "marker rewritten without a file",
+        "marker without the trainer state",
+        "marker without the weights",
+    ],
 )
-def test_a_malformed_marker_or_config_is_skipped_with_a_logged_reason(run, tmp_path, transformers_log, damage,
-                                                                     reason):
+def test_a_malformed_marker_or_config_is_skipped_with_a_logged_reason(
+    run, tmp_path, transformers_log, damage, reason
+):
     output_dir = checkpoint_copy(run, tmp_path)
     damage(output_dir / "checkpoint-40")
     assert reason in checkpoint_problem(output_dir / "checkpoint-40")
     with transformers_log.at_level("WARNING"):
         assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-30")
-    assert any("skipping incomplete checkpoint" in r.message and reason in r.message
-               for r in transformers_log.records)
+    assert any(
+        "skipping incomplete checkpoint" in r.message and reason in r.message
+        for r in transformers_log.records
+    )
 
 
 def edit_json(path: Path, **fields) -> None:
@@ -330,8 +365,9 @@ class CrashAt(TrainerCallback):
             raise KeyboardInterrupt(f"killed at step {self.step}")
 
 
-def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yields_a_mix(run, task, tmp_path,
-                                                                                          monkeypatch):
+def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yields_a_mix(
+    run, task, tmp_path, monkeypatch
+):
     """Run B (other learning rate) writes into run A's output_dir and dies after its model but before its
     optimizer at step 10: checkpoint-10 holds B's weights, A's optimizer, trainer state and marker."""
     _, source = run
@@ -345,8 +381,11 @@ def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yie
         original(trainer, folder)
 
     monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", die_at_step_10)
-    second = growth_trainer(tiny_model(), training_args(output_dir, max_steps=40, save_strategy="steps",
-                                                        save_steps=10, learning_rate=2e-3), task["train"])
+    second = growth_trainer(
+        tiny_model(),
+        training_args(output_dir, max_steps=40, save_strategy="steps", save_steps=10, learning_rate=2e-3),
+        task["train"],
+    )
     with pytest.raises(KeyboardInterrupt):
         second.train()
     mixed = output_dir / "checkpoint-10"
@@ -356,17 +395,23 @@ def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yie
     assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-40")  # A's, untouched
 
 
-def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the_next_is_complete(task,
-                                                                                                 tmp_path):
+def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the_next_is_complete(
+    task, tmp_path
+):
     """The Trainer deletes checkpoint-5 when it writes checkpoint-10, before the growth callback marks it;
     a kill there (here: an exception in an earlier on_save) leaves the kept copy of checkpoint-5, which
     resumes to the same step-10 weights."""
-    args = training_args(tmp_path / "limited", max_steps=10, save_strategy="steps", save_steps=5,
-                         save_total_limit=1)
+    args = training_args(
+        tmp_path / "limited", max_steps=10, save_strategy="steps", save_steps=5, save_total_limit=1
+    )
     model = tiny_model()
-    trainer = Trainer(model=model, args=args, train_dataset=task["train"],
-                      optimizers=(make_optimizer(model, args), None),
-                      callbacks=[CrashAt(10), IncrtGrowthCallback(check_every=5)])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=task["train"],
+        optimizers=(make_optimizer(model, args), None),
+        callbacks=[CrashAt(10), IncrtGrowthCallback(check_every=5)],
+    )
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     output_dir = Path(args.output_dir)
@@ -417,16 +462,23 @@ def optimizer_tensors(checkpoint: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the trainer it kills")
-def test_a_second_run_killed_at_random_points_in_a_finished_runs_folder_never_yields_a_mix(run, task,
-                                                                                           tmp_path):
+def test_a_second_run_killed_at_random_points_in_a_finished_runs_folder_never_yields_a_mix(
+    run, task, tmp_path
+):
     """Run B (learning rate 2e-3, a checkpoint every 2 steps) trains into run A's output_dir and is killed
     at seeded random times; the checkpoint `latest_complete_checkpoint` returns must hold the weights and
     the optimizer state of one run (B's compared with an uninterrupted reference run of B)."""
     _, source = run
 
     def run_b(output_dir):
-        args = training_args(output_dir, max_steps=40, save_strategy="steps", save_steps=2,
-                             learning_rate=2e-3, logging_steps=10)
+        args = training_args(
+            output_dir,
+            max_steps=40,
+            save_strategy="steps",
+            save_steps=2,
+            learning_rate=2e-3,
+            logging_steps=10,
+        )
         growth_trainer(tiny_model(), args, task["train"]).train()
 
     reference = tmp_path / "reference"
@@ -439,9 +491,12 @@ def test_a_second_run_killed_at_random_points_in_a_finished_runs_folder_never_yi
         chosen = Path(latest_complete_checkpoint(output_dir))
         weights, moments = load_file(chosen / "model.safetensors"), optimizer_tensors(chosen)
         origins = [folder / chosen.name for folder in (source, reference) if (folder / chosen.name).is_dir()]
-        matches = [origin for origin in origins
-                   if same_tensors(weights, load_file(origin / "model.safetensors"))
-                   and same_tensors(moments, optimizer_tensors(origin))]
+        matches = [
+            origin
+            for origin in origins
+            if same_tensors(weights, load_file(origin / "model.safetensors"))
+            and same_tensors(moments, optimizer_tensors(origin))
+        ]
         assert len(matches) == 1, (trial, chosen.name)
 
 
@@ -458,17 +513,29 @@ def test_with_save_total_limit_1_a_kill_at_random_points_always_leaves_a_complet
     generator = random.Random(1)
     for trial in range(8):
         output_dir = tmp_path / f"run{trial}"
-        args = training_args(output_dir, max_steps=60, save_strategy="steps", save_steps=2,
-                             save_total_limit=1, logging_steps=10)
+        args = training_args(
+            output_dir,
+            max_steps=60,
+            save_strategy="steps",
+            save_steps=2,
+            save_total_limit=1,
+            logging_steps=10,
+        )
         model = tiny_model()
-        trainer = Trainer(model=model, args=args, train_dataset=task["train"],
-                          optimizers=(make_optimizer(model, args), None),
-                          callbacks=[SlowDisk(), IncrtGrowthCallback(check_every=5)])
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=task["train"],
+            optimizers=(make_optimizer(model, args), None),
+            callbacks=[SlowDisk(), IncrtGrowthCallback(check_every=5)],
+        )
         marked = partial(lambda folder: any(folder.glob(f"checkpoint-*/{MARKER_FILE}")), output_dir)
         train_and_get_killed(trainer.train, marked, generator.uniform(0.0, 2.0))
         chosen = latest_complete_checkpoint(output_dir)
         assert chosen is not None, (trial, sorted(p.name for p in output_dir.iterdir()))
         state = json.loads((Path(chosen) / "trainer_state.json").read_text())
         assert Path(chosen).name.endswith(f"checkpoint-{state['global_step']}")
-        assert AutoModelForSequenceClassification.from_pretrained(chosen).config.num_heads == state[
-            "stateful_callbacks"]["IncrtGrowthCallback"]["attributes"]["history"]["num_heads"]
+        assert (
+            AutoModelForSequenceClassification.from_pretrained(chosen).config.num_heads
+            == state["stateful_callbacks"]["IncrtGrowthCallback"]["attributes"]["history"]["num_heads"]
+        )

@@ -22,11 +22,23 @@ def test_two_processes_take_the_same_decisions_and_end_with_identical_parameters
     their gradients averaged by hooks (without these hooks the checksums differ)."""
     output_dir, result = tmp_path / "out", tmp_path / "result.json"
     assert TORCHRUN.is_file(), f"torch's torchrun script is missing beside {sys.executable}"
-    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(WORKER), "ddp",
-               "--output-dir", str(output_dir), "--result", str(result),
-               "--max-steps", str(MAX_STEPS)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(WORKER),
+        "ddp",
+        "--output-dir",
+        str(output_dir),
+        "--result",
+        str(result),
+        "--max-steps",
+        str(MAX_STEPS),
+    ]
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"result.rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2] and len({r["pid"] for r in ranks}) == 2

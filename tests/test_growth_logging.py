@@ -33,8 +33,12 @@ def short_growth_run(output_dir, **args):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = growth_trainer(tiny_model(), training_args(output_dir, max_steps=15, **args),
-                                 spectral_task(num_train=256)["train"], check_every=5)
+        trainer = growth_trainer(
+            tiny_model(),
+            training_args(output_dir, max_steps=15, **args),
+            spectral_task(num_train=256)["train"],
+            check_every=5,
+        )
         trainer.train()
     finally:
         torch.set_num_threads(threads)
@@ -52,8 +56,10 @@ def expected_lines(history: dict) -> list[str]:
         if e["action"] == "calibrated":
             continue
         measure = "energy" if e["action"] == "prune" else "lambda_max"
-        lines.append(f"INCRT {e['action']} at step {e['step']}: layer {e['layer']}, "
-                     f"{measure} {e[measure]:.4g}, theta_w {e['theta_w']:.4g} -> heads {e['num_heads']}")
+        lines.append(
+            f"INCRT {e['action']} at step {e['step']}: layer {e['layer']}, "
+            f"{measure} {e[measure]:.4g}, theta_w {e['theta_w']:.4g} -> heads {e['num_heads']}"
+        )
     return lines
 
 

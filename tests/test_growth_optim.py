@@ -46,8 +46,14 @@ def test_parameter_groups_follow_the_documented_rules():
     assert by_name["decay"] == [n for n in trainable if n not in expected_prototypes + expected_no_decay]
     assert "model.embeddings.position_embeddings.weight" not in sum(by_name.values(), [])
     settings = {g["group_name"]: (g["lr"], g["weight_decay"]) for g in groups}
-    expected = {"decay": (LR, 0.01), "no_decay": (LR, 0.0), "prototypes": (5 * LR, 0.0),
-                "hc_chart": (LR / 6, 0.0), "hc_gates": (LR, 0.0), "hc_mix": (LR, 0.0)}
+    expected = {
+        "decay": (LR, 0.01),
+        "no_decay": (LR, 0.0),
+        "prototypes": (5 * LR, 0.0),
+        "hc_chart": (LR / 6, 0.0),
+        "hc_gates": (LR, 0.0),
+        "hc_mix": (LR, 0.0),
+    }
     assert settings.keys() == expected.keys()
     for group, (lr, weight_decay) in expected.items():
         assert settings[group] == pytest.approx((lr, weight_decay), rel=1e-15), group
@@ -82,8 +88,9 @@ def test_make_optimizer_uses_the_training_arguments(tmp_path):
     args = training_args(tmp_path, learning_rate=2e-3, weight_decay=0.1, adam_beta2=0.95, adam_epsilon=1e-6)
     optimizer = make_optimizer(tiny_model(), args, prototype_lr_multiplier=4.0)
     assert isinstance(optimizer, torch.optim.AdamW)
-    settings = {g["group_name"]: (g["lr"], g["weight_decay"], g["betas"], g["eps"])
-                for g in optimizer.param_groups}
+    settings = {
+        g["group_name"]: (g["lr"], g["weight_decay"], g["betas"], g["eps"]) for g in optimizer.param_groups
+    }
     assert settings["decay"] == (2e-3, 0.1, (0.9, 0.95), 1e-6)
     assert settings["no_decay"] == (2e-3, 0.0, (0.9, 0.95), 1e-6)
     assert settings["prototypes"] == (8e-3, 0.0, (0.9, 0.95), 1e-6)
@@ -94,8 +101,10 @@ def test_sync_keeps_moments_drops_pruned_state_and_places_new_parameters(tmp_pat
     optimizer = make_optimizer(model, training_args(tmp_path, learning_rate=LR))
     train_steps(model, optimizer, 3)
     survivor = model.model.layers[0].attention.heads[1]
-    moments = {name: {key: value.clone() for key, value in optimizer.state[p].items()}
-               for name, p in survivor.named_parameters()}
+    moments = {
+        name: {key: value.clone() for key, value in optimizer.state[p].items()}
+        for name, p in survivor.named_parameters()
+    }
     pruned = model.prune_head(0, 0)
     grown = model.grow_head(0, torch.randn(32))
     added, removed = sync_optimizer_with_model(optimizer, model)
@@ -113,8 +122,9 @@ def test_new_parameters_take_a_first_adam_step_at_their_group_rate(tmp_path):
     """First AdamW step of a new parameter, by hand: m_hat = g, v_hat = g^2, so
     p' = p (1 - lr wd) - lr g / (|g| + eps); prototypes use lr x multiplier and no decay."""
     model = tiny_model()
-    optimizer = make_optimizer(model, training_args(tmp_path, learning_rate=LR, weight_decay=0.1),
-                               prototype_lr_multiplier=3.0)
+    optimizer = make_optimizer(
+        model, training_args(tmp_path, learning_rate=LR, weight_decay=0.1), prototype_lr_multiplier=3.0
+    )
     train_steps(model, optimizer, 2)
     head = model.grow_head(0, torch.randn(32))
     sync_optimizer_with_model(optimizer, model)
@@ -170,8 +180,9 @@ def test_sync_also_serves_the_trainers_own_two_group_optimizer():
     model = tiny_model()
     decay = [p for n, p in model.named_parameters() if not n.endswith(("bias", "LayerNorm.weight"))]
     no_decay = [p for n, p in model.named_parameters() if n.endswith(("bias", "LayerNorm.weight"))]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                   {"params": no_decay, "weight_decay": 0.0}])
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    )
     head = model.grow_head(0)
     sync_optimizer_with_model(optimizer, model)
     in_group = [{id(p) for p in group["params"]} for group in optimizer.param_groups]

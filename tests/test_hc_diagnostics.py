@@ -37,8 +37,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot_hc_diagnostics.
 def tiny_model(**overrides) -> geoformers.DDLmHCForCausalLM:
     torch.manual_seed(0)
     settings = dict(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=LAYERS,
-        num_attention_heads=2, hc_streams=STREAMS, hc_chart="rtbp", residual="delta",
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        hc_streams=STREAMS,
+        hc_chart="rtbp",
+        residual="delta",
     )
     settings.update(overrides)
     return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**settings))
@@ -220,9 +226,13 @@ def test_bad_input_names_the_argument():
         hc_diagnostics(torch.nn.Linear(2, 2), IDS)
     with pytest.raises(TypeError, match="`model`"):
         hc_diagnostics("model", IDS)
-    bad = [({"every": 0}, "every", ValueError), ({"probe_size": 1.5}, "probe_size", TypeError),
-           ({"delta": -1}, "delta", ValueError), ({"input_ids": [[1, 2]]}, "input_ids", ValueError),
-           ({"attention_mask": IDS}, "attention_mask", ValueError)]
+    bad = [
+        ({"every": 0}, "every", ValueError),
+        ({"probe_size": 1.5}, "probe_size", TypeError),
+        ({"delta": -1}, "delta", ValueError),
+        ({"input_ids": [[1, 2]]}, "input_ids", ValueError),
+        ({"attention_mask": IDS}, "attention_mask", ValueError),
+    ]
     for kwargs, name, error in bad:
         with pytest.raises(error, match=f"`{name}`"):
             HyperConnectionDiagnosticsCallback(**kwargs)
@@ -254,12 +264,25 @@ def diagnosed_run(tmp_path_factory):
     model = randomise_maps(tiny_model(vocab_size=len(tokenizer), hc_chart="tbp"), scale=1.0)
     output_dir = tmp_path_factory.mktemp("hc_run")
     args = TrainingArguments(
-        str(output_dir), max_steps=6, per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=4,
-        save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+        str(output_dir),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=4,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
     )
     callback = HyperConnectionDiagnosticsCallback(every=2, probe_size=4)
-    trainer = Trainer(model=model, args=args, train_dataset=blocks, callbacks=[callback],
-                      data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=blocks,
+        callbacks=[callback],
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+    )
     trainer.train()
     trainer.save_state()
     probe = torch.tensor(blocks["input_ids"][:4])
@@ -271,12 +294,19 @@ def test_callback_logs_the_diagnostics_at_its_steps(diagnosed_run):
     assert torch.equal(callback.input_ids, probe)  # the first examples, in order, through the collator
     records = [record for record in trainer.state.log_history if "loss" in record]
     assert [record["step"] for record in records] == [2, 4, 6]  # 4 from logging_steps, 2 and 6 forced
-    expected_keys = {f"hc/{m}/{n}" for m in ("row_entropy", "saturation", "beta", "res_mix", "gain_forward",
-                                             "gain_backward") for n in SUBLAYER_NAMES}
+    expected_keys = {
+        f"hc/{m}/{n}"
+        for m in ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")
+        for n in SUBLAYER_NAMES
+    }
     for record in records:
         assert expected_keys <= record.keys()
-    assert not any(KEY_PATTERN.match(key) for record in trainer.state.log_history if "loss" not in record
-                   for key in record)
+    assert not any(
+        KEY_PATTERN.match(key)
+        for record in trainer.state.log_history
+        if "loss" not in record
+        for key in record
+    )
     # The last record is the trained model's diagnostics on the probe.
     final = hc_diagnostics(trainer.model, probe)
     assert {key: records[-1][key] for key in final} == pytest.approx(final, rel=1e-6)

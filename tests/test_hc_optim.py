@@ -23,8 +23,14 @@ GROUPS = ["decay", "no_decay", "prototypes", "hc_chart", "hc_gates", "hc_mix"]
 def tiny_model(**overrides) -> geoformers.DDLmHCForCausalLM:
     torch.manual_seed(0)
     settings = dict(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=LAYERS,
-        num_attention_heads=2, hc_streams=4, hc_chart="rtbp", residual="delta",
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        hc_streams=4,
+        hc_chart="rtbp",
+        residual="delta",
     )
     settings.update(overrides)
     return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**settings))
@@ -78,10 +84,18 @@ def test_groups_hold_every_trainable_parameter_once_with_the_documented_members(
 
 def test_group_learning_rates_and_weight_decay():
     model = tiny_model(residual="add", hc_dynamic=False)  # H_post instead of beta; no gates, no maps_proj
-    groups = {g["group_name"]: g for g in parameter_groups(model, 3e-3, 0.05, gate_lr_multiplier=2.0,
-                                                              mix_lr_multiplier=0.5)}
-    expected = {"decay": (3e-3, 0.05), "no_decay": (3e-3, 0.0), "prototypes": (3e-2, 0.0),
-                "hc_chart": (3e-3 / 6, 0.0), "hc_gates": (6e-3, 0.0), "hc_mix": (1.5e-3, 0.0)}
+    groups = {
+        g["group_name"]: g
+        for g in parameter_groups(model, 3e-3, 0.05, gate_lr_multiplier=2.0, mix_lr_multiplier=0.5)
+    }
+    expected = {
+        "decay": (3e-3, 0.05),
+        "no_decay": (3e-3, 0.0),
+        "prototypes": (3e-2, 0.0),
+        "hc_chart": (3e-3 / 6, 0.0),
+        "hc_gates": (6e-3, 0.0),
+        "hc_mix": (1.5e-3, 0.0),
+    }
     assert groups.keys() == expected.keys()
     for name, (lr, weight_decay) in expected.items():
         assert (groups[name]["lr"], groups[name]["weight_decay"]) == pytest.approx((lr, weight_decay)), name
@@ -136,30 +150,57 @@ def test_trainer_steps_with_the_groups_first_adam_step_and_scheduled_rates(tmp_p
     train = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
     learning_rate, steps = 1e-2, 4
     args = TrainingArguments(
-        str(tmp_path), max_steps=1, per_device_train_batch_size=8, learning_rate=learning_rate,
-        lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to=[],
-        use_cpu=True, disable_tqdm=True, seed=0,
+        str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=8,
+        learning_rate=learning_rate,
+        lr_scheduler_type="linear",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
     )
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = Trainer(model=model, args=args, train_dataset=train,
-                      optimizers=(make_optimizer(model, args), None))
+    trainer = Trainer(
+        model=model, args=args, train_dataset=train, optimizers=(make_optimizer(model, args), None)
+    )
     trainer.train()
     names = names_by_group(model, trainer.optimizer.param_groups)
     parameters = dict(model.named_parameters())
-    expected_step = {"decay": learning_rate, "no_decay": learning_rate, "hc_chart": learning_rate / 6,
-                     "hc_gates": learning_rate, "hc_mix": learning_rate}
+    expected_step = {
+        "decay": learning_rate,
+        "no_decay": learning_rate,
+        "hc_chart": learning_rate / 6,
+        "hc_gates": learning_rate,
+        "hc_mix": learning_rate,
+    }
     for group, step in expected_step.items():
         largest = max(float((parameters[n].detach() - before[n]).abs().max()) for n in names[group])
         assert largest == pytest.approx(step, rel=2e-2), group
 
     model = tiny_model()
     args = TrainingArguments(
-        str(tmp_path), max_steps=steps, per_device_train_batch_size=8, learning_rate=learning_rate,
-        lr_scheduler_type="linear", save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+        str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        learning_rate=learning_rate,
+        lr_scheduler_type="linear",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
     )
     recorder = LearningRateRecorder()
-    trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[recorder],
-                      optimizers=(make_optimizer(model, args, gate_lr_multiplier=3.0), None))
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        callbacks=[recorder],
+        optimizers=(make_optimizer(model, args, gate_lr_multiplier=3.0), None),
+    )
     trainer.train()
     assert sorted(recorder.rates) == list(range(1, steps + 1))
     for step, rates in recorder.rates.items():

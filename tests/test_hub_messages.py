@@ -21,10 +21,18 @@ except ConnectionError as error:
 
 
 def test_push_to_hub_without_a_reachable_hub_says_what_it_needs(tmp_path):
-    env = {"PYTHONPATH": str(ROOT.parent), "OMP_NUM_THREADS": "1", "PATH": "", "HOME": str(tmp_path),
-           "HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": "hf_fake", "HF_HUB_DISABLE_TELEMETRY": "1"}
-    run = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300,
-                         cwd=tmp_path)
+    env = {
+        "PYTHONPATH": str(ROOT.parent),
+        "OMP_NUM_THREADS": "1",
+        "PATH": "",
+        "HOME": str(tmp_path),
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_TOKEN": "hf_fake",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stderr
     message = run.stdout
     assert message.startswith("ConnectionError: push_to_hub could not reach the Hub at http://127.0.0.1:9")
@@ -47,8 +55,16 @@ def test_saved_tokenizer_loads_without_geoformers_and_without_a_model_type_warni
     from geoformers.tokenization import build_char_tokenizer
 
     tokenizer = build_char_tokenizer("to be, or not to be")
-    model = DDLmHCForCausalLM(DDLmHCConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                           intermediate_size=64, vocab_size=len(tokenizer), hc_streams=2))
+    model = DDLmHCForCausalLM(
+        DDLmHCConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=len(tokenizer),
+            hc_streams=2,
+        )
+    )
     model.save_pretrained(tmp_path / "folder")
     tokenizer.save_pretrained(tmp_path / "folder")
     env = {"OMP_NUM_THREADS": "1", "PATH": "", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}

@@ -177,8 +177,9 @@ def test_exact_eigh_path_gives_the_planted_eigenvalues():
 
 
 def test_theta_w_is_calibrated_from_the_median_residual_norm():
-    config = gate_config(gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=3,
-                         gate_calibration_factor=0.1)
+    config = gate_config(
+        gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=3, gate_calibration_factor=0.1
+    )
     gate = IncrtGate(config, 0)
     assert not bool(gate.calibrated)
     norms = []
@@ -190,8 +191,9 @@ def test_theta_w_is_calibrated_from_the_median_residual_norm():
     assert decision.theta_w == pytest.approx(0.1 * sorted(norms)[1], rel=1e-6)
     assert bool(gate.calibrated)
     assert decision.action in ("grow", "pending")  # the third check already decides
-    fresh = IncrtGate(gate_config(gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=2),
-                      0)
+    fresh = IncrtGate(
+        gate_config(gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=2), 0
+    )
     assert fresh.check(second_moment, directional, torch.ones(1)).action == "calibrating"
 
 
@@ -254,14 +256,16 @@ def grow_until_stop(gate, second_moment, directional, max_checks=30):
 
 @pytest.mark.parametrize(("factor", "expected"), [(0.2, [8.0, 6.0, 4.0]), (0.3, [8.0, 6.0])])
 @pytest.mark.parametrize("scale", [1.0, 0.04, 30.0])
-def test_relative_threshold_grows_the_eigenvalues_above_a_fraction_of_the_frobenius_norm(factor, expected,
-                                                                                        scale):
+def test_relative_threshold_grows_the_eigenvalues_above_a_fraction_of_the_frobenius_norm(
+    factor, expected, scale
+):
     pair_values = [8.0, 6.0, 4.0, 3.0, 1.0, 0.5, 0.3, 0.2]
     second_moment, directional, _ = planted_problem(pair_values)
     # A_sym has eigenvalues +-a: ||A_sym||_F = sqrt(2 sum a^2) = 15.90; theta_w = 3.18 (0.2) or 4.77 (0.3).
     frobenius = math.sqrt(2 * sum(a * a for a in pair_values))
-    gate = IncrtGate(gate_config(gate_theta_w=None, gate_threshold="relative",
-                                 gate_calibration_factor=factor), 0)
+    gate = IncrtGate(
+        gate_config(gate_theta_w=None, gate_threshold="relative", gate_calibration_factor=factor), 0
+    )
     assert bool(gate.calibrated)  # no calibration checks: the first check already decides
     # C -> scale C and M_a -> scale M_a (inputs and weights drifting in training) scale A_sym by scale^2
     grown, decision = grow_until_stop(gate, second_moment * scale, directional * scale)
@@ -289,14 +293,16 @@ def test_calibrated_threshold_cascades_when_the_spectrum_grows_and_relative_does
 
 @pytest.mark.parametrize(
     ("settings", "message", "error"),
-    [({"gate_threshold": "adaptive"}, "`gate_threshold`: .* expected one of", TypeError),
-     ({"gate_rule": "both"}, "`gate_rule`: .* expected one of", TypeError),
-     ({"gate_phi_w_factor": math.nan}, "`gate_phi_w_factor`: must be finite in", ValueError),
-     ({"gate_dwell_kappa": 0.0}, "`gate_dwell_kappa`: must be finite in", ValueError),
-     ({"gate_dwell_eps": 1.0}, "`gate_dwell_eps`: must be finite in", ValueError),
-     ({"gate_use_dwell": 1}, "`gate_use_dwell`: .* expected bool", TypeError),
-     ({"gate_use_lambda_min_test": "yes"}, "`gate_use_lambda_min_test`: .* expected bool", TypeError),
-     ({"gate_couple_trackers": None}, "`gate_couple_trackers`: .* expected bool", TypeError)],
+    [
+        ({"gate_threshold": "adaptive"}, "`gate_threshold`: .* expected one of", TypeError),
+        ({"gate_rule": "both"}, "`gate_rule`: .* expected one of", TypeError),
+        ({"gate_phi_w_factor": math.nan}, "`gate_phi_w_factor`: must be finite in", ValueError),
+        ({"gate_dwell_kappa": 0.0}, "`gate_dwell_kappa`: must be finite in", ValueError),
+        ({"gate_dwell_eps": 1.0}, "`gate_dwell_eps`: must be finite in", ValueError),
+        ({"gate_use_dwell": 1}, "`gate_use_dwell`: .* expected bool", TypeError),
+        ({"gate_use_lambda_min_test": "yes"}, "`gate_use_lambda_min_test`: .* expected bool", TypeError),
+        ({"gate_couple_trackers": None}, "`gate_couple_trackers`: .* expected bool", TypeError),
+    ],
 )
 def test_bad_gate_threshold_settings_are_rejected(settings, message, error):
     with pytest.raises(error, match=message):

@@ -14,8 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("geoformers", "geoformers.modeling", "geoformers.training", "geoformers.tokenization")
 # what a user of one model never calls at import: the training stack, plotting, PEFT, the conversions
 NOT_AT_IMPORT = (
-    "datasets", "evaluate", "matplotlib", "peft", "sklearn", "geoformers.training", "geoformers.tokenization",
-    "geoformers.modeling.bert_conversion", "geoformers.modeling.llama_conversion",
+    "datasets",
+    "evaluate",
+    "matplotlib",
+    "peft",
+    "sklearn",
+    "geoformers.training",
+    "geoformers.tokenization",
+    "geoformers.modeling.bert_conversion",
+    "geoformers.modeling.llama_conversion",
     "geoformers.modeling.hub_export",
 )
 PROBE = f"""

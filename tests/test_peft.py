@@ -32,9 +32,20 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def tiny_ddl_mhc() -> geoformers.DDLmHCForCausalLM:
     torch.manual_seed(0)
     config = geoformers.DDLmHCConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, hc_streams=4, residual="delta", hc_chart="rtbp",
-        hc_dynamic=True, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        hc_streams=4,
+        residual="delta",
+        hc_chart="rtbp",
+        hc_dynamic=True,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return geoformers.DDLmHCForCausalLM(config).eval()
 
@@ -42,8 +53,16 @@ def tiny_ddl_mhc() -> geoformers.DDLmHCForCausalLM:
 def tiny_ddcl_incrt() -> geoformers.DDCLIncrtForSequenceClassification:
     torch.manual_seed(0)
     config = geoformers.DDCLIncrtConfig(
-        vocab_size=VOCAB, hidden_size=32, head_dim=8, num_hidden_layers=2, num_heads=1, num_prototypes=4,
-        num_labels=3, max_position_embeddings=32, hidden_dropout_prob=0.0, classifier_dropout=0.0,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        head_dim=8,
+        num_hidden_layers=2,
+        num_heads=1,
+        num_prototypes=4,
+        num_labels=3,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        classifier_dropout=0.0,
     )
     model = geoformers.DDCLIncrtForSequenceClassification(config)
     model.resize_heads(GROWN_HEADS)
@@ -139,7 +158,11 @@ def expected_ddl_mhc_targets(config, names) -> set[str]:
 )
 def test_documented_names_reach_every_ddl_mhc_projection(variant):
     config = geoformers.DDLmHCConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2,
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
         **variant,
     )
     model = geoformers.DDLmHCForCausalLM(config)

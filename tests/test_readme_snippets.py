@@ -93,7 +93,9 @@ def test_readme_python_snippets_run_as_written(tmp_path, monkeypatch, capsys):
     lm, tokenizer = namespace["lm"], namespace["tokenizer"]
     eos = tokenizer.eos_token_id
     assert (lm.generation_config.eos_token_id, lm.generation_config.pad_token_id) == (
-        eos, tokenizer.pad_token_id)
+        eos,
+        tokenizer.pad_token_id,
+    )
     prompt = tokenizer("To be, or not", return_tensors="pt").input_ids
 
     def only_eos(module, inputs, logits):
@@ -106,5 +108,5 @@ def test_readme_python_snippets_run_as_written(tmp_path, monkeypatch, capsys):
         generated = lm.generate(prompt, max_new_tokens=50)
     finally:
         handle.remove()
-    assert generated[0, prompt.shape[1]:].tolist() == [eos]
+    assert generated[0, prompt.shape[1] :].tolist() == [eos]
     assert namespace["output"].shape[1] <= prompt.shape[1] + 50

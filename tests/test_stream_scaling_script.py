@@ -67,8 +67,10 @@ def test_summary_numbers_match_independent_computations(study):
             records = model(input_ids=probe, output_mixing=True).mixing
         matrices = [record.h_res.numpy().astype(np.float64) for record in records]
         assert len(matrices) == 2  # one layer: attention and MLP
-        sums = np.concatenate([np.abs(h.sum(-1) - 1).ravel() for h in matrices]
-                              + [np.abs(h.sum(-2) - 1).ravel() for h in matrices])
+        sums = np.concatenate(
+            [np.abs(h.sum(-1) - 1).ravel() for h in matrices]
+            + [np.abs(h.sum(-2) - 1).ravel() for h in matrices]
+        )
         assert run["ds_error"] == pytest.approx(sums.max(), rel=1e-9, abs=1e-15)
         assert run["min_entry"] == pytest.approx(min(h.min() for h in matrices), abs=0)
         forward, backward = numpy_gains(matrices)
@@ -165,16 +167,50 @@ def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_on
         (folder / "summary.json").write_text((output / "summary.json").read_text())
     threads = torch.get_num_threads()
     try:
-        other = script.main([*design, "--output_dir", str(other_folder), "--streams", "2",
-                             "--charts", "rtbp"])
-        merged = script.main([*design, "--output_dir", str(main_folder), "--streams", "2", "--charts", "tbp",
-                              "--merge", str(other_folder)])
-        script.main([*design, "--output_dir", str(foreign), "--streams", "2", "--charts", "tbp",
-                     "--eval_batches", "2"])  # another design: two evaluation batches
+        other = script.main(
+            [*design, "--output_dir", str(other_folder), "--streams", "2", "--charts", "rtbp"]
+        )
+        merged = script.main(
+            [
+                *design,
+                "--output_dir",
+                str(main_folder),
+                "--streams",
+                "2",
+                "--charts",
+                "tbp",
+                "--merge",
+                str(other_folder),
+            ]
+        )
+        script.main(
+            [
+                *design,
+                "--output_dir",
+                str(foreign),
+                "--streams",
+                "2",
+                "--charts",
+                "tbp",
+                "--eval_batches",
+                "2",
+            ]
+        )  # another design: two evaluation batches
         for bad, named in ((tmp_path / "missing", "no summary.json"), (foreign, "design differs")):
             with pytest.raises(SystemExit):
-                script.main([*design, "--output_dir", str(main_folder), "--streams", "2", "--charts", "tbp",
-                             "--merge", str(bad)])
+                script.main(
+                    [
+                        *design,
+                        "--output_dir",
+                        str(main_folder),
+                        "--streams",
+                        "2",
+                        "--charts",
+                        "tbp",
+                        "--merge",
+                        str(bad),
+                    ]
+                )
             error = capsys.readouterr().err
             assert f"--merge {bad}: " in error and named in error, error
     finally:
@@ -191,14 +227,26 @@ def test_summary_pairs_each_run_with_its_own_seeds_llama():
     std 0.1414, below the 0.2121 of its losses themselves); a group with a seed that has no Llama gets no
     paired value, and every row says how many seeds it holds."""
     script = load_script("exp_stream_scaling.py")
-    metrics = {"train_tokens_per_second": 1.0, "train_throughput_ratio": 0.5, "peak_memory_bytes": 10,
-               "memory_ratio": 2.0, "ds_error": 1e-8, "gain_forward": 1.0, "gain_backward": 1.0,
-               "min_entry": 0.1, "parameters": 100}
-    llama = [{"seed": 0, "val_loss": 2.0, "parameters": 90, "train_tokens_per_second": 2.0},
-             {"seed": 1, "val_loss": 1.5, "parameters": 90, "train_tokens_per_second": 2.0}]
-    runs = [{"chart": "tbp", "n": 4, "seed": 0, "val_loss": 2.1, **metrics},
-            {"chart": "tbp", "n": 4, "seed": 1, "val_loss": 1.8, **metrics},
-            {"chart": "tbp", "n": 8, "seed": 2, "val_loss": 1.7, **metrics}]
+    metrics = {
+        "train_tokens_per_second": 1.0,
+        "train_throughput_ratio": 0.5,
+        "peak_memory_bytes": 10,
+        "memory_ratio": 2.0,
+        "ds_error": 1e-8,
+        "gain_forward": 1.0,
+        "gain_backward": 1.0,
+        "min_entry": 0.1,
+        "parameters": 100,
+    }
+    llama = [
+        {"seed": 0, "val_loss": 2.0, "parameters": 90, "train_tokens_per_second": 2.0},
+        {"seed": 1, "val_loss": 1.5, "parameters": 90, "train_tokens_per_second": 2.0},
+    ]
+    runs = [
+        {"chart": "tbp", "n": 4, "seed": 0, "val_loss": 2.1, **metrics},
+        {"chart": "tbp", "n": 4, "seed": 1, "val_loss": 1.8, **metrics},
+        {"chart": "tbp", "n": 8, "seed": 2, "val_loss": 1.7, **metrics},
+    ]
     summary, table = script.summarize(runs, llama)
     both, alone = sorted(summary, key=lambda entry: entry["n"])
     assert both["seeds"] == [0, 1] and alone["seeds"] == [2]

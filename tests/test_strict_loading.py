@@ -23,16 +23,31 @@ IDS = torch.tensor([[1, 5, 7, 3, 2, 9]])
 
 
 def lm(seed=0, **overrides) -> DDLmHCForCausalLM:
-    settings = {"vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-                "num_key_value_heads": 2, "intermediate_size": 32, "hc_streams": 2}
+    settings = {
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "intermediate_size": 32,
+        "hc_streams": 2,
+    }
     torch.manual_seed(seed)
     return DDLmHCForCausalLM(DDLmHCConfig(**{**settings, **overrides})).eval()
 
 
 def encoder(seed=0, **overrides) -> DDCLIncrtForSequenceClassification:
-    settings = {"vocab_size": 32, "hidden_size": 16, "head_dim": 4, "num_hidden_layers": 2,
-                "num_heads": [3, 2], "max_heads": 4, "num_prototypes": 4, "max_position_embeddings": 8,
-                "num_labels": 3}
+    settings = {
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "head_dim": 4,
+        "num_hidden_layers": 2,
+        "num_heads": [3, 2],
+        "max_heads": 4,
+        "num_prototypes": 4,
+        "max_position_embeddings": 8,
+        "num_labels": 3,
+    }
     torch.manual_seed(seed)
     return DDCLIncrtForSequenceClassification(DDCLIncrtConfig(**{**settings, **overrides})).eval()
 
@@ -57,7 +72,11 @@ def test_a_complete_causal_lm_checkpoint_reloads_cleanly_tied_or_not(tmp_path, t
     model.save_pretrained(tmp_path)
     reloaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert {k: sorted(v) for k, v in info.items()} == {
-        "missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
+        "missing_keys": [],
+        "unexpected_keys": [],
+        "mismatched_keys": [],
+        "error_msgs": [],
+    }
     assert (reloaded.lm_head.weight is reloaded.model.embed_tokens.weight) == tie
     assert torch.equal(reloaded.eval()(IDS).logits, model(IDS).logits)
 
@@ -75,14 +94,17 @@ def test_a_complete_grown_encoder_checkpoint_reloads_cleanly(tmp_path):
     ("damage", "missing"),
     [
         (lambda folder: edit_weights(folder, without("lm_head")), ["lm_head.weight"]),
-        (lambda folder: edit_weights(folder, without("layers.1.attn_connection.maps_proj")),
-         ["model.layers.1.attn_connection.maps_proj.weight"]),
+        (
+            lambda folder: edit_weights(folder, without("layers.1.attn_connection.maps_proj")),
+            ["model.layers.1.attn_connection.maps_proj.weight"],
+        ),
         (lambda folder: edit_config(folder, num_hidden_layers=3), "model.layers.2."),
     ],
     ids=["dropped lm_head", "dropped maps_proj", "layers 2->3"],
 )
-def test_weights_the_file_lacks_are_initialised_and_reported_as_in_transformers(tmp_path, caplog, damage,
-                                                                                missing):
+def test_weights_the_file_lacks_are_initialised_and_reported_as_in_transformers(
+    tmp_path, caplog, damage, missing
+):
     saved = lm(tie_word_embeddings=False)
     saved.save_pretrained(tmp_path)
     damage(tmp_path)
@@ -104,29 +126,41 @@ def test_weights_the_file_lacks_are_initialised_and_reported_as_in_transformers(
 
 def test_a_shape_mismatch_is_an_error_unless_ignore_mismatched_sizes(tmp_path, caplog):
     encoder().save_pretrained(tmp_path)
-    edit_config(tmp_path, num_labels=5, id2label={str(i): f"LABEL_{i}" for i in range(5)},
-                label2id={f"LABEL_{i}": i for i in range(5)})
+    edit_config(
+        tmp_path,
+        num_labels=5,
+        id2label={str(i): f"LABEL_{i}" for i in range(5)},
+        label2id={f"LABEL_{i}": i for i in range(5)},
+    )
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
         DDCLIncrtForSequenceClassification.from_pretrained(tmp_path)
     assert "classifier.weight" in caplog.text and "MISMATCH" in caplog.text  # transformers' load report
     model, info = DDCLIncrtForSequenceClassification.from_pretrained(
-        tmp_path, ignore_mismatched_sizes=True, output_loading_info=True)
+        tmp_path, ignore_mismatched_sizes=True, output_loading_info=True
+    )
     assert sorted(key for key, *_ in info["mismatched_keys"]) == ["classifier.bias", "classifier.weight"]
     assert model.classifier.weight.shape == (5, 16)
 
 
-ENCODER_CLASSES = [DDCLIncrtModel, DDCLIncrtForSequenceClassification, AutoModel,
-                   AutoModelForSequenceClassification]
-ENCODER_EDITS = {"num_heads [3,2]->[2,2]": ({"num_heads": [2, 2]}, "model.layers.0.attention.heads.2."),
-                 "num_heads [3,2]->[3,1]": ({"num_heads": [3, 1]}, "model.layers.1.attention.heads.1."),
-                 "one layer fewer": ({"num_hidden_layers": 1, "num_heads": [3]}, "model.layers.1.")}
+ENCODER_CLASSES = [
+    DDCLIncrtModel,
+    DDCLIncrtForSequenceClassification,
+    AutoModel,
+    AutoModelForSequenceClassification,
+]
+ENCODER_EDITS = {
+    "num_heads [3,2]->[2,2]": ({"num_heads": [2, 2]}, "model.layers.0.attention.heads.2."),
+    "num_heads [3,2]->[3,1]": ({"num_heads": [3, 1]}, "model.layers.1.attention.heads.1."),
+    "one layer fewer": ({"num_hidden_layers": 1, "num_heads": [3]}, "model.layers.1."),
+}
 
 
 @pytest.mark.parametrize("saved_as", ["task", "base"])
 @pytest.mark.parametrize("edit", list(ENCODER_EDITS))
 @pytest.mark.parametrize("loader", ENCODER_CLASSES, ids=lambda cls: cls.__name__)
 def test_encoder_weights_the_edited_config_does_not_build_are_refused_by_every_class(
-        tmp_path, saved_as, edit, loader):
+    tmp_path, saved_as, edit, loader
+):
     """A config.json edited to fewer heads or layers than were saved would load a different function
     (transformers drops the surplus weights with a warning): every class, base or task, refuses it."""
     model = encoder()
@@ -139,10 +173,12 @@ def test_encoder_weights_the_edited_config_does_not_build_are_refused_by_every_c
 
 
 @pytest.mark.parametrize("saved_as", ["task", "base"])
-@pytest.mark.parametrize("loader", [DDLmHCModel, DDLmHCForCausalLM, AutoModel, AutoModelForCausalLM],
-                         ids=lambda cls: cls.__name__)
-def test_decoder_weights_of_a_layer_the_edited_config_lacks_are_refused_by_every_class(tmp_path, saved_as,
-                                                                                      loader):
+@pytest.mark.parametrize(
+    "loader", [DDLmHCModel, DDLmHCForCausalLM, AutoModel, AutoModelForCausalLM], ids=lambda cls: cls.__name__
+)
+def test_decoder_weights_of_a_layer_the_edited_config_lacks_are_refused_by_every_class(
+    tmp_path, saved_as, loader
+):
     model = lm()
     (model if saved_as == "task" else model.model).save_pretrained(tmp_path)
     edit_config(tmp_path, num_hidden_layers=1)
@@ -175,11 +211,16 @@ def test_another_models_weights_are_refused(tmp_path):
 
 @pytest.mark.parametrize(
     ("save", "loader", "named"),
-    [(lambda: lm(), DDCLIncrtModel, "holds a `ddl_mhc` model .* DDCLIncrtModel loads `ddcl_incrt`"),
-     (lambda: lm(), DDCLIncrtForSequenceClassification, "holds a `ddl_mhc` model"),
-     (lambda: encoder(), DDLmHCForCausalLM,
-      "holds a `ddcl_incrt` model .* DDLmHCForCausalLM loads `ddl_mhc`"),
-     (lambda: encoder(), DDLmHCModel, "holds a `ddcl_incrt` model")],
+    [
+        (lambda: lm(), DDCLIncrtModel, "holds a `ddl_mhc` model .* DDCLIncrtModel loads `ddcl_incrt`"),
+        (lambda: lm(), DDCLIncrtForSequenceClassification, "holds a `ddl_mhc` model"),
+        (
+            lambda: encoder(),
+            DDLmHCForCausalLM,
+            "holds a `ddcl_incrt` model .* DDLmHCForCausalLM loads `ddl_mhc`",
+        ),
+        (lambda: encoder(), DDLmHCModel, "holds a `ddcl_incrt` model"),
+    ],
     ids=["lm->encoder", "lm->classifier", "encoder->lm", "encoder->decoder"],
 )
 def test_a_checkpoint_of_the_other_model_type_is_refused_naming_both_types(tmp_path, save, loader, named):
@@ -208,8 +249,9 @@ def test_base_and_task_models_load_each_others_checkpoints_as_in_transformers(tm
     assert sorted(info["unexpected_keys"]) == ["classifier.bias", "classifier.weight"]
     assert torch.equal(base.eval()(IDS).last_hidden_state, task.model(IDS).last_hidden_state)
     base.save_pretrained(tmp_path / "base")
-    fresh, info = DDCLIncrtForSequenceClassification.from_pretrained(tmp_path / "base",
-                                                                     output_loading_info=True)
+    fresh, info = DDCLIncrtForSequenceClassification.from_pretrained(
+        tmp_path / "base", output_loading_info=True
+    )
     assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]
     assert torch.equal(fresh.eval().model(IDS).last_hidden_state, task.model(IDS).last_hidden_state)
     causal = lm(tie_word_embeddings=False)

@@ -278,6 +278,9 @@ def test_module_constants_match_the_tokenizers():
 def test_builders_are_importable_from_the_training_package():
     from geoformers import training
 
-    assert (training.build_spectral_task, training.build_nonstationary_stream,
-            training.build_cov2_variant_task, training.task_spec) == (
-        build_spectral_task, build_nonstationary_stream, build_cov2_variant_task, task_spec)
+    assert (
+        training.build_spectral_task,
+        training.build_nonstationary_stream,
+        training.build_cov2_variant_task,
+        training.task_spec,
+    ) == (build_spectral_task, build_nonstationary_stream, build_cov2_variant_task, task_spec)

@@ -28,8 +28,14 @@ def test_check_number_integer_accepts_the_bounds_and_refuses_bools_floats_and_ou
 
 @pytest.mark.parametrize(
     ("value", "low_open", "high_open", "accepted"),
-    [(0.0, False, False, True), (0.0, True, False, False), (1.0, False, False, True),
-     (1.0, False, True, False), (0.5, True, True, True), (-1e-300, False, False, False)],
+    [
+        (0.0, False, False, True),
+        (0.0, True, False, False),
+        (1.0, False, False, True),
+        (1.0, False, True, False),
+        (0.5, True, True, True),
+        (-1e-300, False, False, False),
+    ],
 )
 def test_check_number_interval_ends(value, low_open, high_open, accepted):
     if accepted:

@@ -37,27 +37,42 @@ def _common_tests_folder() -> Path:
     if given:
         folder = Path(given)
         if not (folder / "test_modeling_common.py").is_file():
-            pytest.skip(f"GEOFORMERS_TRANSFORMERS_TESTS={given} holds no test_modeling_common.py",
-                        allow_module_level=True)
+            pytest.skip(
+                f"GEOFORMERS_TRANSFORMERS_TESTS={given} holds no test_modeling_common.py",
+                allow_module_level=True,
+            )
         return folder
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     folder = cache / "geoformers" / f"transformers-{version}-tests"
     if (folder / "test_modeling_common.py").is_file():
         return folder
     with tempfile.TemporaryDirectory() as download:
-        command = [sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-binary",
-                   ":all:", "--no-deps", "--quiet", "-d", download]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"transformers=={version}",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "--quiet",
+            "-d",
+            download,
+        ]
         try:
             subprocess.run(command, check=True, capture_output=True, timeout=300)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
-            pytest.skip(f"cannot download the transformers {version} sdist for its common tests: {error}",
-                        allow_module_level=True)
+            pytest.skip(
+                f"cannot download the transformers {version} sdist for its common tests: {error}",
+                allow_module_level=True,
+            )
         (archive,) = Path(download).glob("transformers-*.tar.gz")
         prefix = f"transformers-{version}/tests/"
         with tarfile.open(archive) as sdist:
             members = [m for m in sdist.getmembers() if m.name.startswith(prefix) and m.name.count("/") == 2]
             for member in members:
-                member.name = member.name[len(prefix):]
+                member.name = member.name[len(prefix) :]
             partial = folder.with_name(folder.name + ".partial")
             sdist.extractall(partial, members=members, filter="data")
         partial.rename(folder)
@@ -69,9 +84,11 @@ def absent_mixin(name: str, missing: str, covered_by: str) -> type:
     transformers' tests/ that the folder in use lacks: its one test is skipped with that reason."""
 
     def test_mixin_is_absent(self):
-        self.skipTest(f"transformers' {name} needs tests/{missing}, which the transformers "
-                      f"{transformers.__version__} sdist does not ship (set GEOFORMERS_TRANSFORMERS_TESTS to "
-                      f"a checkout's tests/ folder to run it); covered here by {covered_by}")
+        self.skipTest(
+            f"transformers' {name} needs tests/{missing}, which the transformers "
+            f"{transformers.__version__} sdist does not ship (set GEOFORMERS_TRANSFORMERS_TESTS to "
+            f"a checkout's tests/ folder to run it); covered here by {covered_by}"
+        )
 
     snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
     return type(name, (), {f"test_{snake}_is_absent": test_mixin_is_absent, "__module__": __name__})
@@ -81,8 +98,10 @@ def _package() -> Path:
     """The tests/ folder registered as package `PACKAGE` (once)."""
     if PACKAGE not in sys.modules:
         if importlib.util.find_spec("parameterized") is None:
-            pytest.skip("transformers' common tests need the `parameterized` package (pip install "
-                        "parameterized)", allow_module_level=True)
+            pytest.skip(
+                "transformers' common tests need the `parameterized` package (pip install parameterized)",
+                allow_module_level=True,
+            )
         package = types.ModuleType(PACKAGE)
         package.__path__ = [str(_common_tests_folder())]
         sys.modules[PACKAGE] = package
@@ -128,10 +147,12 @@ def run_config_tests(testcase: unittest.TestCase, covered_by: str, **tester_kwar
     """transformers' `ConfigTester(testcase, **tester_kwargs).run_common_tests()`, or a skip naming its
     missing import (`tests/utils/test_configuration_utils.py`) and the project tests given."""
     if not (_package() / "utils" / "test_configuration_utils.py").is_file():
-        testcase.skipTest("transformers' ConfigTester imports tests/utils/test_configuration_utils.py, "
-                          f"which the transformers {transformers.__version__} sdist does not ship (set "
-                          "GEOFORMERS_TRANSFORMERS_TESTS to a checkout's tests/ folder to run it); covered "
-                          f"here by {covered_by}")
+        testcase.skipTest(
+            "transformers' ConfigTester imports tests/utils/test_configuration_utils.py, "
+            f"which the transformers {transformers.__version__} sdist does not ship (set "
+            "GEOFORMERS_TRANSFORMERS_TESTS to a checkout's tests/ folder to run it); covered "
+            f"here by {covered_by}"
+        )
     tester = importlib.import_module(f"{PACKAGE}.test_configuration_common").ConfigTester
     tester(testcase, **tester_kwargs).run_common_tests()
 

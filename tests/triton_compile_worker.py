@@ -74,6 +74,7 @@ def main(streams_counts: list[int]) -> None:
                 compile_kernel(write_kernels._delta_forward_kernel, delta, dtype)
                 compile_kernel(write_kernels._delta_backward_kernel, write, dtype)
 
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET", "0") != "0":
         sys.exit("run with TRITON_INTERPRET unset or 0: interpreted kernels cannot be compiled")

@@ -159,4 +159,3 @@ def causal_lm_blocks(token_ids: Sequence[int] | np.ndarray, block_size: int) -> 
         raise ValueError(f"token_ids holds {ids.size} tokens, less than one block (block_size={block_size})")
     blocks = ids[: num_blocks * block_size].astype(np.int64).reshape(num_blocks, block_size)
     return Dataset.from_dict({"input_ids": blocks.tolist()}, Features({"input_ids": List(Value("int64"))}))
-

@@ -47,6 +47,7 @@ def causal_lm_metrics() -> dict:
     weighs every scored token equally; `eval_loss` averages per-batch mean losses weighted by rows, so
     exp(eval_loss) equals it only when every row scores as many tokens (unpadded `causal_lm_blocks`).
     """
+
     def preprocess_logits_for_metrics(logits, labels) -> tuple[torch.Tensor, torch.Tensor]:
         logits = logits[0] if isinstance(logits, tuple) else logits
         if labels is None:

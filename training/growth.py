@@ -93,9 +93,15 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             `check_every` steps later; none before.
     """
 
-    def __init__(self, check_every: int | None = None, gate_batch_size: int | None = None,
-                 save_plot: bool = True, regrow: bool = False,
-                 gate_rows: Callable[[int], Sequence[int]] | None = None, start_step: int = 0):
+    def __init__(
+        self,
+        check_every: int | None = None,
+        gate_batch_size: int | None = None,
+        save_plot: bool = True,
+        regrow: bool = False,
+        gate_rows: Callable[[int], Sequence[int]] | None = None,
+        start_step: int = 0,
+    ):
         for name, value in (("check_every", check_every), ("gate_batch_size", gate_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}")
@@ -119,8 +125,13 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
     def state(self) -> dict:
         """ExportableState: saved in trainer_state.json, so a resumed run continues the history."""
         return {
-            "args": {"check_every": self.check_every, "gate_batch_size": self.gate_batch_size,
-                     "save_plot": self.save_plot, "regrow": self.regrow, "start_step": self.start_step},
+            "args": {
+                "check_every": self.check_every,
+                "gate_batch_size": self.gate_batch_size,
+                "save_plot": self.save_plot,
+                "regrow": self.regrow,
+                "start_step": self.start_step,
+            },
             "attributes": {"history": self.history},
         }
 
@@ -139,8 +150,10 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         dataloader = kwargs["train_dataloader"]
         dataset = dataloader.dataset
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or len(dataset) == 0:
-            raise ValueError("IncrtGrowthCallback draws gate batches from the training set: `train_dataset` "
-                             "must be a non-empty map-style dataset (indexable, with a length)")
+            raise ValueError(
+                "IncrtGrowthCallback draws gate batches from the training set: `train_dataset` "
+                "must be a non-empty map-style dataset (indexable, with a length)"
+            )
         self._dataset, self._collate = dataset, dataloader.collate_fn
         self._rows = self.gate_batch_size or args.per_device_train_batch_size
         self._every = self.check_every or model.config.gate_check_every
@@ -166,17 +179,30 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             for head in decision.prune:
                 self._forget_hooks(model.prune_head(layer, head))
                 pruned = True
-                events.append({"step": step, "layer": layer, "action": "prune", "head": head,
-                               "energy": decision.head_energies[head], "theta_w": decision.theta_w,
-                               "num_heads": list(model.config.num_heads)})
+                events.append(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "action": "prune",
+                        "head": head,
+                        "energy": decision.head_energies[head],
+                        "theta_w": decision.theta_w,
+                        "num_heads": list(model.config.num_heads),
+                    }
+                )
             if not history["growing"][layer] or decision.action not in ("grow", "stop", "full"):
                 continue
             previous = history["verdicts"][layer]
             history["verdicts"][layer] = decision.action
             if self.regrow and decision.action == previous != "grow":
                 continue  # the same stop/full verdict again: nothing to record
-            event = {"step": step, "layer": layer, "action": decision.action,
-                     "lambda_max": decision.lambda_max, "theta_w": decision.theta_w}
+            event = {
+                "step": step,
+                "layer": layer,
+                "action": decision.action,
+                "lambda_max": decision.lambda_max,
+                "theta_w": decision.theta_w,
+            }
             if decision.action == "grow":
                 head = model.grow_head(layer, decision.direction)
                 added.append(head)
@@ -189,27 +215,34 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if added or pruned:
             sync_optimizer_with_model(kwargs["optimizer"], model)
         history["num_heads"] = list(model.config.num_heads)
-        history["checks"].append({
-            "step": step, "num_heads": list(model.config.num_heads),
-            "lambda_max": [d.lambda_max for d in decisions], "lambda_min": [d.lambda_min for d in decisions],
-            "theta_w": [d.theta_w for d in decisions],
-            "action": [d.action for d in decisions],
-        })
+        history["checks"].append(
+            {
+                "step": step,
+                "num_heads": list(model.config.num_heads),
+                "lambda_max": [d.lambda_max for d in decisions],
+                "lambda_min": [d.lambda_min for d in decisions],
+                "theta_w": [d.theta_w for d in decisions],
+                "action": [d.action for d in decisions],
+            }
+        )
         history["events"].extend(events)
         if history["growth_stopped_at_step"] is None and not any(history["growing"]):
             history["growth_stopped_at_step"] = step
             logger.info(f"INCRT growth stopped at step {step} with heads {model.config.num_heads}")
         for event in events:
             measure = "energy" if event["action"] == "prune" else "lambda_max"
-            logger.info(f"INCRT {event['action']} at step {step}: layer {event['layer']}, {measure} "
-                        f"{event[measure]:.4g}, theta_w {event['theta_w']:.4g} -> heads {event['num_heads']}")
+            logger.info(
+                f"INCRT {event['action']} at step {step}: layer {event['layer']}, {measure} "
+                f"{event[measure]:.4g}, theta_w {event['theta_w']:.4g} -> heads {event['num_heads']}"
+            )
         if events:
             control.should_log = True
             if state.is_world_process_zero:
                 write_json_atomically(Path(args.output_dir) / HISTORY_FILE, history)
 
-    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None,
-               **kwargs):
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kwargs
+    ):
         """Merge the latest check (per-layer heads, lambda_max, theta_w) into the Trainer's log record."""
         if self.history is None or not self.history["checks"] or logs is None:
             return
@@ -248,8 +281,12 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if output_dir.is_dir():
             drop_kept_copies(output_dir)  # every checkpoint the Trainer kept is marked complete by now
         if self.save_plot:
-            plot_growth_history(self.history, output_dir / PLOT_FILE, log_history=state.log_history,
-                                last_step=state.global_step)
+            plot_growth_history(
+                self.history,
+                output_dir / PLOT_FILE,
+                log_history=state.log_history,
+                last_step=state.global_step,
+            )
 
     # ----------------------------------------------------------------------------------------- helpers
 
@@ -259,17 +296,24 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         num_heads = list(model.config.num_heads)
         if state.global_step == 0:
             self.history = {
-                "initial_num_heads": num_heads, "num_heads": num_heads, "growing": [True] * len(num_heads),
-                "verdicts": [None] * len(num_heads), "growth_started_at_step": self.start_step,
-                "growth_stopped_at_step": None, "checks": [], "events": [],
+                "initial_num_heads": num_heads,
+                "num_heads": num_heads,
+                "growing": [True] * len(num_heads),
+                "verdicts": [None] * len(num_heads),
+                "growth_started_at_step": self.start_step,
+                "growth_stopped_at_step": None,
+                "checks": [],
+                "events": [],
             }
             return
         if self.history is None:
             saved = (state.stateful_callbacks or {}).get(type(self).__name__, {})
             self.history = saved.get("attributes", {}).get("history") if isinstance(saved, dict) else None
         if self.history is None:
-            raise ValueError("resuming a run whose checkpoint has no IncrtGrowthCallback history: train it "
-                             "with the callback from the start")
+            raise ValueError(
+                "resuming a run whose checkpoint has no IncrtGrowthCallback history: train it "
+                "with the callback from the start"
+            )
         if self.history["num_heads"] != num_heads:
             raise ValueError(
                 f"the model has heads {num_heads} but the checkpoint was saved with "
@@ -280,10 +324,12 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
     def _setup_processes(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> None:
         """Under several processes: a process group for the gate's collectives, and the DDP settings check."""
         if args.deepspeed or args.fsdp or _sharded_by_fsdp(model):
-            raise ValueError("IncrtGrowthCallback cannot grow a model sharded by FSDP (FSDP1 or FSDP2 "
-                             "`fully_shard`) or DeepSpeed: growth changes parameter shapes the shards fixed. "
-                             "To grow on several processes use DDP (the Trainer's default under torchrun "
-                             "without `fsdp`/`deepspeed`)")
+            raise ValueError(
+                "IncrtGrowthCallback cannot grow a model sharded by FSDP (FSDP1 or FSDP2 "
+                "`fully_shard`) or DeepSpeed: growth changes parameter shapes the shards fixed. "
+                "To grow on several processes use DDP (the Trainer's default under torchrun "
+                "without `fsdp`/`deepspeed`)"
+            )
         if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             self._group = None
             return
@@ -293,9 +339,11 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if finds_unused is None:
             finds_unused = not (model.is_activation_checkpointing or args.activation_checkpointing)
         if model.config.gate_prune_factor > 0 and not finds_unused:
-            raise ValueError("pruning (`gate_prune_factor` > 0) under DDP needs "
-                             "`ddp_find_unused_parameters=True`: pruned heads stay registered with DDP and "
-                             "get no gradient")
+            raise ValueError(
+                "pruning (`gate_prune_factor` > 0) under DDP needs "
+                "`ddp_find_unused_parameters=True`: pruned heads stay registered with DDP and "
+                "get no gradient"
+            )
         self._group = dist.new_group()
 
     def _gate_batch(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> dict:
@@ -308,17 +356,21 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         if self.gate_rows is not None:
             candidates = np.asarray(list(self.gate_rows(step)), dtype=np.int64)
             if candidates.ndim != 1 or candidates.size == 0:
-                raise ValueError(f"`gate_rows({step})` must return a non-empty sequence of row indices, got "
-                                 f"{candidates.size} values")
+                raise ValueError(
+                    f"`gate_rows({step})` must return a non-empty sequence of row indices, got "
+                    f"{candidates.size} values"
+                )
             if candidates.min() < 0 or candidates.max() >= len(self._dataset):
-                raise ValueError(f"`gate_rows({step})` returned rows outside the training set "
-                                 f"[0, {len(self._dataset)})")
+                raise ValueError(
+                    f"`gate_rows({step})` returned rows outside the training set [0, {len(self._dataset)})"
+                )
         rows = generator.choice(candidates, size=min(self._rows, candidates.size), replace=False)
         batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
         return {name: batch[name].to(model.device) for name in GATE_INPUTS if batch.get(name) is not None}
 
-    def _second_moments(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel,
-                        step: int) -> list[torch.Tensor]:
+    def _second_moments(
+        self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int
+    ) -> list[torch.Tensor]:
         """Per-layer C = X^T X / N of a gate batch, averaged over processes (same decision on every rank)."""
         moments = model.gate_second_moments(**self._gate_batch(args, model, step))
         if self._group is None:
@@ -337,10 +389,15 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             decisions = model.gate_check(second_moments=self._second_moments(args, model, step))
             for decision, gate, was_uncalibrated in zip(decisions, gates, uncalibrated, strict=True):
                 if was_uncalibrated and bool(gate.calibrated):
-                    self.history["events"].append({
-                        "step": step, "layer": decision.layer, "action": "calibrated",
-                        "theta_w": decision.theta_w, "num_heads": list(model.config.num_heads),
-                    })
+                    self.history["events"].append(
+                        {
+                            "step": step,
+                            "layer": decision.layer,
+                            "action": "calibrated",
+                            "theta_w": decision.theta_w,
+                            "num_heads": list(model.config.num_heads),
+                        }
+                    )
 
     def _share_new_heads(self, heads: list[torch.nn.Module]) -> None:
         """DDP: copy rank 0's new parameters to every rank, and average their gradients at each backward."""
@@ -378,8 +435,13 @@ def _sharded_by_fsdp(model: torch.nn.Module) -> bool:
 # --------------------------------------------------------------------------------------------- history plot
 
 
-def plot_growth_history(history: dict, path: str | os.PathLike, *, log_history: list[dict] | None = None,
-                        last_step: int | None = None) -> None:
+def plot_growth_history(
+    history: dict,
+    path: str | os.PathLike,
+    *,
+    log_history: list[dict] | None = None,
+    last_step: int | None = None,
+) -> None:
     """PNG of the whole run against optimizer steps 0..`last_step` (default: the last check): heads per layer,
     lambda_max with theta_w dashed (grow events marked), and, when `log_history` (the Trainer's
     `state.log_history`) holds evaluations, validation accuracy. Dotted lines: growth starts / stops. Uses
@@ -388,8 +450,9 @@ def plot_growth_history(history: dict, path: str | os.PathLike, *, log_history: 
     from matplotlib.ticker import MaxNLocator
 
     checks = history["checks"]
-    evaluations = [(entry["step"], entry["eval_accuracy"]) for entry in log_history or []
-                   if "eval_accuracy" in entry]
+    evaluations = [
+        (entry["step"], entry["eval_accuracy"]) for entry in log_history or [] if "eval_accuracy" in entry
+    ]
     steps = [0] + [check["step"] for check in checks]
     end = max([steps[-1], last_step or 0, *(step for step, _ in evaluations)])
     figure = Figure(figsize=(7, 7.5 if evaluations else 5.5), constrained_layout=True)
@@ -398,13 +461,28 @@ def plot_growth_history(history: dict, path: str | os.PathLike, *, log_history: 
     for layer, initial in enumerate(history["initial_num_heads"]):
         heads = [initial] + [check["num_heads"][layer] for check in checks]
         line = heads_axis.step(steps + [end], heads + heads[-1:], where="post", label=f"layer {layer}")[0]
-        lambda_axis.plot(steps[1:], [check["lambda_max"][layer] for check in checks], marker=".",
-                         color=line.get_color(), label=f"lambda_max, layer {layer}")
-        lambda_axis.plot(steps[1:], [check["theta_w"][layer] for check in checks], linestyle="--",
-                         color=line.get_color(), label=f"theta_w, layer {layer}")
+        lambda_axis.plot(
+            steps[1:],
+            [check["lambda_max"][layer] for check in checks],
+            marker=".",
+            color=line.get_color(),
+            label=f"lambda_max, layer {layer}",
+        )
+        lambda_axis.plot(
+            steps[1:],
+            [check["theta_w"][layer] for check in checks],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"theta_w, layer {layer}",
+        )
         grown = [e for e in history["events"] if e["action"] == "grow" and e["layer"] == layer]
-        lambda_axis.scatter([e["step"] for e in grown], [e["lambda_max"] for e in grown], marker="^",
-                            color=line.get_color(), zorder=3)
+        lambda_axis.scatter(
+            [e["step"] for e in grown],
+            [e["lambda_max"] for e in grown],
+            marker="^",
+            color=line.get_color(),
+            zorder=3,
+        )
     if evaluations:
         axes[2].plot(*zip(*evaluations, strict=True), marker="o", color="black")
         axes[2].set_ylabel("validation accuracy")

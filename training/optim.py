@@ -32,8 +32,14 @@ from transformers.trainer_pt_utils import get_parameter_names
 from geoformers.configuration.validation import check_number
 
 # transformers' Trainer.get_decay_parameter_names (and nn.LayerNorm weights), plus the DDCL temperature
-NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)",
-                     r"prototype_bank\.rho$"]
+NO_DECAY_PATTERNS = [
+    r"bias",
+    r"layernorm",
+    r"rmsnorm",
+    r"(?:^|\.)norm(?:$|\.)",
+    r"_norm(?:$|\.)",
+    r"prototype_bank\.rho$",
+]
 GROUP_PATTERNS = {
     "prototypes": re.compile(r"prototype_bank\.prototypes$"),
     "hc_chart": re.compile(r"(?:^|\.)res_bias$"),
@@ -59,10 +65,12 @@ def parameter_groups(
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
     check_number("learning_rate", learning_rate, 0.0)
     check_number("weight_decay", weight_decay, 0.0)
-    multipliers = {"prototypes": ("prototype_lr_multiplier", prototype_lr_multiplier),
-                   "hc_chart": ("chart_lr_multiplier", chart_lr_multiplier),
-                   "hc_gates": ("gate_lr_multiplier", gate_lr_multiplier),
-                   "hc_mix": ("mix_lr_multiplier", mix_lr_multiplier)}
+    multipliers = {
+        "prototypes": ("prototype_lr_multiplier", prototype_lr_multiplier),
+        "hc_chart": ("chart_lr_multiplier", chart_lr_multiplier),
+        "hc_gates": ("gate_lr_multiplier", gate_lr_multiplier),
+        "hc_mix": ("mix_lr_multiplier", mix_lr_multiplier),
+    }
     groups = {
         "decay": {"group_name": "decay", "params": [], "lr": learning_rate, "weight_decay": weight_decay},
         "no_decay": {"group_name": "no_decay", "params": [], "lr": learning_rate, "weight_decay": 0.0},

@@ -35,7 +35,7 @@ def _heads_in_state_dict(model: DDCLIncrtPreTrainedModel, state_dict, prefix: st
     for layer in model.base_model.layers:
         heads = layer.attention.heads
         path = f"{prefix}{names[id(heads)]}."
-        indices = {int(key[len(path):].split(".", 1)[0]) for key in state_dict if key.startswith(path)}
+        indices = {int(key[len(path) :].split(".", 1)[0]) for key in state_dict if key.startswith(path)}
         counts.append(max(indices) + 1 if indices else len(heads))
     return counts
 
@@ -48,8 +48,9 @@ def _resize_to_state_dict(model, state_dict, prefix, *args) -> None:
         model.resize_heads(counts)
 
 
-def follow_saved_head_counts(model: DDCLIncrtPreTrainedModel,
-                             optimizer: torch.optim.Optimizer | None = None) -> None:
+def follow_saved_head_counts(
+    model: DDCLIncrtPreTrainedModel, optimizer: torch.optim.Optimizer | None = None
+) -> None:
     """Let the stock `Trainer.train(resume_from_checkpoint=...)` resume a run that grew heads: the Trainer
     loads the checkpoint's weights with `model.load_state_dict` (before any callback event), then the
     optimizer state with `optimizer.load_state_dict`. The model is made to resize its heads to the weights it
@@ -71,8 +72,9 @@ def follow_saved_head_counts(model: DDCLIncrtPreTrainedModel,
         _FOLLOWING.add(optimizer)
 
 
-def resume_growth_training(trainer: Trainer, checkpoint: str | os.PathLike | None = None,
-                           **train_kwargs) -> TrainOutput:
+def resume_growth_training(
+    trainer: Trainer, checkpoint: str | os.PathLike | None = None, **train_kwargs
+) -> TrainOutput:
     """`trainer.train(resume_from_checkpoint=checkpoint)` on a checked complete checkpoint, in one call.
 
     `checkpoint` defaults to `latest_complete_checkpoint(trainer.args.output_dir)` (the stock

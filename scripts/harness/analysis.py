@@ -31,10 +31,19 @@ def head_count_law(history: dict) -> list[dict]:
         events = [event for event in history["events"] if event["layer"] == layer]
         grown = [event["lambda_max"] for event in events if event["action"] == "grow"]
         stops = [event["lambda_max"] for event in events if event["action"] in ("stop", "full")]
-        record = {"layer": layer, "observed_heads": observed,
-                  "initial_heads": history["initial_num_heads"][layer], "grow_lambdas": grown,
-                  "gamma_res0": None, "theta_w": None, "lambda_end": None, "rho": None, "kappa_T": None,
-                  "predicted_heads": None, "ratio": None}
+        record = {
+            "layer": layer,
+            "observed_heads": observed,
+            "initial_heads": history["initial_num_heads"][layer],
+            "grow_lambdas": grown,
+            "gamma_res0": None,
+            "theta_w": None,
+            "lambda_end": None,
+            "rho": None,
+            "kappa_T": None,
+            "predicted_heads": None,
+            "ratio": None,
+        }
         layers.append(record)
         if not checks:
             continue
@@ -59,8 +68,9 @@ def theta_at_growth_start(history: dict, model: DDCLIncrtPreTrainedModel) -> lis
     return [float(layer.attention.gate.theta_w) for layer in model.base_model.layers]
 
 
-def spectrum_head_count_law(spectra: list[list[float]], theta_w: list[float],
-                            observed_heads: list[int]) -> list[dict]:
+def spectrum_head_count_law(
+    spectra: list[list[float]], theta_w: list[float], observed_heads: list[int]
+) -> list[dict]:
     """INCRT head-count law on one exact spectrum per layer (e.g. `gate_spectrum` when growth starts): the
     captured spectrum is the eigenvalues above theta_w, lambda_1 >= ... >= lambda_m (m = the heads a gate
     acting on this one spectrum would grow), Gamma_res^(0) = lambda_1, kappa_T = lambda_1 / lambda_m (the
@@ -73,9 +83,16 @@ def spectrum_head_count_law(spectra: list[list[float]], theta_w: list[float],
     rows = zip(spectra, theta_w, observed_heads, strict=True)
     for layer, (eigenvalues, theta, observed) in enumerate(rows):
         captured = [value for value in eigenvalues if value > theta]
-        record = {"layer": layer, "observed_heads": observed, "theta_w": theta,
-                  "captured_eigenvalues": captured, "gamma_res0": captured[0] if captured else None,
-                  "kappa_T": None, "predicted_heads": 0.0, "ratio": 0.0}
+        record = {
+            "layer": layer,
+            "observed_heads": observed,
+            "theta_w": theta,
+            "captured_eigenvalues": captured,
+            "gamma_res0": captured[0] if captured else None,
+            "kappa_T": None,
+            "predicted_heads": 0.0,
+            "ratio": 0.0,
+        }
         if captured and theta > 0:
             record["kappa_T"] = captured[0] / captured[-1]
             record["predicted_heads"] = record["kappa_T"] ** 2 * math.log(captured[0] / theta)
@@ -89,12 +106,21 @@ def grow_order(history: dict) -> list[dict]:
     decreasing eigenvalue order); `decreasing_pairs` counts consecutive pairs with lambda_{i+1} < lambda_i."""
     layers = []
     for layer in range(len(history["num_heads"])):
-        lambdas = [event["lambda_max"] for event in history["events"]
-                   if event["layer"] == layer and event["action"] == "grow"]
+        lambdas = [
+            event["lambda_max"]
+            for event in history["events"]
+            if event["layer"] == layer and event["action"] == "grow"
+        ]
         pairs = list(zip(lambdas, lambdas[1:], strict=False))
-        layers.append({"layer": layer, "grow_lambdas": lambdas, "pairs": len(pairs),
-                       "decreasing_pairs": sum(later < earlier for earlier, later in pairs),
-                       "decreasing": all(later < earlier for earlier, later in pairs)})
+        layers.append(
+            {
+                "layer": layer,
+                "grow_lambdas": lambdas,
+                "pairs": len(pairs),
+                "decreasing_pairs": sum(later < earlier for earlier, later in pairs),
+                "decreasing": all(later < earlier for earlier, later in pairs),
+            }
+        )
     return layers
 
 
@@ -104,10 +130,15 @@ def stop_summary(history: dict) -> list[dict]:
     layers = []
     for layer in range(len(history["num_heads"])):
         ends = [e for e in history["events"] if e["layer"] == layer and e["action"] in ("stop", "full")]
-        layers.append({"layer": layer, "verdict": ends[0]["action"] if ends else None,
-                       "step": ends[0]["step"] if ends else None,
-                       "lambda_max": ends[0]["lambda_max"] if ends else None,
-                       "theta_w": ends[0]["theta_w"] if ends else None})
+        layers.append(
+            {
+                "layer": layer,
+                "verdict": ends[0]["action"] if ends else None,
+                "step": ends[0]["step"] if ends else None,
+                "lambda_max": ends[0]["lambda_max"] if ends else None,
+                "theta_w": ends[0]["theta_w"] if ends else None,
+            }
+        )
     return layers
 
 
@@ -116,7 +147,13 @@ def temperature_split(temperatures: list[list[float]], tau_min: float, tau_init:
     (tau - tau_min < (tau_init - tau_min) / 2: sharp, near-hard assignment), "global" otherwise
     (docs/ddcl_incrt.md, 'Temperatures')."""
     midpoint = tau_min + (tau_init - tau_min) / 2
-    return [{"layer": layer, "temperatures": taus,
-             "local_heads": [h for h, tau in enumerate(taus) if tau < midpoint],
-             "global_heads": [h for h, tau in enumerate(taus) if tau >= midpoint], "threshold": midpoint}
-            for layer, taus in enumerate(temperatures)]
+    return [
+        {
+            "layer": layer,
+            "temperatures": taus,
+            "local_heads": [h for h, tau in enumerate(taus) if tau < midpoint],
+            "global_heads": [h for h, tau in enumerate(taus) if tau >= midpoint],
+            "threshold": midpoint,
+        }
+        for layer, taus in enumerate(temperatures)
+    ]

@@ -100,8 +100,13 @@ def make_trainer(model, train_ids, args, device):
     `args.bf16` under bfloat16 autocast. The closure carries its `optimizer`, `schedule` and batch `generator`
     as attributes, so a run can branch from it (`upcycle_llama.py`)."""
     optimizer, schedule = make_optimizer(
-        model, args.learning_rate, args.weight_decay, args.beta2, args.warmup_steps, args.max_steps,
-        args.min_lr_ratio
+        model,
+        args.learning_rate,
+        args.weight_decay,
+        args.beta2,
+        args.warmup_steps,
+        args.max_steps,
+        args.min_lr_ratio,
     )
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
@@ -159,8 +164,9 @@ def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) 
 
 def add_training_arguments(parser: argparse.ArgumentParser, max_steps: int) -> None:
     """The loop's flags; names as in `TrainingArguments` where it has the same setting."""
-    parser.add_argument("--data", default=None,
-                        help="local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare")
+    parser.add_argument(
+        "--data", default=None, help="local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"
+    )
     parser.add_argument("--max_steps", type=int, default=max_steps)
     parser.add_argument("--batch_size", type=int, default=12)
     parser.add_argument("--block_size", type=int, default=64)

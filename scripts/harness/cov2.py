@@ -27,8 +27,9 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
     task.add_argument("--kmer_size", type=int, default=6)
     task.add_argument("--kmer_stride", type=int, default=None, help="default kmer_size (non-overlapping)")
     task.add_argument("--data_seed", type=int, default=0)
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "cov2"),
-                        help="results/cov2: the committed run")
+    parser.add_argument(
+        "--output_dir", default=str(REPO_ROOT / "outputs" / "cov2"), help="results/cov2: the committed run"
+    )
     add_experiment_arguments(parser)
     parser.set_defaults(max_steps=300, pre_growth_steps=100, eval_steps=100, probe_every=50)
     args = parser.parse_args(argv)
@@ -40,9 +41,15 @@ def build_task(args: argparse.Namespace):
     """The flags' task (k-mer ids, no raw sequences) -> (task, k-mer vocabulary size, tokens per row)."""
     task = build_cov2_variant_task(
         num_train_per_lineage=args.num_train_per_lineage,
-        num_validation_per_lineage=args.num_validation_per_lineage, genome_length=args.genome_length,
-        private_mutations=args.private_mutations, background_rate=args.background_rate,
-        error_rate=args.error_rate, n_rate=args.n_rate, fragment_length=args.fragment_length,
-        kmer_size=args.kmer_size, kmer_stride=args.kmer_stride, seed=args.data_seed,
+        num_validation_per_lineage=args.num_validation_per_lineage,
+        genome_length=args.genome_length,
+        private_mutations=args.private_mutations,
+        background_rate=args.background_rate,
+        error_rate=args.error_rate,
+        n_rate=args.n_rate,
+        fragment_length=args.fragment_length,
+        kmer_size=args.kmer_size,
+        kmer_stride=args.kmer_stride,
+        seed=args.data_seed,
     ).remove_columns("sequence")
     return task, len(build_kmer_tokenizer(args.kmer_size)), len(task["train"][0]["input_ids"])

@@ -28,20 +28,36 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--pooling", choices=("cls", "mean"), default="mean")
     model.add_argument("--dropout", type=float, default=0.0, help="hidden and classifier dropout")
     growth = parser.add_argument_group("growth (INCRT gate)")
-    growth.add_argument("--pre_growth_steps", type=int, default=200,
-                        help="steps the initial heads train before theta_w is calibrated and growth starts")
-    growth.add_argument("--check_every", type=int, default=1,
-                        help="optimizer steps between gate checks (1: every growth decision is taken on "
-                             "nearly the same spectrum; training between checks inflates lambda_max)")
+    growth.add_argument(
+        "--pre_growth_steps",
+        type=int,
+        default=200,
+        help="steps the initial heads train before theta_w is calibrated and growth starts",
+    )
+    growth.add_argument(
+        "--check_every",
+        type=int,
+        default=1,
+        help="optimizer steps between gate checks (1: every growth decision is taken on "
+        "nearly the same spectrum; training between checks inflates lambda_max)",
+    )
     growth.add_argument("--gate_batch_size", type=int, default=64, help="training rows per gate check")
     growth.add_argument("--gate_num_tokens", type=int, default=512, help="tokens per gate check")
-    growth.add_argument("--gate_threshold", choices=GATE_THRESHOLDS, default=None,
-                        help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once on "
-                             "the first checks and then fixed (calibrated, the author's rule); default: the "
-                             "config's (relative)")
-    growth.add_argument("--gate_rule", choices=GATE_RULES, default=None,
-                        help="grow on lambda_max > theta_w (max_only) or the author's bidirectional rule "
-                             "(docs/growth_gate.md); default: the config's")
+    growth.add_argument(
+        "--gate_threshold",
+        choices=GATE_THRESHOLDS,
+        default=None,
+        help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once on "
+        "the first checks and then fixed (calibrated, the author's rule); default: the "
+        "config's (relative)",
+    )
+    growth.add_argument(
+        "--gate_rule",
+        choices=GATE_RULES,
+        default=None,
+        help="grow on lambda_max > theta_w (max_only) or the author's bidirectional rule "
+        "(docs/growth_gate.md); default: the config's",
+    )
     growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
     growth.add_argument("--gate_prune_factor", type=float, default=0.0, help="phi_g / theta_w; 0: no pruning")
     growth.add_argument("--gate_prune_patience", type=int, default=3)
@@ -52,14 +68,21 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--prototype_lr_multiplier", type=float, default=10.0)
     training.add_argument("--weight_decay", type=float, default=0.01)
     training.add_argument("--warmup_steps", type=int, default=20, help="linear warm-up of the learning rate")
-    training.add_argument("--lr_scheduler_type", default="linear",
-                          help="schedule of the growth phase (the pre-growth phase is warm-up + constant)")
+    training.add_argument(
+        "--lr_scheduler_type",
+        default="linear",
+        help="schedule of the growth phase (the pre-growth phase is warm-up + constant)",
+    )
     training.add_argument("--eval_steps", type=int, default=250, help="steps between evaluations")
     training.add_argument("--probe_every", type=int, default=25, help="steps between prototype probes")
     training.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
     add_threads_argument(training)
-    training.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                          help="show the Trainer's progress bar (--no-progress: none)")
+    training.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show the Trainer's progress bar (--no-progress: none)",
+    )
 
 
 def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -86,23 +109,46 @@ def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.N
 
 def gate_choices(args: argparse.Namespace) -> dict:
     """`--gate_threshold` / `--gate_rule` as config fields, only where given (else the config's defaults)."""
-    return {name: getattr(args, name) for name in ("gate_threshold", "gate_rule")
-            if getattr(args, name, None) is not None}
+    return {
+        name: getattr(args, name)
+        for name in ("gate_threshold", "gate_rule")
+        if getattr(args, name, None) is not None
+    }
 
 
-def build_model(args: argparse.Namespace, *, vocab_size: int, max_position_embeddings: int,
-                num_labels: int, pad_token_id: int = 0) -> DDCLIncrtForSequenceClassification:
+def build_model(
+    args: argparse.Namespace,
+    *,
+    vocab_size: int,
+    max_position_embeddings: int,
+    num_labels: int,
+    pad_token_id: int = 0,
+) -> DDCLIncrtForSequenceClassification:
     """DDCL-INCRT classifier from the flags of `add_experiment_arguments`, initialised from `args.seed`."""
     config = DDCLIncrtConfig(
-        vocab_size=vocab_size, hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
-        num_heads=args.initial_heads, head_dim=args.head_dim, max_heads=args.max_heads,
-        num_prototypes=args.num_prototypes, tau_init=args.tau_init, tau_min=args.tau_min,
-        prototype_loss_weight=args.prototype_loss_weight, pooling=args.pooling,
-        hidden_dropout_prob=args.dropout, classifier_dropout=args.dropout, type_vocab_size=0,
-        max_position_embeddings=max_position_embeddings, num_labels=num_labels, pad_token_id=pad_token_id,
-        gate_num_tokens=args.gate_num_tokens, gate_calibration_factor=args.gate_calibration_factor,
-        gate_prune_factor=args.gate_prune_factor, gate_prune_patience=args.gate_prune_patience,
-        gate_check_every=args.check_every, **gate_choices(args),
+        vocab_size=vocab_size,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_hidden_layers,
+        num_heads=args.initial_heads,
+        head_dim=args.head_dim,
+        max_heads=args.max_heads,
+        num_prototypes=args.num_prototypes,
+        tau_init=args.tau_init,
+        tau_min=args.tau_min,
+        prototype_loss_weight=args.prototype_loss_weight,
+        pooling=args.pooling,
+        hidden_dropout_prob=args.dropout,
+        classifier_dropout=args.dropout,
+        type_vocab_size=0,
+        max_position_embeddings=max_position_embeddings,
+        num_labels=num_labels,
+        pad_token_id=pad_token_id,
+        gate_num_tokens=args.gate_num_tokens,
+        gate_calibration_factor=args.gate_calibration_factor,
+        gate_prune_factor=args.gate_prune_factor,
+        gate_prune_patience=args.gate_prune_patience,
+        gate_check_every=args.check_every,
+        **gate_choices(args),
     )
     set_seed(args.seed)
     return DDCLIncrtForSequenceClassification(config)

@@ -15,11 +15,15 @@ def describe_event(event: dict) -> str:
     if event["action"] == "calibrated":
         return f"{text}: theta_w = {event['theta_w']:.4g}"
     if event["action"] == "prune":
-        return (f"{text} head {event['head']} -> heads {event['num_heads']} (directional energy "
-                f"{event['energy']:.4g} below phi_g for gate_prune_patience checks)")
+        return (
+            f"{text} head {event['head']} -> heads {event['num_heads']} (directional energy "
+            f"{event['energy']:.4g} below phi_g for gate_prune_patience checks)"
+        )
     relation = ">" if event["lambda_max"] > event["theta_w"] else "<="
-    return (f"{text} -> heads {event['num_heads']} (lambda_max {event['lambda_max']:.4g} {relation} theta_w "
-            f"{event['theta_w']:.4g})")
+    return (
+        f"{text} -> heads {event['num_heads']} (lambda_max {event['lambda_max']:.4g} {relation} theta_w "
+        f"{event['theta_w']:.4g})"
+    )
 
 
 class GrowthEventPrinter(TrainerCallback):
@@ -34,7 +38,7 @@ class GrowthEventPrinter(TrainerCallback):
 
     def _print_new(self) -> None:
         events = self.growth.history["events"] if self.growth is not None and self.growth.history else []
-        for event in events[self.printed:]:
+        for event in events[self.printed :]:
             tqdm.write("INCRT " + describe_event({**event, "step": event["step"] + self.step_offset}))
         self.printed = len(events)
 
@@ -46,8 +50,10 @@ class GrowthEventPrinter(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if metrics and "eval_accuracy" in metrics:
-            tqdm.write(f"step {state.global_step + self.step_offset}: validation accuracy "
-                       f"{metrics['eval_accuracy']:.4f}")
+            tqdm.write(
+                f"step {state.global_step + self.step_offset}: validation accuracy "
+                f"{metrics['eval_accuracy']:.4f}"
+            )
 
 
 class ProgressBarOnly(ProgressCallback):

@@ -21,8 +21,9 @@ def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool =
     spectra = []
     for layer, moment in zip(model.base_model.layers, moments, strict=True):
         attention = layer.attention
-        directional = directional_matrix(attention.stacked("q_proj").detach().double(),
-                                         attention.stacked("k_proj").detach().double())
+        directional = directional_matrix(
+            attention.stacked("q_proj").detach().double(), attention.stacked("k_proj").detach().double()
+        )
         matrix = interaction_matrix(moment.double(), directional)
         if deflated:
             matrix = deflate(matrix, attention.gate.active_basis().double())
@@ -34,11 +35,15 @@ def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool =
 def head_energies(model: DDCLIncrtPreTrainedModel, inputs: dict) -> list[list[float]]:
     """Per layer and head, the INCRT prune criterion ||C M_a^h||_F (docs/ddcl_incrt.md, 'The spectral gate')
     on the tokens of `inputs` (on the model's device)."""
-    moments = model.gate_second_moments(input_ids=inputs["input_ids"],
-                                        attention_mask=inputs.get("attention_mask"))
-    return [head_directional_energy(moment, layer.attention.stacked("q_proj").float(),
-                                    layer.attention.stacked("k_proj").float()).tolist()
-            for layer, moment in zip(model.base_model.layers, moments, strict=True)]
+    moments = model.gate_second_moments(
+        input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")
+    )
+    return [
+        head_directional_energy(
+            moment, layer.attention.stacked("q_proj").float(), layer.attention.stacked("k_proj").float()
+        ).tolist()
+        for layer, moment in zip(model.base_model.layers, moments, strict=True)
+    ]
 
 
 class PrototypeProbe(TrainerCallback):
@@ -67,8 +72,12 @@ class PrototypeProbe(TrainerCallback):
             model.train(was_training)
         accuracy = (outputs.logits.argmax(-1) == inputs["labels"]).float().mean()
         record = {
-            "step": step, "num_heads": list(model.config.num_heads), "accuracy": float(accuracy),
-            "loss": float(outputs.loss), "l_q": float(outputs.l_q), "l_ols": float(outputs.l_ols),
+            "step": step,
+            "num_heads": list(model.config.num_heads),
+            "accuracy": float(accuracy),
+            "loss": float(outputs.loss),
+            "l_q": float(outputs.l_q),
+            "l_ols": float(outputs.l_ols),
             "prototype_variance": float(outputs.prototype_variance),
             "temperatures": [t.tolist() for t in outputs.temperatures],
             "min_prototype_distance": [d.tolist() for d in outputs.min_prototype_distance],

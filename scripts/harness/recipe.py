@@ -60,18 +60,38 @@ class GrowthRun:
     trainer: Trainer | None = None  # the last phase's, e.g. for a final `trainer.evaluate()`
 
 
-def training_arguments(args: argparse.Namespace, output_dir: str | os.PathLike, *, max_steps: int,
-                       scheduler: str, warmup_steps: int, data_seed: int, sampling: str,
-                       evaluate: bool) -> TrainingArguments:
+def training_arguments(
+    args: argparse.Namespace,
+    output_dir: str | os.PathLike,
+    *,
+    max_steps: int,
+    scheduler: str,
+    warmup_steps: int,
+    data_seed: int,
+    sampling: str,
+    evaluate: bool,
+) -> TrainingArguments:
     """TrainingArguments of one phase: CPU, no checkpoints, no reporting; optional evaluations."""
     return TrainingArguments(
-        output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=max(256, args.batch_size), learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
-        logging_steps=min(args.eval_steps, max_steps), eval_strategy="steps" if evaluate else "no",
-        eval_steps=args.eval_steps if evaluate else None, save_strategy="no", report_to="none",
-        disable_tqdm=not args.progress, seed=args.seed, data_seed=data_seed, use_cpu=True,
-        train_sampling_strategy=sampling, dataloader_num_workers=0,
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=max(256, args.batch_size),
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        lr_scheduler_type=scheduler,
+        warmup_steps=warmup_steps,
+        logging_steps=min(args.eval_steps, max_steps),
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=args.eval_steps if evaluate else None,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=not args.progress,
+        seed=args.seed,
+        data_seed=data_seed,
+        use_cpu=True,
+        train_sampling_strategy=sampling,
+        dataloader_num_workers=0,
     )
 
 
@@ -103,8 +123,9 @@ class _GrowthStart(TrainerCallback):
     """At optimizer step `step` of a run that warms up and grows (growth starts there): `on_window(step, end)`
     and a `probe` record, as at the start of a separate growth phase."""
 
-    def __init__(self, step: int, end: int, on_window: Callable[[int, int], None] | None,
-                 probe: PrototypeProbe | None):
+    def __init__(
+        self, step: int, end: int, on_window: Callable[[int, int], None] | None, probe: PrototypeProbe | None
+    ):
         self.step, self.end, self.on_window, self.probe = step, end, on_window, probe
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -153,9 +174,11 @@ def run_growth_training(
     """
     continuous = gate_window_steps is not None
     if continuous and (window_steps is not None or not sequential or gate_window_steps < 1):
-        raise ValueError("`gate_window_steps` must be >= 1 and needs `sequential=True` and no "
-                         f"`window_steps`, got gate_window_steps={gate_window_steps}, "
-                         f"window_steps={window_steps}, sequential={sequential}")
+        raise ValueError(
+            "`gate_window_steps` must be >= 1 and needs `sequential=True` and no "
+            f"`window_steps`, got gate_window_steps={gate_window_steps}, "
+            f"window_steps={window_steps}, sequential={sequential}"
+        )
     output_dir = Path(output_dir)
     optimizer = None  # one for all phases, built from the first phase's arguments
     compute_metrics = classification_metrics() if eval_dataset is not None else None
@@ -163,8 +186,10 @@ def run_growth_training(
         phases = [(0, args.max_steps)]
     else:
         phases = [(0, args.pre_growth_steps)] if args.pre_growth_steps else []
-        phases += [(start, min(start + window_steps, args.max_steps))
-                   for start in range(args.pre_growth_steps, args.max_steps, window_steps)]
+        phases += [
+            (start, min(start + window_steps, args.max_steps))
+            for start in range(args.pre_growth_steps, args.max_steps, window_steps)
+        ]
     run = GrowthRun(model=model, history={})
     merged, window_stops = None, []
     started = time.perf_counter()
@@ -178,22 +203,33 @@ def run_growth_training(
         last = index == len(phases) - 1
         scheduler = args.lr_scheduler_type if window_steps is None else "constant_with_warmup"
         phase_args = training_arguments(
-            args, output_dir, max_steps=end - start, scheduler=scheduler,
-            warmup_steps=args.warmup_steps if index == 0 else 0, data_seed=args.seed + index,
-            sampling="sequential" if sequential else sampling, evaluate=eval_dataset is not None and last,
+            args,
+            output_dir,
+            max_steps=end - start,
+            scheduler=scheduler,
+            warmup_steps=args.warmup_steps if index == 0 else 0,
+            data_seed=args.seed + index,
+            sampling="sequential" if sequential else sampling,
+            evaluate=eval_dataset is not None and last,
         )
         if optimizer is None:
-            optimizer = make_optimizer(model, phase_args,
-                                       prototype_lr_multiplier=args.prototype_lr_multiplier)
+            optimizer = make_optimizer(
+                model, phase_args, prototype_lr_multiplier=args.prototype_lr_multiplier
+            )
         callbacks: list[TrainerCallback] = []
         callback = None
         if growing and growth:
             gate_rows = None
             if continuous:
                 gate_rows = partial(recent_stream_rows, gate_window_steps, args.batch_size)
-            callback = IncrtGrowthCallback(check_every=args.check_every, gate_batch_size=args.gate_batch_size,
-                                           save_plot=False, regrow=continuous, gate_rows=gate_rows,
-                                           start_step=max(args.pre_growth_steps - start, 0))
+            callback = IncrtGrowthCallback(
+                check_every=args.check_every,
+                gate_batch_size=args.gate_batch_size,
+                save_plot=False,
+                regrow=continuous,
+                gate_rows=gate_rows,
+                start_step=max(args.pre_growth_steps - start, 0),
+            )
             callbacks.append(callback)
         if print_events:
             callbacks.append(GrowthEventPrinter(callback, step_offset=start))
@@ -203,9 +239,13 @@ def run_growth_training(
         if start < args.pre_growth_steps < end:  # one Trainer warms up, then grows
             callbacks.append(_GrowthStart(args.pre_growth_steps, end, on_window, probe))
         trainer = (trainer_class or Trainer)(
-            model=model, args=phase_args, train_dataset=rows,
+            model=model,
+            args=phase_args,
+            train_dataset=rows,
             eval_dataset=eval_dataset if phase_args.eval_strategy != "no" else None,
-            compute_metrics=compute_metrics, optimizers=(optimizer, None), callbacks=callbacks,
+            compute_metrics=compute_metrics,
+            optimizers=(optimizer, None),
+            callbacks=callbacks,
             **(trainer_kwargs or {}),
         )
         trainer.remove_callback(PrinterCallback)
@@ -221,8 +261,11 @@ def run_growth_training(
             merged = _merge_window_history(merged, window_history)
     run.train_time_s = time.perf_counter() - started
     run.trainer = trainer
-    run.evaluations = [{"step": entry["step"], "accuracy": entry["eval_accuracy"]}
-                       for entry in run.log_history if "eval_accuracy" in entry]
+    run.evaluations = [
+        {"step": entry["step"], "accuracy": entry["eval_accuracy"]}
+        for entry in run.log_history
+        if "eval_accuracy" in entry
+    ]
     if not growth:
         run.history = None
         return run

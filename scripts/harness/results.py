@@ -37,9 +37,14 @@ def default_bert_path() -> str:
 
 
 def environment() -> dict:
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.machine(), "cpus": os.cpu_count()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
@@ -48,13 +53,18 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"scripts/{script}", *arguments])
 
 
-def write_results(path: str | os.PathLike, script: str, argv: list[str] | None, settings: dict,
-                  content: dict) -> dict:
+def write_results(
+    path: str | os.PathLike, script: str, argv: list[str] | None, settings: dict, content: dict
+) -> dict:
     """A script's result file: `{"command", "environment", "settings", **content}` (`settings`: the parsed
     flags, paths inside the checkout made relative to it), written atomically; prints where it went and
     returns what it wrote."""
-    record = {"command": command_line(script, argv), "environment": environment(),
-              "settings": {key: portable_path(value) for key, value in settings.items()}, **content}
+    record = {
+        "command": command_line(script, argv),
+        "environment": environment(),
+        "settings": {key: portable_path(value) for key, value in settings.items()},
+        **content,
+    }
     write_json_atomically(path, record)
     print(f"wrote {path}")
     return record
@@ -79,6 +89,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
     """A GitHub markdown table; floats with 4 significant digits, None as "-", strings as given. `align`: one
     letter per column, "l" (default) or "r" (right-aligned, for numbers)."""
+
     def cell(value) -> str:
         if isinstance(value, float):
             return f"{value:.4g}"
@@ -94,10 +105,20 @@ def markdown_table(headers: list[str], rows: list[list], align: str | None = Non
 
 def events_table(history: dict) -> str:
     """Growth events (calibration, grow, stop, full, prune) with lambda_max, theta_w and heads after."""
-    rows = [[e["step"], e["layer"], e["action"], e.get("lambda_max", e.get("energy")), e["theta_w"],
-             e["num_heads"]] for e in history["events"]]
-    return markdown_table(["step", "layer", "event", "lambda_max (prune: energy)", "theta_w", "heads after"],
-                          rows)
+    rows = [
+        [
+            e["step"],
+            e["layer"],
+            e["action"],
+            e.get("lambda_max", e.get("energy")),
+            e["theta_w"],
+            e["num_heads"],
+        ]
+        for e in history["events"]
+    ]
+    return markdown_table(
+        ["step", "layer", "event", "lambda_max (prune: energy)", "theta_w", "heads after"], rows
+    )
 
 
 def parameter_count(model: torch.nn.Module) -> int:

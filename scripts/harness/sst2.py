@@ -27,43 +27,85 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
     """`exp_sst2.py`'s flags: the shared ones (`harness.flags`) with its defaults, plus its own."""
     parser = argparse.ArgumentParser(description=description)
     add_experiment_arguments(parser)
-    parser.set_defaults(hidden_size=256, head_dim=32, prototype_loss_weight=0.01, dropout=None,
-                        check_every=10, gate_batch_size=256, gate_prune_factor=0.05, learning_rate=1e-3,
-                        batch_size=64, max_steps=-1, warmup_steps=0, eval_steps=200)
+    parser.set_defaults(
+        hidden_size=256,
+        head_dim=32,
+        prototype_loss_weight=0.01,
+        dropout=None,
+        check_every=10,
+        gate_batch_size=256,
+        gate_prune_factor=0.05,
+        learning_rate=1e-3,
+        batch_size=64,
+        max_steps=-1,
+        warmup_steps=0,
+        eval_steps=200,
+    )
     paths = parser.add_argument_group("data and outputs")
-    paths.add_argument("--data_dir", default=None,
-                       help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's "
-                            "nyu-mll/glue sst2")
-    paths.add_argument("--output_dir", default=None,
-                       help="default outputs/sst2 (outputs/sst2_bert with --bert); results/sst2: the "
-                            "committed run")
-    paths.add_argument("--max_train_samples", type=int, default=None,
-                       help="train on the first rows after a seeded shuffle")
+    paths.add_argument(
+        "--data_dir",
+        default=None,
+        help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's nyu-mll/glue sst2",
+    )
+    paths.add_argument(
+        "--output_dir",
+        default=None,
+        help="default outputs/sst2 (outputs/sst2_bert with --bert); results/sst2: the committed run",
+    )
+    paths.add_argument(
+        "--max_train_samples", type=int, default=None, help="train on the first rows after a seeded shuffle"
+    )
     paths.add_argument("--max_eval_samples", type=int, default=None, help="default: all 872 dev sentences")
     paths.add_argument("--save_model", action="store_true", help="also save the model and tokenizer")
     bert = parser.add_argument_group("BERT variant")
-    bert.add_argument("--bert", action="store_true",
-                      help="DDCL-INCRT on a pre-trained BERT's frozen embeddings")
-    bert.add_argument("--bert_path", default=None,
-                      help="BERT checkpoint folder (default: the offline MiniLM)")
-    bert.add_argument("--use_encoder_outputs", action="store_true",
-                      help="with --bert: feed its frozen encoder outputs")
+    bert.add_argument(
+        "--bert", action="store_true", help="DDCL-INCRT on a pre-trained BERT's frozen embeddings"
+    )
+    bert.add_argument(
+        "--bert_path", default=None, help="BERT checkpoint folder (default: the offline MiniLM)"
+    )
+    bert.add_argument(
+        "--use_encoder_outputs", action="store_true", help="with --bert: feed its frozen encoder outputs"
+    )
     sst2 = parser.add_argument_group("SST-2 (--dropout: default 0.5 from scratch, 0.1 with --bert)")
     sst2.add_argument("--vocab_size", type=int, default=16000, help="WordPiece vocabulary (from scratch)")
     sst2.add_argument("--max_length", type=int, default=64)
-    sst2.add_argument("--word_dropout", type=float, default=0.0,
-                      help="training only: drop each non-special token with this probability (DAN)")
-    sst2.add_argument("--no_growth", action="store_true",
-                      help="train --initial_heads heads with no callback, in a grown run's phases")
+    sst2.add_argument(
+        "--word_dropout",
+        type=float,
+        default=0.0,
+        help="training only: drop each non-special token with this probability (DAN)",
+    )
+    sst2.add_argument(
+        "--no_growth",
+        action="store_true",
+        help="train --initial_heads heads with no callback, in a grown run's phases",
+    )
     sst2.add_argument("--epochs", type=float, default=1.0, help="training length unless --max_steps > 0")
-    sst2.add_argument("--warmup_ratio", type=float, default=0.06,
-                      help="warm-up as a fraction of the steps unless --warmup_steps > 0")
-    sst2.add_argument("--sampling", choices=("group_by_length", "random"), default="group_by_length",
-                      help="Trainer's train_sampling_strategy")
-    sst2.add_argument("--ensemble_size", type=int, default=1,
-                      help="members trained with seeds K * seed + m, m < K; their mean probabilities")
-    sst2.add_argument("--member_processes", type=int, default=1,
-                      help="ensemble members trained at once, each in its own process on one thread")
+    sst2.add_argument(
+        "--warmup_ratio",
+        type=float,
+        default=0.06,
+        help="warm-up as a fraction of the steps unless --warmup_steps > 0",
+    )
+    sst2.add_argument(
+        "--sampling",
+        choices=("group_by_length", "random"),
+        default="group_by_length",
+        help="Trainer's train_sampling_strategy",
+    )
+    sst2.add_argument(
+        "--ensemble_size",
+        type=int,
+        default=1,
+        help="members trained with seeds K * seed + m, m < K; their mean probabilities",
+    )
+    sst2.add_argument(
+        "--member_processes",
+        type=int,
+        default=1,
+        help="ensemble members trained at once, each in its own process on one thread",
+    )
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)
     for name in ("max_train_samples", "max_eval_samples"):
@@ -75,8 +117,9 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
     if args.member_processes < 1:
         parser.error(f"--member_processes must be >= 1, got {args.member_processes}")
     if args.member_processes > args.ensemble_size:
-        parser.error(f"--member_processes ({args.member_processes}) must be <= --ensemble_size "
-                     f"({args.ensemble_size})")
+        parser.error(
+            f"--member_processes ({args.member_processes}) must be <= --ensemble_size ({args.ensemble_size})"
+        )
     if args.member_processes > 1 and args.threads != 1:
         parser.error(f"--member_processes > 1 runs each member on one thread; drop --threads {args.threads}")
     if not 0.0 <= args.word_dropout < 1.0:
@@ -99,8 +142,9 @@ def load_data(args: argparse.Namespace):
     if args.max_eval_samples is not None:
         dev = dev.select(range(min(args.max_eval_samples, len(dev))))
     if args.bert:
-        tokenizer = load_bert_tokenizer(args.bert_path or default_bert_path(),
-                                        model_max_length=args.max_length)
+        tokenizer = load_bert_tokenizer(
+            args.bert_path or default_bert_path(), model_max_length=args.max_length
+        )
     else:
         tokenizer = train_wordpiece(train["sentence"], args.vocab_size, model_max_length=args.max_length)
     encoded = [encode_dataset(split, tokenizer, max_length=args.max_length) for split in (train, dev)]
@@ -109,21 +153,36 @@ def load_data(args: argparse.Namespace):
 
 def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClassification:
     settings = {
-        "num_hidden_layers": args.num_hidden_layers, "num_heads": args.initial_heads,
-        "head_dim": args.head_dim, "max_heads": args.max_heads, "num_prototypes": args.num_prototypes,
-        "tau_init": args.tau_init, "tau_min": args.tau_min,
-        "prototype_loss_weight": args.prototype_loss_weight, "pooling": args.pooling,
-        "hidden_dropout_prob": args.dropout, "classifier_dropout": args.dropout,
-        "gate_calibration_factor": args.gate_calibration_factor, "gate_prune_factor": args.gate_prune_factor,
-        "gate_prune_patience": args.gate_prune_patience, "gate_num_tokens": args.gate_num_tokens,
-        "gate_check_every": args.check_every, **gate_choices(args),
+        "num_hidden_layers": args.num_hidden_layers,
+        "num_heads": args.initial_heads,
+        "head_dim": args.head_dim,
+        "max_heads": args.max_heads,
+        "num_prototypes": args.num_prototypes,
+        "tau_init": args.tau_init,
+        "tau_min": args.tau_min,
+        "prototype_loss_weight": args.prototype_loss_weight,
+        "pooling": args.pooling,
+        "hidden_dropout_prob": args.dropout,
+        "classifier_dropout": args.dropout,
+        "gate_calibration_factor": args.gate_calibration_factor,
+        "gate_prune_factor": args.gate_prune_factor,
+        "gate_prune_patience": args.gate_prune_patience,
+        "gate_num_tokens": args.gate_num_tokens,
+        "gate_check_every": args.check_every,
+        **gate_choices(args),
     }
     if args.bert:
-        return wrap_bert_embeddings(args.bert_path or default_bert_path(),
-                                    use_encoder_outputs=args.use_encoder_outputs, **settings)
-    config = DDCLIncrtConfig(vocab_size=len(tokenizer), hidden_size=args.hidden_size,
-                             max_position_embeddings=args.max_length, pad_token_id=tokenizer.pad_token_id,
-                             type_vocab_size=0, **settings)
+        return wrap_bert_embeddings(
+            args.bert_path or default_bert_path(), use_encoder_outputs=args.use_encoder_outputs, **settings
+        )
+    config = DDCLIncrtConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden_size,
+        max_position_embeddings=args.max_length,
+        pad_token_id=tokenizer.pad_token_id,
+        type_vocab_size=0,
+        **settings,
+    )
     return DDCLIncrtForSequenceClassification(config)
 
 
@@ -134,8 +193,13 @@ def gate_batch(dataset, collator, size: int, seed: int) -> dict:
     return {name: value for name, value in batch.items() if name != "labels"}
 
 
-def drop_words(input_ids: torch.Tensor, attention_mask: torch.Tensor, rate: float,
-               special_ids: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def drop_words(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rate: float,
+    special_ids: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Word dropout (DAN, Iyyer et al. 2015): every real token other than `special_ids` leaves the sentence
     with probability `rate` -> the new attention mask (dropped tokens are neither attended to nor pooled;
     [CLS]/[SEP] stay, so no row is emptied)."""
@@ -155,10 +219,15 @@ class WordDropoutTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training and self.word_dropout > 0:
-            inputs = {**inputs, "attention_mask": drop_words(inputs["input_ids"], inputs["attention_mask"],
-                                                             self.word_dropout, self.special_ids)}
-        return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                    num_items_in_batch=num_items_in_batch)
+            inputs = {
+                **inputs,
+                "attention_mask": drop_words(
+                    inputs["input_ids"], inputs["attention_mask"], self.word_dropout, self.special_ids
+                ),
+            }
+        return super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
 
 
 def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir: Path) -> dict:
@@ -174,8 +243,9 @@ def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir
     if pre >= total:
         raise ValueError(f"--pre_growth_steps ({pre}) must be < the {total} training steps")
     warmup = args.warmup_steps if args.warmup_steps > 0 else round(args.warmup_ratio * total)
-    recipe = argparse.Namespace(**{**vars(args), "max_steps": total, "pre_growth_steps": pre,
-                                   "warmup_steps": warmup})
+    recipe = argparse.Namespace(
+        **{**vars(args), "max_steps": total, "pre_growth_steps": pre, "warmup_steps": warmup}
+    )
     spectra = []
 
     def spectrum_at_growth_start(start: int, end: int) -> None:
@@ -184,17 +254,32 @@ def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir
             spectra.append(gate_spectrum(model, batch, deflated=False))
 
     run = run_growth_training(
-        model, recipe, train_rows, output_dir=output_dir, eval_dataset=dev,
-        on_window=spectrum_at_growth_start, growth=not args.no_growth, sampling=args.sampling,
+        model,
+        recipe,
+        train_rows,
+        output_dir=output_dir,
+        eval_dataset=dev,
+        on_window=spectrum_at_growth_start,
+        growth=not args.no_growth,
+        sampling=args.sampling,
         trainer_class=WordDropoutTrainer,
-        trainer_kwargs={"data_collator": collator, "word_dropout": args.word_dropout,
-                        "special_ids": collator.tokenizer.all_special_ids},
+        trainer_kwargs={
+            "data_collator": collator,
+            "word_dropout": args.word_dropout,
+            "special_ids": collator.tokenizer.all_special_ids,
+        },
     )
     evaluations = run.evaluations
     final = run.trainer.evaluate()
     if not evaluations or evaluations[-1]["step"] != total:
         evaluations.append({"step": total, "accuracy": final["eval_accuracy"]})
     theta_w = [float(layer.attention.gate.theta_w) for layer in model.base_model.layers]
-    return {"final": final, "evaluations": evaluations, "history": run.history, "steps": total,
-            "spectra_at_growth_start": spectra[0] if spectra else None, "theta_w": theta_w,
-            "train_time_s": run.train_time_s}
+    return {
+        "final": final,
+        "evaluations": evaluations,
+        "history": run.history,
+        "steps": total,
+        "spectra_at_growth_start": spectra[0] if spectra else None,
+        "theta_w": theta_w,
+        "train_time_s": run.train_time_s,
+    }

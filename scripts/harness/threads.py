@@ -12,9 +12,13 @@ DEFAULT_THREADS = 1
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                        help="torch CPU threads (default 1: fastest for small models and on a shared "
-                             "machine; 0: torch's default, one per core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help="torch CPU threads (default 1: fastest for small models and on a shared "
+        "machine; 0: torch's default, one per core)",
+    )
 
 
 def set_threads(threads: int) -> None:
