@@ -35,7 +35,7 @@ from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.atomic_save import AtomicSaveMixin
 from geoformers.modeling.hub_code import HubCodeMixin
 from geoformers.modeling.incrt import HeadGrowthMixin, IncrtGate
-from geoformers.modeling.one_element_parameters import register_one_element_parameters
+from geoformers.modeling.one_element_parameters import OneElementParametersMixin
 from geoformers.modeling.prototypes import (
     PrototypeBank,
     PrototypeOutput,
@@ -46,8 +46,6 @@ from geoformers.modeling.prototypes import (
     temperature_from_rho,
 )
 from geoformers.modeling.strict_loading import StrictLoadingMixin
-
-register_one_element_parameters(DDCLIncrtConfig.model_type, ("prototype_bank.rho",))
 
 
 @dataclass
@@ -315,7 +313,12 @@ def _integer_ids(name: str, ids) -> torch.Tensor:
 
 
 class DDCLIncrtPreTrainedModel(
-    HeadGrowthMixin, StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel
+    HeadGrowthMixin,
+    StrictLoadingMixin,
+    OneElementParametersMixin,
+    AtomicSaveMixin,
+    HubCodeMixin,
+    PreTrainedModel,
 ):
     """Weight initialisation, and the growth API (`incrt.HeadGrowthMixin`: grow_head, prune_head,
     resize_heads, gate_second_moments, gate_check) shared by the encoder and the classifier
@@ -326,6 +329,7 @@ class DDCLIncrtPreTrainedModel(
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["DDCLIncrtLayer"]
+    one_element_parameters = ("prototype_bank.rho",)
 
     def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
         config.validate()  # fields assigned after the config was constructed are checked before any module

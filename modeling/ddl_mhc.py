@@ -73,10 +73,7 @@ from geoformers.modeling.input_checks import (
     check_token_ids,
     embeds_bound,
 )
-from geoformers.modeling.one_element_parameters import (
-    register_one_element_parameters,
-    reshape_scalars_on_load,
-)
+from geoformers.modeling.one_element_parameters import OneElementParametersMixin, reshape_scalars_on_load
 from geoformers.modeling.ops.charts import birkhoff, num_logits
 from geoformers.modeling.ops.stream_read import map_terms, read_streams, stream_maps_read, upcast
 from geoformers.modeling.ops.stream_write import delta_write, mix_and_write
@@ -84,7 +81,6 @@ from geoformers.modeling.strict_loading import StrictLoadingMixin
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
 ONE_ELEMENT_PARAMETERS = ("res_mix_logit", "pre_gate", "res_gate", "write_gate")  # stored 0-d before
-register_one_element_parameters(DDLmHCConfig.model_type, ONE_ELEMENT_PARAMETERS)
 
 
 class DDLmHCRMSNorm(LlamaRMSNorm):
@@ -396,11 +392,14 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
         return streams
 
 
-class DDLmHCPreTrainedModel(StrictLoadingMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel):
+class DDLmHCPreTrainedModel(
+    StrictLoadingMixin, OneElementParametersMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel
+):
     config: DDLmHCConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["DDLmHCDecoderLayer"]
+    one_element_parameters = ONE_ELEMENT_PARAMETERS
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
