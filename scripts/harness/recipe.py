@@ -20,7 +20,9 @@ batches from the window's rows only (a time-ordered stream must not show the gat
 again after a stop (the gate re-armed every window; the windows are fixed in time). One optimizer
 (`make_optimizer`) serves every `Trainer`, so Adam moments carry over.
 
-Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included.
+Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included. Evaluations
+(`eval_dataset`) run every `eval_steps` in the last `Trainer`: the whole run, pre-growth included, when there
+is one; the last window with `window_steps` (docs/experiments.md, 'Shared recipe').
 """
 
 from __future__ import annotations

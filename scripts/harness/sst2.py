@@ -222,10 +222,10 @@ class WordDropoutTrainer(Trainer):
 def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir: Path) -> dict:
     """The shared growth recipe (`harness.recipe.run_growth_training`) over `--num_train_epochs` (or
     `--max_steps`) with `--warmup_steps` (else `--warmup_ratio`) warm-up, word dropout and evaluations every
-    `--eval_steps` in the growth phase. `--no_growth` keeps the phases (learning-rate schedule, data orders)
-    and drops the callback, so a static model differs from a grown one by its heads only. Returns the final
-    evaluation, evaluations on global steps, the history on global steps (None with `--no_growth`), the exact
-    A_sym spectra and theta_w when growth starts, and the training time."""
+    `--eval_steps` over the whole run (pre-growth included). `--no_growth` keeps the phases (learning-rate
+    schedule, data orders) and drops the callback, so a static model differs from a grown one by its heads
+    only. Returns the final evaluation, evaluations on global steps, the history on global steps (None with
+    `--no_growth`), the exact A_sym spectra and theta_w when growth starts, and the training time."""
     steps_per_epoch = math.ceil(len(train_rows) / args.per_device_train_batch_size)
     total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
     pre = args.pre_growth_steps
