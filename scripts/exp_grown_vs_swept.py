@@ -109,7 +109,7 @@ def prepare(task: str, extra: list[str]):
 
         return train
     if task == "planted":
-        args = synthetic.parse_args(["--no-ablation", *extra])
+        args = synthetic.parse_args(["--no_ablation", *extra])
         data = build_spectral_task(
             args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.task_seed
         )
