@@ -9,7 +9,7 @@ batch 12).
     python scripts/bench_causal_lm.py --max_steps 200        # the variant table
     python scripts/bench_causal_lm.py --profile              # where an n=4 step's time goes, widths 128 / 512
     python scripts/bench_causal_lm.py --sweep                # widths 128/256/512, n=1/4 and the peer mHC
-    python scripts/bench_causal_lm.py --sweep --compile      # the same through torch.compile (+ static cache)
+    python scripts/bench_causal_lm.py --sweep --torch_compile  # the same, torch.compile (+ static cache)
     python scripts/bench_causal_lm.py --equal_time --seeds 0 1 2   # the wall time of Llama's 2,000 steps
     python scripts/bench_causal_lm.py --device cuda --bf16 --sweep --widths 768 --layers 12   # GPU
 
@@ -19,7 +19,6 @@ CUDA's peak allocated; on CPU parameters + gradients + AdamW state + the tensors
 step (counted once per storage).
 """
 
-import argparse
 import copy
 import json
 import statistics
@@ -39,12 +38,12 @@ from harness.causal_lm import (
     SMALL_CPU_SHAPE,
     SWEEP_VARIANTS,
     VARIANTS,
-    add_training_arguments,
     build_model,
     estimate_loss,
     get_batch,
     interleaved_step_seconds,
     load_corpus,
+    loop_parser,
     make_trainer,
     shape_for,
     train_round_robin,
@@ -105,7 +104,7 @@ def measure(
 ) -> list[dict]:
     """Train `names` round robin for args.max_steps at `shape`, then decode round robin; one row per model."""
     generator = torch.Generator().manual_seed(0)
-    probe = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
+    probe = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, generator).to(device)
     max_positions = max(args.block_size, args.gen_tokens + 1)  # RoPE: no weights depend on it
     models, trainers, memory = {}, {}, {}
     for name in names:
@@ -122,14 +121,19 @@ def measure(
     for _ in range(args.gen_reps):
         for name in can_decode:
             seconds = generation_seconds(
-                models[name], tokenizer, args.gen_tokens, device, static=args.compile, compiled=args.compile
+                models[name],
+                tokenizer,
+                args.gen_tokens,
+                device,
+                static=args.torch_compile,
+                compiled=args.torch_compile,
             )
             generation[name].append(seconds)
     rows = []
-    tokens_per_step = args.batch_size * args.block_size
+    tokens_per_step = args.per_device_train_batch_size * args.block_size
     timed = run["seconds"]
     for name, model in models.items():
-        steady = timed[name][1:] if args.compile else timed[name]  # the first compiled step compiles
+        steady = timed[name][1:] if args.torch_compile else timed[name]  # the first compiled step compiles
         row = {
             "model": name,
             "config": VARIANTS.get(name),
@@ -142,7 +146,13 @@ def measure(
             ),
             "peak_memory_bytes": memory[name],
             "val_loss": estimate_loss(
-                model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device
+                model,
+                val_ids,
+                args.per_device_train_batch_size,
+                args.block_size,
+                args.eval_batches,
+                0,
+                device,
             ),
             "train_seconds": sum(timed[name]),
             "first_step_seconds": timed[name][0],
@@ -224,7 +234,13 @@ def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
         results = {}
         for name, model in models.items():
             loss = estimate_loss(
-                model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device
+                model,
+                val_ids,
+                args.per_device_train_batch_size,
+                args.block_size,
+                args.eval_batches,
+                0,
+                device,
             )
             results[name] = {
                 "steps": steps[name],
@@ -295,7 +311,10 @@ def run_profile(args, device) -> dict:
         shape = shape_for(width, SMALL_CPU_SHAPE["num_hidden_layers"])
         fields = dict(shape, vocab_size=65)
         batch = torch.randint(
-            0, 65, (args.batch_size, args.block_size), generator=torch.Generator().manual_seed(0)
+            0,
+            65,
+            (args.per_device_train_batch_size, args.block_size),
+            generator=torch.Generator().manual_seed(0),
         )
         batch = batch.to(device)
         models = {}
@@ -311,16 +330,15 @@ def run_profile(args, device) -> dict:
         profiles[width] = entries
         tables[width] = markdown_profile(entries)
         print(
-            f"\nwidth {width}, batch {args.batch_size} x block {args.block_size}\n{tables[width]}", flush=True
+            f"\nwidth {width}, batch {args.per_device_train_batch_size} x block {args.block_size}\n"
+            f"{tables[width]}",
+            flush=True,
         )
     return {"profiles": profiles, "markdown": tables}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_training_arguments(parser, max_steps=2000)
+    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "benchmarks"))
     parser.add_argument("--gen_tokens", type=int, default=200)
     parser.add_argument("--gen_reps", type=int, default=3)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
@@ -336,19 +354,14 @@ def main() -> None:
     parser.add_argument(
         "--merge", nargs="*", default=None, help="--equal_time: combine the JSON of seed runs"
     )
-    parser.add_argument(
-        "--output_dir",
-        default=str(REPO_ROOT / "outputs" / "benchmarks"),
-        help="folder of the report (benchmarks: the committed reports)",
-    )
     args = parser.parse_args()
     set_threads(args.threads)
     device = torch.device(args.device)
-    if args.compile:  # every model (train, eval and decode graphs) shares the forward's code object
+    if args.torch_compile:  # every model (train, eval and decode graphs) shares the forward's code object
         torch._dynamo.config.recompile_limit = 64
     mode = "profile" if args.profile else "sweep" if args.sweep else "equal_time" if args.equal_time else None
     suffix = f"_{mode}" if mode else ""
-    suffix += "_compiled" if args.compile and mode != "equal_time" else ""
+    suffix += "_compiled" if args.torch_compile and mode != "equal_time" else ""
     suffix += f"_{device.type}" if device.type != "cpu" else ""
     output = Path(args.output_dir) / f"causal_lm{suffix}.json"
 
@@ -386,9 +399,10 @@ def main() -> None:
             report["results"] = rows
             report["markdown"] = results_table(rows)
             print(
-                f"\n{args.max_steps} steps, batch {args.batch_size} x block {args.block_size}, "
+                f"\n{args.max_steps} steps, batch {args.per_device_train_batch_size} x "
+                f"block {args.block_size}, "
                 f"device {device}, "
-                f"{'compiled (train) + static cache compiled (decode)' if args.compile else 'eager'}"
+                f"{'compiled (train) + static cache compiled (decode)' if args.torch_compile else 'eager'}"
             )
             print(report["markdown"])
     write_results(output, "bench_causal_lm.py", None, vars(args), report)

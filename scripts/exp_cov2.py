@@ -1,7 +1,7 @@
 """SARS-CoV-2 variant experiment (docs/experiments.md, 'exp_cov2.py'): one-layer DDCL-INCRT grows its heads on
 the synthetic variant task and classifies lineages from k-mers.
 
-The task (`build_cov2_variant_task`, deterministic from `--data_seed`): a random reference genome, Alpha/Beta/
+The task (`build_cov2_variant_task`, deterministic from `--task_seed`): a random reference genome, Alpha/Beta/
 Gamma/Delta/Omicron-like lineage-defining mutations, per-sample background mutations, sequencing errors and N
 calls, k-mer tokens. Reported: validation accuracy (the paper reports 99.47 % with one layer, BERT-base
 99.12 %), the grown heads against the head-count law K* = kappa_T^2 log(Gamma_res^(0) / theta_w)
@@ -34,7 +34,7 @@ from geoformers.training.synthetic_tasks import LINEAGES  # noqa: E402
 
 from harness.analysis import head_count_law, spectrum_head_count_law, stop_summary, theta_at_growth_start  # noqa: E402
 from harness.cov2 import build_task, parse_args  # noqa: E402
-from harness.flags import build_model  # noqa: E402
+from harness.flags import build_model, parsed_settings  # noqa: E402
 from harness.probes import evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import (  # noqa: E402
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_time_s": run.train_time_s,
         "wall_time_s": time.perf_counter() - started,
     }
-    result = write_results(output_dir / "cov2.json", "exp_cov2.py", argv, vars(args), result)
+    result = write_results(output_dir / "cov2.json", "exp_cov2.py", argv, parsed_settings(args), result)
     plot(result, history, output_dir / "cov2.png")
     print(f"wrote {output_dir / 'cov2.png'}")
     print_summary(result, history)

@@ -79,7 +79,7 @@ def prepare(task: str, extra: list[str]):
     """train(seed, heads, grow, max_heads, folder) -> Trained: the task's recipe (its script's parser and
     defaults, then `extra`) on data built once."""
     if task == "sst2":
-        args = sst2.parse_args(["--batch_size", "32", "--threads", "1", *extra])
+        args = sst2.parse_args(["--per_device_train_batch_size", "32", "--threads", "1", *extra])
         set_threads(args.threads)
         _, tokenizer, (train_rows, dev) = sst2.load_data(args)
 
@@ -109,9 +109,9 @@ def prepare(task: str, extra: list[str]):
 
         return train
     if task == "planted":
-        args = synthetic.parse_args(["--no-ablation", *extra])
+        args = synthetic.parse_args(["--no_ablation", *extra])
         data = build_spectral_task(
-            args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.data_seed
+            args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.task_seed
         )
         shape = {
             "vocab_size": task_spec(data)["vocab_size"],

@@ -114,9 +114,9 @@ def trainer_defaults(argv: list[str]) -> None:
 # Each task's script (None: `trainer_defaults` in this process), its per-seed flags and where it leaves the
 # growth history of a run in its output folder.
 TASKS = {
-    "planted": ("exp_synthetic.py", lambda seed: ["--seeds", str(seed), "--no-ablation"], "seed{seed}"),
+    "planted": ("exp_synthetic.py", lambda seed: ["--seeds", str(seed), "--no_ablation"], "seed{seed}"),
     "cov2": ("exp_cov2.py", lambda seed: ["--seed", str(seed)], ""),
-    "sst2": ("exp_sst2.py", lambda seed: ["--seed", str(seed), "--batch_size", "32"], ""),
+    "sst2": ("exp_sst2.py", lambda seed: ["--seed", str(seed), "--per_device_train_batch_size", "32"], ""),
     "trainer": (None, lambda seed: ["--seed", str(seed)], ""),
 }
 
@@ -213,7 +213,7 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
     if script is None:
         trainer_defaults(argv)
     else:
-        subprocess.run([sys.executable, str(SCRIPTS / script), "--no-progress", *argv], check=True)
+        subprocess.run([sys.executable, str(SCRIPTS / script), "--disable_tqdm", "true", *argv], check=True)
     history = json.loads((folder / history_folder.format(seed=seed) / HISTORY_FILE).read_text())
     # the recipe script's command line, or the arguments of `trainer_defaults` in this script
     command = " ".join(["trainer_defaults" if script is None else f"python scripts/{script}", *argv])

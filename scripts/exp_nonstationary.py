@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -47,54 +48,58 @@ import numpy as np  # noqa: E402
 
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
 
-from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments  # noqa: E402
+from harness.flags import (  # noqa: E402
+    build_model,
+    check_experiment_arguments,
+    experiment_parser,
+    parsed_settings,
+)
 from harness.probes import PrototypeProbe, evaluate_accuracy, head_energies, rows_as_batch  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import REPO_ROOT, events_table, markdown_table, write_results  # noqa: E402
 from harness.threads import set_threads  # noqa: E402
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    stream = parser.add_argument_group("stream (build_nonstationary_stream; its length is --max_steps)")
-    stream.add_argument("--strengths_before", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
-    stream.add_argument("--strengths_after", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
-    stream.add_argument("--switch_step", type=int, default=500)
-    stream.add_argument(
-        "--data_seed", type=int, default=0, help="training stream data_seed + 2 x seed; held-out: one more"
+@dataclass
+class StreamArguments:
+    """The stream (`build_nonstationary_stream`; its length is --max_steps) and the experiment's windows,
+    probes and seeds."""
+
+    _argument_group_name = "stream (build_nonstationary_stream) and experiment"
+
+    strengths_before: list[float] = field(default_factory=lambda: list(DEFAULT_STRENGTHS))
+    strengths_after: list[float] = field(default_factory=lambda: list(DEFAULT_STRENGTHS))
+    switch_step: int = 500
+    task_seed: int = field(
+        default=0, metadata={"help": "training stream: task_seed + 2 x seed; held-out stream: one more"}
     )
-    stream.add_argument(
-        "--stationary",
-        action="store_true",
-        help="control: phase-0 relations throughout (no switch); events still split at --switch_step",
+    stationary: bool = field(
+        default=False,
+        metadata={
+            "help": "control: phase-0 relations throughout (no switch); events still split at --switch_step"
+        },
     )
-    experiment = parser.add_argument_group("experiment")
-    experiment.add_argument(
-        "--window_steps",
-        type=int,
+    window_steps: int = field(
         default=100,
-        help="steps per growth window (gate batches from the window; growth re-armed)",
+        metadata={"help": "steps per growth window (gate batches from the window; growth re-armed)"},
     )
-    experiment.add_argument(
-        "--continuous",
-        action="store_true",
-        help="one regrowing callback, gate batches from the last --window_steps steps",
+    continuous: bool = field(
+        default=False,
+        metadata={"help": "one regrowing callback, gate batches from the last --window_steps steps"},
     )
-    experiment.add_argument("--heldout_rows", type=int, default=128, help="held-out rows per probe")
-    experiment.add_argument(
-        "--output_dir",
-        default=str(REPO_ROOT / "outputs" / "nonstationary"),
-        help="results/nonstationary: the committed run",
-    )
-    experiment.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
+    heldout_rows: int = field(default=128, metadata={"help": "held-out rows per probe"})
+    seeds: list[int] | None = field(
         default=None,
-        help="run these seeds, each with the switch and --stationary, and summarise",
+        metadata={"help": "run these seeds, each with the switch and --stationary, and summarise"},
     )
-    add_experiment_arguments(parser)
-    parser.set_defaults(
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The script's flags and the shared ones with its defaults (`--output_dir results/nonstationary`: the
+    committed run)."""
+    parser = experiment_parser(
+        StreamArguments,
+        description=__doc__.split("\n\n")[0],
         max_steps=1000,
         pre_growth_steps=150,
         gate_prune_factor=0.5,
@@ -102,6 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         lr_scheduler_type="constant",
         probe_every=10,
         eval_steps=1000,
+        output_dir=str(REPO_ROOT / "outputs" / "nonstationary"),
     )
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)
@@ -148,20 +154,24 @@ class SwitchProbe(PrototypeProbe):
 
 
 def build_streams(args: argparse.Namespace) -> tuple:
-    """Training and held-out streams (seeds data_seed + 2 seed and one more); with `--stationary` both use the
+    """Training and held-out streams (seeds task_seed + 2 seed and one more); with `--stationary` both use the
     phase-0 relations for all `max_steps` steps (the first steps of a stream that would switch after them)."""
     switch = args.max_steps if args.stationary else args.switch_step
     streams = []
-    for seed in (args.data_seed + 2 * args.seed, args.data_seed + 2 * args.seed + 1):
+    for seed in (args.task_seed + 2 * args.seed, args.task_seed + 2 * args.seed + 1):
         stream = build_nonstationary_stream(
             args.strengths_before,
             args.strengths_after,
             num_steps=args.max_steps + args.stationary,
-            batch_size=args.batch_size,
+            batch_size=args.per_device_train_batch_size,
             switch_step=switch,
             seed=seed,
         )
-        streams.append(stream.select(range(args.max_steps * args.batch_size)) if args.stationary else stream)
+        streams.append(
+            stream.select(range(args.max_steps * args.per_device_train_batch_size))
+            if args.stationary
+            else stream
+        )
     return tuple(streams)
 
 
@@ -318,7 +328,7 @@ def run_seeds(args: argparse.Namespace, argv: list[str] | None) -> dict:
         "totals": totals,
     }
     summary = write_results(
-        Path(args.output_dir) / "summary.json", "exp_nonstationary.py", argv, vars(args), summary
+        Path(args.output_dir) / "summary.json", "exp_nonstationary.py", argv, parsed_settings(args), summary
     )
     print(
         markdown_table(
@@ -362,7 +372,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
     )
 
     def heldout_rows(step: int) -> dict:
-        first = min(step * args.batch_size, len(heldout) - args.heldout_rows)
+        first = min(step * args.per_device_train_batch_size, len(heldout) - args.heldout_rows)
         return rows_as_batch(heldout, range(first, first + args.heldout_rows))
 
     probe = SwitchProbe(heldout_rows, args.probe_every, args.switch_step)
@@ -442,7 +452,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
         "wall_time_s": time.perf_counter() - started,
     }
     result = write_results(
-        output_dir / "nonstationary.json", "exp_nonstationary.py", argv, vars(args), result
+        output_dir / "nonstationary.json", "exp_nonstationary.py", argv, parsed_settings(args), result
     )
     plot(result, history, output_dir / "nonstationary.png")
     print(f"wrote {output_dir / 'nonstationary.png'}")

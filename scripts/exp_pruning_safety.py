@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -35,7 +36,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed  # noqa: E402
+from transformers import DataCollatorWithPadding, HfArgumentParser, Trainer, set_seed  # noqa: E402
 
 from geoformers.modeling.bert_conversion import wrap_bert_embeddings  # noqa: E402
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
@@ -44,61 +45,80 @@ from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
+from harness.flags import TrainingFlags, parsed_settings, training_arguments  # noqa: E402
 from harness.results import (  # noqa: E402
     REPO_ROOT,
     default_bert_path,
     markdown_table,
     write_results,
 )
-from harness.threads import add_threads_argument, set_threads  # noqa: E402
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads  # noqa: E402
 
 MIN_EFFECTIVE_PROTOTYPES = 1.5
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bert", default=None, help="BERT checkpoint folder (default: the offline MiniLM)")
-    parser.add_argument(
-        "--data_dir",
+@dataclass
+class PruningArguments:
+    """The model on BERT's embeddings, the data, the pruning and its verdicts."""
+
+    _argument_group_name = "pruning safety (the training flags below are TrainingArguments')"
+
+    bert: str | None = field(
+        default=None, metadata={"help": "BERT checkpoint folder (default: the offline MiniLM)"}
+    )
+    data_dir: str | None = field(
         default=None,
-        help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's nyu-mll/glue sst2",
+        metadata={
+            "help": "local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's nyu-mll/glue sst2"
+        },
     )
-    parser.add_argument(
-        "--output_dir",
-        default=str(REPO_ROOT / "outputs" / "pruning_safety"),
-        help="results/pruning_safety: the committed run",
+    use_encoder_outputs: bool = field(
+        default=False, metadata={"help": "feed BERT's frozen encoder outputs instead of its embeddings"}
     )
-    parser.add_argument(
-        "--use_encoder_outputs",
-        action="store_true",
-        help="feed BERT's frozen encoder outputs instead of its embeddings",
+    num_hidden_layers: int = 2
+    num_heads: int = field(default=4, metadata={"help": "heads per layer before pruning"})
+    head_dim: int = 32
+    num_prototypes: int = 16
+    prototype_loss_weight: float = field(default=0.1, metadata={"help": "lambda in CE + lambda L_q"})
+    pooling: str = field(default="mean", metadata={"choices": ("cls", "mean")})
+    max_length: int = field(default=64, metadata={"help": "tokens per sentence"})
+    max_train_samples: int = field(default=20000, metadata={"help": "training rows after a seeded shuffle"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "default: the whole dev set (872)"})
+    recovery_steps: int = field(default=150, metadata={"help": "fine-tuning steps after each pruning"})
+    prototype_lr_multiplier: float = field(
+        default=10.0, metadata={"help": "prototypes learn this much faster (DDCL-Attention's two timescales)"}
     )
-    parser.add_argument("--num_hidden_layers", type=int, default=2)
-    parser.add_argument("--num_heads", type=int, default=4, help="heads per layer before pruning")
-    parser.add_argument("--head_dim", type=int, default=32)
-    parser.add_argument("--num_prototypes", type=int, default=16)
-    parser.add_argument("--prototype_loss_weight", type=float, default=0.1)
-    parser.add_argument("--pooling", choices=("cls", "mean"), default="mean")
-    parser.add_argument("--max_length", type=int, default=64)
-    parser.add_argument("--max_train_samples", type=int, default=20000)
-    parser.add_argument("--max_eval_samples", type=int, default=None, help="default: the whole dev set (872)")
-    parser.add_argument("--epochs", type=float, default=1.0, help="epochs of the initial training")
-    parser.add_argument(
-        "--recovery_steps", type=int, default=150, help="fine-tuning steps after each pruning"
+    prune_heads: int = field(default=2, metadata={"help": "heads pruned per layer (lowest energy)"})
+    keep_prototypes: int = field(default=8, metadata={"help": "prototypes kept per head"})
+    collapse_ratio: float = field(
+        default=0.1, metadata={"help": "collapsed: a head's min prototype distance < ratio x after training"}
     )
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument(
-        "--prototype_lr_multiplier",
-        type=float,
-        default=10.0,
-        help="prototypes learn this much faster (DDCL-Attention's two timescales)",
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The script's flags and `TrainingArguments`' (the initial training runs `--num_train_epochs`; each
+    recovery `--recovery_steps`; `--output_dir results/pruning_safety`: the committed run)."""
+    parser = HfArgumentParser(
+        (PruningArguments, TrainingFlags),
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [--FLAG VALUE ...]",
     )
-    parser.add_argument("--prune_heads", type=int, default=2, help="heads pruned per layer (lowest energy)")
-    parser.add_argument("--keep_prototypes", type=int, default=8, help="prototypes kept per head")
-    parser.add_argument("--collapse_ratio", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    add_threads_argument(parser)
+    parser.set_defaults(
+        output_dir=str(REPO_ROOT / "outputs" / "pruning_safety"),
+        per_device_train_batch_size=64,
+        learning_rate=1e-3,
+        num_train_epochs=1.0,
+        warmup_steps=0.06,
+        weight_decay=0.01,
+        train_sampling_strategy="group_by_length",
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=True,
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.prune_heads < args.num_heads:
         parser.error(f"--prune_heads must lie in [1, --num_heads={args.num_heads}), got {args.prune_heads}")
@@ -107,9 +127,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--keep_prototypes must lie in [2, --num_prototypes={args.num_prototypes}), got "
             f"{args.keep_prototypes}"
         )
-    if args.max_train_samples < args.batch_size:
+    if args.max_train_samples < args.per_device_train_batch_size:
         parser.error(
-            f"--max_train_samples ({args.max_train_samples}) must be >= --batch_size ({args.batch_size})"
+            f"--max_train_samples ({args.max_train_samples}) must be >= --per_device_train_batch_size "
+            f"({args.per_device_train_batch_size})"
         )
     return args
 
@@ -130,25 +151,10 @@ def load_data(args: argparse.Namespace, tokenizer):
 def fine_tune(
     model, train, collator, args: argparse.Namespace, *, epochs: float = 0.0, steps: int = -1
 ) -> float:
-    """Train with `Trainer` (a fresh AdamW over `parameter_groups`, linear decay, batches grouped by
-    length); returns the wall seconds."""
+    """Train with `Trainer` on the flags' `TrainingArguments` for `epochs` or `steps` (a fresh AdamW over
+    `parameter_groups`; by default linear decay, batches grouped by length); returns the wall seconds."""
     with tempfile.TemporaryDirectory() as scratch:
-        training_args = TrainingArguments(
-            output_dir=scratch,
-            per_device_train_batch_size=args.batch_size,
-            learning_rate=args.learning_rate,
-            num_train_epochs=epochs,
-            max_steps=steps,
-            warmup_steps=0.06,
-            weight_decay=0.01,
-            train_sampling_strategy="group_by_length",
-            save_strategy="no",
-            logging_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            seed=args.seed,
-            use_cpu=True,
-        )
+        training_args = training_arguments(args, output_dir=scratch, num_train_epochs=epochs, max_steps=steps)
         start = time.perf_counter()
         optimizer = make_optimizer(model, training_args, prototype_lr_multiplier=args.prototype_lr_multiplier)
         Trainer(
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     stages, timings = [], {}
-    timings["train"] = fine_tune(model, train, collator, args, epochs=args.epochs)
+    timings["train"] = fine_tune(model, train, collator, args, epochs=args.num_train_epochs)
     stages.append({"stage": "trained", **measure(model, dev_batch)})
     pruned_heads = prune_lowest_energy_heads(model, probe_batch, args.prune_heads)
     stages.append({"stage": "heads_pruned", **measure(model, dev_batch)})
@@ -362,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_time_s": time.perf_counter() - started,
     }
     result = write_results(
-        output_dir / "pruning_safety.json", "exp_pruning_safety.py", argv, vars(args), result
+        output_dir / "pruning_safety.json", "exp_pruning_safety.py", argv, parsed_settings(args), result
     )
     plot(stages, output_dir / "pruning_safety.png")
     print(f"wrote {output_dir / 'pruning_safety.png'}")

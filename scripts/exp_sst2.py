@@ -24,7 +24,8 @@ Theta() constant is taken as 1; the papers do not say how kappa_T is estimated.
 
     python scripts/exp_sst2.py                                   # from scratch, the default recipe
     python scripts/exp_sst2.py --bert                            # on frozen MiniLM embeddings
-    python scripts/exp_sst2.py --batch_size 32 --ensemble_size 5 --member_processes 2  # 2 at a time
+    python scripts/exp_sst2.py --per_device_train_batch_size 32 --ensemble_size 5 \\
+        --member_processes 2                                     # 5 members, 2 at a time
     python scripts/exp_sst2.py --max_train_samples 512 --max_steps 20 --pre_growth_steps 5 \\
         --output_dir outputs/x
 """
@@ -56,6 +57,7 @@ from harness.analysis import (  # noqa: E402
     stop_summary,
     temperature_split,
 )
+from harness.flags import parsed_settings  # noqa: E402
 from harness.results import markdown_table, write_results  # noqa: E402
 from harness.sst2 import build_model, load_data, parse_args, train  # noqa: E402
 from harness.threads import set_threads  # noqa: E402
@@ -200,7 +202,9 @@ def run_ensemble(
         "parameters_total": sum(member["parameters"]["total"] for member in members),
         "wall_time_s": time.perf_counter() - started,
     }
-    result = write_results(output_dir / "sst2_ensemble.json", "exp_sst2.py", argv, vars(args), result)
+    result = write_results(
+        output_dir / "sst2_ensemble.json", "exp_sst2.py", argv, parsed_settings(args), result
+    )
     print(
         markdown_table(
             ["model", "dev accuracy", "members' dev accuracy", "wall time (s)"],
@@ -285,7 +289,7 @@ def run_single(
         "wall_time_s": time.perf_counter() - started,
     }
     print_summary(result)
-    result = write_results(output_dir / "sst2.json", "exp_sst2.py", argv, vars(args), result)
+    result = write_results(output_dir / "sst2.json", "exp_sst2.py", argv, parsed_settings(args), result)
     plot(result, history, output_dir / "sst2.png")
     print(f"wrote {output_dir / 'sst2.png'}")
     return result, probabilities

@@ -51,22 +51,21 @@ from matplotlib.figure import Figure
 import geoformers
 from geoformers.configuration.charts import METHODS
 from geoformers.modeling.ops.charts import ds_violation, num_logits
-from geoformers.training.checkpoints import write_json_atomically
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
 from harness.causal_lm import (
     LLAMA,
     SMALL_CPU_SHAPE,
-    add_training_arguments,
     estimate_loss,
     get_batch,
     interleaved_step_seconds,
     load_corpus,
+    loop_parser,
     make_trainer,
     shape_for,
     training_memory_bytes,
 )
-from harness.results import REPO_ROOT, command_line, environment, markdown_table, mean_std
+from harness.results import REPO_ROOT, markdown_table, mean_std, write_results
 from harness.threads import set_threads
 
 # msrtbp: the margined scaled RTBP of the TBP authors (docs/chart_variants.md), the variant whose changes
@@ -104,7 +103,9 @@ def build_llama(tokenizer, shape: dict, block_size: int):
 
 def probe_batch(val_ids: torch.Tensor, args) -> torch.Tensor:
     """The fixed validation windows on which the mixing matrices and gains are read."""
-    return get_batch(val_ids, args.batch_size, args.block_size, torch.Generator().manual_seed(PROBE_SEED))
+    return get_batch(
+        val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(PROBE_SEED)
+    )
 
 
 @torch.no_grad()
@@ -136,12 +137,14 @@ def train(model, train_ids, val_ids, args, device) -> dict:
     step = make_trainer(model, train_ids, args, device)
     seconds = [step()[1] for _ in range(args.max_steps)]
     median = statistics.median(seconds)
-    loss = estimate_loss(model, val_ids, args.batch_size, args.block_size, args.eval_batches, 0, device)
+    loss = estimate_loss(
+        model, val_ids, args.per_device_train_batch_size, args.block_size, args.eval_batches, 0, device
+    )
     return {
         "val_loss": loss,
         "train_seconds": sum(seconds),
         "median_step_seconds": median,
-        "train_tokens_per_second": args.batch_size * args.block_size / median,
+        "train_tokens_per_second": args.per_device_train_batch_size * args.block_size / median,
     }
 
 
@@ -386,7 +389,8 @@ def calibrate(data, shape: dict, args, device) -> None:
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """parser.error naming the flag for values the grid would reject late or silently."""
-    for name in ("max_steps", "timing_steps", "batch_size", "block_size", "eval_batches", "width", "layers"):
+    positive = ("max_steps", "timing_steps", "per_device_train_batch_size", "block_size", "eval_batches")
+    for name in (*positive, "width", "layers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.timing_steps < 3:
@@ -455,9 +459,7 @@ def merge_reports(report: dict, folders: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    add_training_arguments(parser, max_steps=2000)
+    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "stream_scaling"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--streams", type=int, nargs="+", default=list(DEFAULT_STREAMS))
     parser.add_argument("--charts", nargs="+", default=list(DEFAULT_CHARTS), choices=METHODS)
@@ -466,11 +468,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timing_steps", type=int, default=20, help="interleaved steps of the tok/s ratio")
     parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
     parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
-    parser.add_argument(
-        "--output_dir",
-        default=str(REPO_ROOT / "outputs" / "stream_scaling"),
-        help="results/stream_scaling_2000: the committed grid",
-    )
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -490,9 +487,7 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     report = {
-        "command": command_line("exp_stream_scaling.py", argv),
         "date": time.strftime("%Y-%m-%d"),
-        "environment": environment(),
         "settings": {
             key: value for key, value in vars(args).items() if key not in ("output_dir", "data", "merge")
         },
@@ -517,7 +512,8 @@ def main(argv: list[str] | None = None) -> dict:
     def save() -> None:
         report["summary"], report["markdown"] = summarize(report["runs"], report["llama"])
         report["markdown_by_n"] = by_n_table(report["summary"])
-        write_json_atomically(path, report)
+        content = {key: value for key, value in report.items() if key != "settings"}
+        write_results(path, "exp_stream_scaling.py", argv, report["settings"], content)
 
     tokenizer, train_ids, val_ids = data
     for seed in args.seeds:

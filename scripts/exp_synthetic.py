@@ -47,7 +47,7 @@ from harness.analysis import (  # noqa: E402
     temperature_split,
     theta_at_growth_start,
 )
-from harness.flags import build_model  # noqa: E402
+from harness.flags import build_model, parsed_settings  # noqa: E402
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
 from harness.results import markdown_table, write_results  # noqa: E402
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     task = build_spectral_task(
-        args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.data_seed
+        args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.task_seed
     )
     runs = []
     for seed in args.seeds:
@@ -250,7 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
         "ablation": ablation,
         "wall_time_s": time.perf_counter() - started,
     }
-    result = write_results(output_dir / "synthetic.json", "exp_synthetic.py", argv, vars(args), result)
+    result = write_results(
+        output_dir / "synthetic.json", "exp_synthetic.py", argv, parsed_settings(args), result
+    )
     plot(result, output_dir / "synthetic.png")
     print(f"wrote {output_dir / 'synthetic.png'}")
     print_summary(result)

@@ -35,7 +35,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 import geoformers
 
-from harness.causal_lm import add_training_arguments, estimate_loss, make_trainer
+from harness.causal_lm import estimate_loss, loop_parser, make_trainer
 from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -182,11 +182,14 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser = loop_parser(
+        description=__doc__,
+        max_steps=500,
+        warmup_steps=20,
+        weight_decay=0.0,
+        output_dir=str(REPO_ROOT / "outputs" / "ddl_mhc_lora"),
+    )
     parser.add_argument("--checkpoint", required=True, help="saved DDL-mHC model + tokenizer folder")
-    add_training_arguments(parser, max_steps=500)
-    parser.set_defaults(data=None, warmup_steps=20, weight_decay=0.0)
     parser.add_argument("--train_fraction", type=float, default=0.9)
     parser.add_argument(
         "--max_unk_fraction",
@@ -196,7 +199,6 @@ def main() -> None:
     )
     parser.add_argument("--eval_interval", type=int, default=100, help="val loss every N steps; 0: off")
     parser.add_argument("--merge", action="store_true", help="also save the merged model: OUTPUT_DIR/merged")
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "ddl_mhc_lora"))
     add_lora_arguments(parser)
     args = parser.parse_args()
     if args.data is None:
@@ -212,7 +214,9 @@ def main() -> None:
     print(f"{len(train_ids):,} train / {len(val_ids):,} val tokens ({num_unknown:,} <unk>)")
 
     def evaluate(network, split) -> float:
-        return estimate_loss(network, split, args.batch_size, args.block_size, args.eval_batches, 0, device)
+        return estimate_loss(
+            network, split, args.per_device_train_batch_size, args.block_size, args.eval_batches, 0, device
+        )
 
     val_loss_before = evaluate(model, val_ids)
     model = get_peft_model(model, lora_config_for(model, args))

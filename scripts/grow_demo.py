@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import transformers
 
 import geoformers  # noqa: F401  (registers the Auto classes)
@@ -30,37 +30,38 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec
 
 from harness.analysis import stop_summary
-from harness.flags import add_experiment_arguments, build_model, check_experiment_arguments
+from harness.flags import build_model, check_experiment_arguments, experiment_parser, parsed_settings
 from harness.probes import evaluate_accuracy
 from harness.recipe import run_growth_training
-from harness.results import (
-    command_line,
-    environment,
-    events_table,
-    markdown_table,
-    parameter_count,
-    write_json,
-)
+from harness.results import events_table, markdown_table, parameter_count, write_results
+from harness.threads import set_threads
+
+
+@dataclass
+class TaskArguments:
+    """The planted spectral task (`build_spectral_task`)."""
+
+    _argument_group_name = "task (build_spectral_task)"
+
+    strengths: list[float] = field(
+        default_factory=lambda: list(DEFAULT_STRENGTHS),
+        metadata={"help": "planted relation strengths, strictly decreasing in (0, 1)"},
+    )
+    num_train: int = 4000
+    num_validation: int = 1000
+    vocab_size: int = 48
+    seq_len: int = 24
+    task_seed: int = field(default=0, metadata={"help": "seed of the generated task"})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    task = parser.add_argument_group("task (build_spectral_task)")
-    task.add_argument(
-        "--strengths",
-        type=float,
-        nargs="+",
-        default=list(DEFAULT_STRENGTHS),
-        help="planted relation strengths, strictly decreasing in (0, 1)",
+    parser = experiment_parser(
+        TaskArguments,
+        description=__doc__.split("\n\n")[0],
+        max_steps=2000,
+        eval_steps=500,
+        output_dir="outputs/grow_demo",
     )
-    task.add_argument("--num_train", type=int, default=4000)
-    task.add_argument("--num_validation", type=int, default=1000)
-    task.add_argument("--vocab_size", type=int, default=48)
-    task.add_argument("--seq_len", type=int, default=24)
-    task.add_argument("--data_seed", type=int, default=0)
-    parser.add_argument("--output_dir", default="outputs/grow_demo")
-    add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=2000, eval_steps=500, progress=True)
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)
     return args
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     started = time.perf_counter()
     output_dir = Path(args.output_dir)
     task = build_spectral_task(
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         num_validation=args.num_validation,
         vocab_size=args.vocab_size,
         seq_len=args.seq_len,
-        seed=args.data_seed,
+        seed=args.task_seed,
     )
     spec = task_spec(task)
     model = build_model(args, vocab_size=args.vocab_size, max_position_embeddings=args.seq_len, num_labels=2)
@@ -102,7 +103,6 @@ def main(argv: list[str] | None = None) -> dict:
     transformers.utils.logging.enable_progress_bar()
     history = run.history
     summary = {
-        "command": command_line("grow_demo.py", argv),
         "task": {
             "name": "spectral_relations",
             "strengths": args.strengths,
@@ -122,10 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
         "reloaded_num_heads": list(reloaded.config.num_heads),
         "train_time_s": run.train_time_s,
         "wall_time_s": time.perf_counter() - started,
-        "args": vars(args),
-        "environment": environment(),
     }
-    write_json(output_dir / "summary.json", summary)
+    summary = write_results(output_dir / "summary.json", "grow_demo.py", argv, parsed_settings(args), summary)
     print_summary(summary, output_dir)
     return summary
 

@@ -28,9 +28,9 @@ from geoformers.configuration.ddl_mhc import DDLmHCConfig
 
 from harness.causal_lm import (
     SMALL_CPU_SHAPE,
-    add_training_arguments,
     estimate_loss,
     load_corpus,
+    loop_parser,
     make_trainer,
 )
 from harness.results import write_results
@@ -79,13 +79,10 @@ def config_from_args(args: argparse.Namespace, tokenizer, block_size: int) -> DD
 
 
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    add_training_arguments(parser, max_steps=2000)
+    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "ddl_mhc_char"))
     parser.add_argument("--eval_interval", type=int, default=250)
     parser.add_argument("--sample_tokens", type=int, default=300)
     parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--output_dir", default=str(REPO_ROOT / "outputs" / "ddl_mhc_char"))
     add_config_arguments(parser)
     args = parser.parse_args()
     set_threads(args.threads)
@@ -100,7 +97,9 @@ def main() -> None:
     print(config.to_json_string(use_diff=True))
 
     def evaluate(split_ids) -> float:
-        return estimate_loss(model, split_ids, args.batch_size, args.block_size, args.eval_batches, 0, device)
+        return estimate_loss(
+            model, split_ids, args.per_device_train_batch_size, args.block_size, args.eval_batches, 0, device
+        )
 
     history = []
     progress = tqdm(total=args.max_steps, desc="train", unit="step")
@@ -120,7 +119,9 @@ def main() -> None:
         seconds.append(elapsed)
         on_step(index, loss)
     progress.close()
-    tokens_per_second = args.batch_size * args.block_size / sorted(seconds)[len(seconds) // 2]
+    tokens_per_second = (
+        args.per_device_train_batch_size * args.block_size / sorted(seconds)[len(seconds) // 2]
+    )
     print(f"median training throughput: {tokens_per_second:,.0f} tokens/s")
 
     model.eval()

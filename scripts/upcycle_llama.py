@@ -19,7 +19,6 @@ and `<output_dir>/losses.png`.
     python scripts/upcycle_llama.py --output_dir results/upcycle_llama    # replaces the committed run
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -32,11 +31,11 @@ import geoformers
 from harness.causal_lm import (
     LLAMA,
     SMALL_CPU_SHAPE,
-    add_training_arguments,
     build_model,
     estimate_loss,
     get_batch,
     load_corpus,
+    loop_parser,
     make_trainer,
     train_round_robin,
 )
@@ -68,7 +67,9 @@ def evaluate(models: dict, train_ids, val_ids, args, device) -> dict:
     """{arm: {"train": loss, "val": loss}} on fixed windows of both splits."""
     return {
         arm: {
-            split: estimate_loss(model, ids, args.batch_size, args.block_size, args.eval_batches, 0, device)
+            split: estimate_loss(
+                model, ids, args.per_device_train_batch_size, args.block_size, args.eval_batches, 0, device
+            )
             for split, ids in (("train", train_ids), ("val", val_ids))
         }
         for arm, model in models.items()
@@ -78,7 +79,9 @@ def evaluate(models: dict, train_ids, val_ids, args, device) -> dict:
 @torch.no_grad()
 def logit_gap(model, reference, val_ids, args, device) -> float:
     """Max |logits - reference logits| on one validation batch: the conversion's exactness at the switch."""
-    batch = get_batch(val_ids, args.batch_size, args.block_size, torch.Generator().manual_seed(1)).to(device)
+    batch = get_batch(
+        val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(1)
+    ).to(device)
     model.eval()
     reference.eval()
     gap = (model(batch).logits - reference(batch).logits).abs().max().item()
@@ -91,7 +94,9 @@ def logit_gap(model, reference, val_ids, args, device) -> float:
 def stream_spread(model, val_ids, args, device) -> float:
     """How far the upcycled streams have moved apart: ||X - mean_i X_i|| / ||X|| of the last layer's streams
     on one validation batch (0 at the switch, where every stream is Llama's hidden state)."""
-    batch = get_batch(val_ids, args.batch_size, args.block_size, torch.Generator().manual_seed(1)).to(device)
+    batch = get_batch(
+        val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(1)
+    ).to(device)
     model.eval()
     streams = model(batch, output_stream_states=True).stream_states[-1]
     model.train()
@@ -249,20 +254,12 @@ def plot(args, result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_training_arguments(parser, max_steps=2000)
+    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama"))
     parser.add_argument("--switch_step", type=int, default=1000, help="Llama steps before the conversion")
     parser.add_argument("--hc_streams", type=int, default=4)
     parser.add_argument("--eval_interval", type=int, default=50)
     parser.add_argument("--spike_window", type=int, default=50, help="steps after the switch summarised")
     parser.add_argument("--zoom", type=int, default=100, help="half width of the figure's switch panel")
-    parser.add_argument(
-        "--output_dir",
-        default=str(REPO_ROOT / "outputs" / "upcycle_llama"),
-        help="results/upcycle_llama: the committed run",
-    )
     args = parser.parse_args()
     if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.max_steps:
         parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --max_steps")

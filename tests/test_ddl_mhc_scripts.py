@@ -23,7 +23,16 @@ def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monke
     output = tmp_path / "model"
     argv = [
         *("--data", str(data), "--output_dir", str(output), "--max_steps", "4", "--eval_interval", "2"),
-        *("--eval_batches", "1", "--batch_size", "2", "--block_size", "16", "--sample_tokens", "8"),
+        *(
+            "--eval_batches",
+            "1",
+            "--per_device_train_batch_size",
+            "2",
+            "--block_size",
+            "16",
+            "--sample_tokens",
+            "8",
+        ),
         *("--hidden_size", "32", "--intermediate_size", "48", "--num_hidden_layers", "1"),
         *("--num_attention_heads", "2", "--hc_streams", "2", "--hc_chart", "kromhc"),
         *("--stream_expansion", "conv", "--hc_dynamic", "false", "--delta_beta_init", "0.5"),

@@ -36,7 +36,7 @@ from harness.analysis import (
     stop_summary,
     temperature_split,
 )
-from harness.flags import add_experiment_arguments, build_model
+from harness.flags import build_model, experiment_parser
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
@@ -53,7 +53,7 @@ TINY_MODEL = [
     "4",
     "--gate_batch_size",
     "16",
-    "--batch_size",
+    "--per_device_train_batch_size",
     "16",
     "--gate_num_tokens",
     "128",
@@ -64,9 +64,7 @@ pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
 
 def tiny_args(**overrides) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_experiment_arguments(parser)
-    args = parser.parse_args(TINY_MODEL)
+    args = experiment_parser().parse_args(TINY_MODEL)
     for name, value in overrides.items():
         setattr(args, name, value)
     return args
@@ -88,7 +86,8 @@ def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path
         "64",
         "--eval_steps",
         "12",
-        "--no-progress",
+        "--disable_tqdm",
+        "true",
         "--output_dir",
         str(tmp_path),
     ]
@@ -133,7 +132,8 @@ def test_grow_demo_is_deterministic_from_its_seed(tmp_path):
         "64",
         "--num_validation",
         "32",
-        "--no-progress",
+        "--disable_tqdm",
+        "true",
     ]
     first = grow_demo.main(argv + ["--output_dir", str(tmp_path / "a")])
     second = grow_demo.main(argv + ["--output_dir", str(tmp_path / "b")])
@@ -311,7 +311,7 @@ def test_exp_nonstationary_stationary_control_never_switches():
         "10",
         "--pre_growth_steps",
         "4",
-        "--batch_size",
+        "--per_device_train_batch_size",
         "8",
         "--seed",
         "1",
@@ -475,7 +475,9 @@ def test_each_window_trainer_and_so_its_gate_sees_only_the_window_rows(tmp_path,
         lambda row, index: {"input_ids": [index % 40 + 5] + row["input_ids"][1:]}, with_indices=True
     )
     seen_datasets = record_training_sets(monkeypatch)
-    args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=4, check_every=1)
+    args = tiny_args(
+        max_steps=12, pre_growth_steps=2, per_device_train_batch_size=4, gate_batch_size=4, check_every=1
+    )
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
     run = run_growth_training(model, args, marked, output_dir=tmp_path, sequential=True, window_steps=4)
     assert [len(d) for d in seen_datasets] == [8, 16, 16, 8]  # steps [0, 2), [2, 6), [6, 10), [10, 12)
@@ -499,7 +501,9 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
     stream = build_nonstationary_stream(num_steps=12, batch_size=4, switch_step=6, seed=0)
     signed = sign_rows(stream.remove_columns(["phase", "step"]))
     seen_datasets, gate_rows = record_training_sets(monkeypatch), []
-    args = tiny_args(max_steps=12, pre_growth_steps=2, batch_size=4, gate_batch_size=6, check_every=1)
+    args = tiny_args(
+        max_steps=12, pre_growth_steps=2, per_device_train_batch_size=4, gate_batch_size=6, check_every=1
+    )
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
     measure = model.gate_second_moments
 

@@ -144,7 +144,7 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
         "32",
         "--max_steps",
         "4",
-        "--batch_size",
+        "--per_device_train_batch_size",
         "16",
         "--eval_steps",
         "2",
@@ -190,7 +190,7 @@ def test_sst2_smoke_from_scratch_writes_json_and_png(exp_sst2, shared_data, tmp_
     assert len(effective) == 1 and len(effective[0]) == stored["num_heads"][0]
     assert all(1.0 - 1e-4 <= value <= 4 + 1e-4 for value in effective[0])
     assert 0.0 <= stored["dev_accuracy"] <= 1.0 and 0.0 <= stored["baseline"]["accuracy"] <= 1.0
-    assert stored["steps"] == 4 and [e["step"] for e in stored["dev_accuracy_history"]] == [4]
+    assert stored["steps"] == 4 and [e["step"] for e in stored["dev_accuracy_history"]] == [2, 4]
     assert stored["growth_started_at_step"] == 2
     assert all(3 <= event["step"] <= 4 for event in stored["growth_events"])
     assert (stored["train_samples"], stored["eval_samples"]) == (96, 32)
@@ -224,7 +224,7 @@ def test_sst2_ensemble_smoke_matches_the_saved_members_mean_probabilities(exp_ss
         "48",
         "--max_steps",
         "3",
-        "--batch_size",
+        "--per_device_train_batch_size",
         "16",
         "--no_growth",
         "--pre_growth_steps",
@@ -294,7 +294,7 @@ def test_sst2_ensemble_members_in_processes_equal_sequential_members(exp_sst2, s
         "2",
         "--gate_batch_size",
         "16",
-        "--batch_size",
+        "--per_device_train_batch_size",
         "16",
         "--initial_heads",
         "1",
@@ -365,7 +365,7 @@ def test_sst2_smoke_bert_variant_trains_only_the_ddcl_part(exp_sst2, shared_data
         "16",
         "--max_steps",
         "2",
-        "--batch_size",
+        "--per_device_train_batch_size",
         "16",
         "--eval_steps",
         "2",
@@ -401,7 +401,7 @@ def test_pruning_safety_smoke_writes_json_and_png(exp_pruning_safety, shared_dat
         "32",
         "--max_eval_samples",
         "24",
-        "--batch_size",
+        "--per_device_train_batch_size",
         "16",
         "--recovery_steps",
         "1",

@@ -65,7 +65,16 @@ def write_text(folder: Path, text: str) -> Path:
 def smoke_arguments(checkpoint: Path, data: Path, output: Path) -> list[str]:
     return [
         *("--checkpoint", str(checkpoint), "--data", str(data), "--output_dir", str(output)),
-        *("--max_steps", "30", "--batch_size", "4", "--block_size", "16", "--eval_batches", "2"),
+        *(
+            "--max_steps",
+            "30",
+            "--per_device_train_batch_size",
+            "4",
+            "--block_size",
+            "16",
+            "--eval_batches",
+            "2",
+        ),
         *("--eval_interval", "15", "--learning_rate", "1e-2", "--warmup_steps", "2", "--lora_r", str(RANK)),
         *("--lora_alpha", "8", "--threads", "1"),
     ]

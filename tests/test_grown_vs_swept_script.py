@@ -83,7 +83,7 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
         ["--static_heads", "0"],
         ["--max_heads", "1"],
         ["--tolerance", "1"],
-        ["--task_flags", "bert=--epochs 1"],
+        ["--task_flags", "bert=--num_train_epochs 1"],
         ["--tasks", "imdb"],
     ],
 )

@@ -314,8 +314,8 @@ def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
     script = load_script("upcycle_llama.py")
 
     args = argparse.Namespace(
-        learning_rate=1e-2, weight_decay=0.1, beta2=0.99, warmup_steps=2, max_steps=10, min_lr_ratio=0.1,
-        seed=0, batch_size=2, block_size=8, grad_clip=1e9, compile=False,
+        learning_rate=1e-2, weight_decay=0.1, adam_beta2=0.99, warmup_steps=2, max_steps=10, min_lr_ratio=0.1,
+        seed=0, per_device_train_batch_size=2, block_size=8, max_grad_norm=1e9, torch_compile=False,
     )  # fmt: skip
     corpus = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
     llama = random_llama()

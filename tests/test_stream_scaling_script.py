@@ -29,7 +29,16 @@ def study(tmp_path_factory):
     argv = [
         *("--data", str(data), "--output_dir", str(output), "--width", "16", "--layers", "1"),
         *("--max_steps", "3", "--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1"),
-        *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--seeds", "0", "--threads", "1"),
+        *(
+            "--per_device_train_batch_size",
+            str(BATCH),
+            "--block_size",
+            str(BLOCK),
+            "--seeds",
+            "0",
+            "--threads",
+            "1",
+        ),
         *("--streams", *map(str, STREAMS), "--charts", *CHARTS, "--save_models"),
     ]
     script = load_script("exp_stream_scaling.py")
@@ -133,7 +142,7 @@ def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_starts_afre
     design = [
         *("--data", str(data), "--output_dir", str(folder), "--width", "16", "--layers", "1"),
         *("--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1", "--seeds", "0"),
-        *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
+        *("--per_device_train_batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
     ]
     threads = torch.get_num_threads()
     try:
@@ -159,7 +168,7 @@ def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_on
     design = [
         *("--data", str(data), "--width", "16", "--layers", "1", "--max_steps", "3"),
         *("--warmup_steps", "1", "--timing_steps", "3", "--eval_batches", "1", "--seeds", "0"),
-        *("--batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
+        *("--per_device_train_batch_size", str(BATCH), "--block_size", str(BLOCK), "--threads", "1"),
     ]
     main_folder, other_folder, foreign = tmp_path / "main", tmp_path / "other", tmp_path / "foreign"
     for folder in (main_folder, other_folder):

@@ -8,15 +8,21 @@ import copy
 import math
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import (
+    HfArgumentParser,
+    LlamaConfig,
+    LlamaForCausalLM,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
 
 import geoformers
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import load_tiny_shakespeare
 
-from harness.threads import add_threads_argument
+from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 # nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64); SwiGLU width 344 (Llama's 2.69x).
 SMALL_CPU_SHAPE = {
@@ -96,30 +102,30 @@ def make_optimizer(model, lr, weight_decay, beta2, warmup_steps, steps, min_lr_r
 def make_trainer(model, train_ids, args, device):
     """A `step()` closure: one optimisation step on the next batch, returning (loss, wall seconds). The
     batches come from a generator seeded with `args.seed`, so every model sees the same batches. With
-    `args.compile` the forward runs through `torch.compile` (the first step pays the compilation); with
+    `args.torch_compile` the forward runs through `torch.compile` (the first step pays the compilation); with
     `args.bf16` under bfloat16 autocast. The closure carries its `optimizer`, `schedule` and batch `generator`
     as attributes, so a run can branch from it (`upcycle_llama.py`)."""
     optimizer, schedule = make_optimizer(
         model,
         args.learning_rate,
         args.weight_decay,
-        args.beta2,
+        args.adam_beta2,
         args.warmup_steps,
         args.max_steps,
         args.min_lr_ratio,
     )
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
-    forward = torch.compile(model) if args.compile else model
+    forward = torch.compile(model) if args.torch_compile else model
     bf16 = getattr(args, "bf16", False)
 
     def step() -> tuple[float, float]:
-        batch = get_batch(train_ids, args.batch_size, args.block_size, generator).to(device)
+        batch = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, generator).to(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = forward(input_ids=batch, labels=batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
@@ -162,26 +168,42 @@ def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) 
     return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, max_steps: int) -> None:
-    """The loop's flags; names as in `TrainingArguments` where it has the same setting."""
-    parser.add_argument(
-        "--data", default=None, help="local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"
+@dataclass
+class LoopArguments:
+    """The loop's flags: nanoGPT's recipe, each setting `TrainingArguments` has under that class's name (the
+    loop is not a `Trainer`; docs/experiments.md, 'Flags')."""
+
+    _argument_group_name = "training loop (TrainingArguments' names where it has the setting)"
+
+    data: str | None = field(
+        default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
     )
-    parser.add_argument("--max_steps", type=int, default=max_steps)
-    parser.add_argument("--batch_size", type=int, default=12)
-    parser.add_argument("--block_size", type=int, default=64)
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--min_lr_ratio", type=float, default=0.1)
-    parser.add_argument("--warmup_steps", type=int, default=100)
-    parser.add_argument("--weight_decay", type=float, default=0.1)
-    parser.add_argument("--beta2", type=float, default=0.99)
-    parser.add_argument("--grad_clip", type=float, default=1.0)
-    parser.add_argument("--eval_batches", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    add_threads_argument(parser)
-    parser.add_argument("--compile", action="store_true", help="train through torch.compile (inductor)")
-    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU runs)")
+    output_dir: str | None = field(default=None, metadata={"help": "where the results go"})
+    max_steps: int = 2000
+    per_device_train_batch_size: int = field(default=12, metadata={"help": "windows per step"})
+    block_size: int = field(default=64, metadata={"help": "tokens per window"})
+    learning_rate: float = 1e-3
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "the cosine decays to this x learning_rate"})
+    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW's, on matrices only"})
+    adam_beta2: float = 0.99
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
+    eval_batches: int = field(default=20, metadata={"help": "validation batches per loss estimate"})
+    seed: int = 1337
+    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+    torch_compile: bool = field(default=False, metadata={"help": "train through torch.compile (inductor)"})
+    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
+
+
+def loop_parser(*own, description: str | None = None, **defaults) -> HfArgumentParser:
+    """`HfArgumentParser` over a script's dataclasses `own` and `LoopArguments`, with the script's defaults
+    (`RawDescriptionHelpFormatter`: the script's docstring as written)."""
+    parser = HfArgumentParser(
+        (*own, LoopArguments), description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.set_defaults(**defaults)
+    return parser
 
 
 def shape_for(width: int, layers: int) -> dict:

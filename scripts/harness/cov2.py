@@ -4,34 +4,46 @@ data, shared with the sweeps that rerun its recipe (`exp_grown_vs_swept.py`)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from geoformers.tokenization.kmer_tokenizer import build_kmer_tokenizer
 from geoformers.training.synthetic_tasks import build_cov2_variant_task
 
-from harness.flags import add_experiment_arguments, check_experiment_arguments
+from harness.flags import check_experiment_arguments, experiment_parser
 from harness.results import REPO_ROOT
 
 
+@dataclass
+class Cov2Arguments:
+    """`build_cov2_variant_task`'s fields."""
+
+    _argument_group_name = "task (build_cov2_variant_task)"
+
+    num_train_per_lineage: int = 200
+    num_validation_per_lineage: int = 50
+    genome_length: int = 3000
+    private_mutations: int = 6
+    background_rate: float = 1e-3
+    error_rate: float = 2e-3
+    n_rate: float = 5e-3
+    fragment_length: int | None = field(default=None, metadata={"help": "random windows of this many bases"})
+    kmer_size: int = 6
+    kmer_stride: int | None = field(default=None, metadata={"help": "default kmer_size (non-overlapping)"})
+    task_seed: int = field(default=0, metadata={"help": "seed of the generated task"})
+
+
 def parse_args(argv: list[str] | None, description: str | None = None) -> argparse.Namespace:
-    """`exp_cov2.py`'s flags: the task's, the output folder and the shared ones with its defaults."""
-    parser = argparse.ArgumentParser(description=description)
-    task = parser.add_argument_group("task (build_cov2_variant_task)")
-    task.add_argument("--num_train_per_lineage", type=int, default=200)
-    task.add_argument("--num_validation_per_lineage", type=int, default=50)
-    task.add_argument("--genome_length", type=int, default=3000)
-    task.add_argument("--private_mutations", type=int, default=6)
-    task.add_argument("--background_rate", type=float, default=1e-3)
-    task.add_argument("--error_rate", type=float, default=2e-3)
-    task.add_argument("--n_rate", type=float, default=5e-3)
-    task.add_argument("--fragment_length", type=int, default=None, help="random windows of this many bases")
-    task.add_argument("--kmer_size", type=int, default=6)
-    task.add_argument("--kmer_stride", type=int, default=None, help="default kmer_size (non-overlapping)")
-    task.add_argument("--data_seed", type=int, default=0)
-    parser.add_argument(
-        "--output_dir", default=str(REPO_ROOT / "outputs" / "cov2"), help="results/cov2: the committed run"
+    """`exp_cov2.py`'s flags: the task's and the shared ones with its defaults (`--output_dir results/cov2`:
+    the committed run)."""
+    parser = experiment_parser(
+        Cov2Arguments,
+        description=description,
+        max_steps=300,
+        pre_growth_steps=100,
+        eval_steps=100,
+        probe_every=50,
+        output_dir=str(REPO_ROOT / "outputs" / "cov2"),
     )
-    add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=300, pre_growth_steps=100, eval_steps=100, probe_every=50)
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)
     return args
@@ -50,6 +62,6 @@ def build_task(args: argparse.Namespace):
         fragment_length=args.fragment_length,
         kmer_size=args.kmer_size,
         kmer_stride=args.kmer_stride,
-        seed=args.data_seed,
+        seed=args.task_seed,
     ).remove_columns("sequence")
     return task, len(build_kmer_tokenizer(args.kmer_size)), len(task["train"][0]["input_ids"])

@@ -1,96 +1,149 @@
-"""Command-line flags shared by the DDCL-INCRT experiment scripts (each script sets its own defaults with
-`parser.set_defaults`) and the model they describe."""
+"""Command-line flags of the DDCL-INCRT experiment scripts (docs/experiments.md, 'Flags'): `HfArgumentParser`
+over the script's own dataclasses, the shared `ModelArguments`, `GrowthArguments`, `RecipeArguments` and
+`TrainingArguments` itself, so every training flag is the `Trainer`'s (each script sets its own defaults with
+`parser.set_defaults`); the model the flags describe."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass, field
 
-from transformers import set_seed
+from transformers import HfArgumentParser, TrainingArguments, set_seed
 
 from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 
-from harness.threads import add_threads_argument
+from harness.threads import DEFAULT_THREADS, THREADS_HELP
+
+TRAINING_FIELD_DEFAULTS = {
+    f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    for f in dataclasses.fields(TrainingArguments)
+    if f.init
+}
+TRAINING_FIELDS = frozenset(TRAINING_FIELD_DEFAULTS)
+
+# The recipe's `TrainingArguments` defaults (a script's `set_defaults` overrides them): CPU, no checkpoints,
+# no reporting, evaluation batches of 256.
+TRAINING_DEFAULTS = {
+    "max_steps": 1000,
+    "per_device_train_batch_size": 32,
+    "per_device_eval_batch_size": 256,
+    "learning_rate": 3e-3,
+    "weight_decay": 0.01,
+    "warmup_steps": 20,
+    "eval_steps": 250,
+    "seed": 0,
+    "use_cpu": True,
+    "save_strategy": "no",
+    "report_to": "none",
+}
 
 
-def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model, growth and training flags shared by the experiment scripts; names follow DDCLIncrtConfig."""
-    model = parser.add_argument_group("model (DDCLIncrtConfig fields)")
-    model.add_argument("--hidden_size", type=int, default=64)
-    model.add_argument("--num_hidden_layers", type=int, default=1)
-    model.add_argument("--head_dim", type=int, default=8)
-    model.add_argument("--initial_heads", type=int, default=1, help="heads per layer before growth")
-    model.add_argument("--max_heads", type=int, default=None, help="default hidden // head_dim")
-    model.add_argument("--num_prototypes", type=int, default=16)
-    model.add_argument("--tau_init", type=float, default=1.0)
-    model.add_argument("--tau_min", type=float, default=0.05)
-    model.add_argument("--prototype_loss_weight", type=float, default=0.1, help="lambda in CE + lambda L_q")
-    model.add_argument("--pooling", choices=("cls", "mean"), default="mean")
-    model.add_argument("--dropout", type=float, default=0.0, help="hidden and classifier dropout")
-    growth = parser.add_argument_group("growth (INCRT gate)")
-    growth.add_argument(
-        "--pre_growth_steps",
-        type=int,
+@dataclass
+class ModelArguments:
+    """The classifier's `DDCLIncrtConfig` fields."""
+
+    _argument_group_name = "model (DDCLIncrtConfig fields)"
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 1
+    head_dim: int = 8
+    initial_heads: int = field(default=1, metadata={"help": "heads per layer before growth"})
+    max_heads: int | None = field(default=None, metadata={"help": "default hidden_size // head_dim"})
+    num_prototypes: int = 16
+    tau_init: float = 1.0
+    tau_min: float = 0.05
+    prototype_loss_weight: float = field(default=0.1, metadata={"help": "lambda in CE + lambda L_q"})
+    pooling: str = field(default="mean", metadata={"choices": ("cls", "mean")})
+    dropout: float | None = field(default=0.0, metadata={"help": "hidden and classifier dropout"})
+
+
+@dataclass
+class GrowthArguments:
+    """When and how the INCRT gate grows heads (docs/growth_gate.md)."""
+
+    _argument_group_name = "growth (INCRT gate)"
+
+    pre_growth_steps: int = field(
         default=200,
-        help="steps the initial heads train before theta_w is calibrated and growth starts",
+        metadata={"help": "steps the initial heads train before theta_w is calibrated and growth starts"},
     )
-    growth.add_argument(
-        "--check_every",
-        type=int,
+    check_every: int = field(
         default=1,
-        help="optimizer steps between gate checks (1: every growth decision is taken on "
-        "nearly the same spectrum; training between checks inflates lambda_max)",
+        metadata={
+            "help": "optimizer steps between gate checks (1: every growth decision is taken on nearly the "
+            "same spectrum; training between checks inflates lambda_max)"
+        },
     )
-    growth.add_argument("--gate_batch_size", type=int, default=64, help="training rows per gate check")
-    growth.add_argument("--gate_num_tokens", type=int, default=512, help="tokens per gate check")
-    growth.add_argument(
-        "--gate_threshold",
-        choices=GATE_THRESHOLDS,
+    gate_batch_size: int = field(default=64, metadata={"help": "training rows per gate check"})
+    gate_num_tokens: int = field(default=512, metadata={"help": "tokens per gate check"})
+    gate_threshold: str | None = field(
         default=None,
-        help="theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once on "
-        "the first checks and then fixed (calibrated, the author's rule); default: the "
-        "config's (relative)",
+        metadata={
+            "choices": GATE_THRESHOLDS,
+            "help": "theta_w = factor x ||A_sym||_F at every check (relative) or calibrated once on the "
+            "first checks and then fixed (calibrated, the author's rule); default: the config's (relative)",
+        },
     )
-    growth.add_argument(
-        "--gate_rule",
-        choices=GATE_RULES,
+    gate_rule: str | None = field(
         default=None,
-        help="grow on lambda_max > theta_w (max_only) or the author's bidirectional rule "
-        "(docs/growth_gate.md); default: the config's",
+        metadata={
+            "choices": GATE_RULES,
+            "help": "grow on lambda_max > theta_w (max_only) or the author's bidirectional rule; default: "
+            "the config's",
+        },
     )
-    growth.add_argument("--gate_calibration_factor", type=float, default=0.1)
-    growth.add_argument("--gate_prune_factor", type=float, default=0.0, help="phi_g / theta_w; 0: no pruning")
-    growth.add_argument("--gate_prune_patience", type=int, default=3)
-    training = parser.add_argument_group("training")
-    training.add_argument("--max_steps", type=int, default=1000, help="optimizer steps, pre-growth included")
-    training.add_argument("--batch_size", type=int, default=32)
-    training.add_argument("--learning_rate", type=float, default=3e-3)
-    training.add_argument("--prototype_lr_multiplier", type=float, default=10.0)
-    training.add_argument("--weight_decay", type=float, default=0.01)
-    training.add_argument("--warmup_steps", type=int, default=20, help="linear warm-up of the learning rate")
-    training.add_argument(
-        "--lr_scheduler_type",
-        default="linear",
-        help="schedule of the growth phase (the pre-growth phase is warm-up + constant)",
-    )
-    training.add_argument("--eval_steps", type=int, default=250, help="steps between evaluations")
-    training.add_argument("--probe_every", type=int, default=25, help="steps between prototype probes")
-    training.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
-    add_threads_argument(training)
-    training.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="show the Trainer's progress bar (--no-progress: none)",
-    )
+    gate_calibration_factor: float = 0.1
+    gate_prune_factor: float = field(default=0.0, metadata={"help": "phi_g / theta_w; 0: no pruning"})
+    gate_prune_patience: int = 3
 
 
-def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """parser.error naming the flag for values the Trainer or the recipe would reject late or silently."""
+@dataclass
+class RecipeArguments:
+    """The recipe's settings that `TrainingArguments` has no field for."""
+
+    _argument_group_name = "recipe (besides TrainingArguments)"
+
+    prototype_lr_multiplier: float = field(default=10.0, metadata={"help": "prototype learning rate / lr"})
+    probe_every: int = field(default=25, metadata={"help": "steps between prototype probes"})
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+
+
+class TrainingFlags(TrainingArguments):
+    """`TrainingArguments`' fields under a heading of their own, last in `--help` (parsed, never built)."""
+
+    _argument_group_name = "training (TrainingArguments' fields; the Trainer's documentation describes them)"
+
+
+def experiment_parser(*own, description: str | None = None, **defaults) -> HfArgumentParser:
+    """The parser of a script's dataclasses `own`, the shared ones and `TrainingArguments`, with
+    `TRAINING_DEFAULTS` and then `defaults` set. Its `parse_args` returns one flat namespace."""
+    parser = HfArgumentParser(
+        (*own, ModelArguments, GrowthArguments, RecipeArguments, TrainingFlags),
+        description=description,
+        usage="%(prog)s [--FLAG VALUE ...]",
+    )
+    parser.set_defaults(**{**TRAINING_DEFAULTS, **defaults})
+    return parser
+
+
+def check_experiment_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, epochs: bool = False
+) -> None:
+    """parser.error naming the flag for values the Trainer or the recipe would reject late or silently.
+    `epochs`: the script trains `--num_train_epochs` when `--max_steps` <= 0."""
     if args.threads < 0:
         parser.error(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
-    positive = ("batch_size", "check_every", "gate_batch_size", "eval_steps", "probe_every", "initial_heads")
-    if args.max_steps < 1 and getattr(args, "epochs", None) is None:  # scripts with --epochs: max_steps <= 0
+    positive = (
+        "per_device_train_batch_size",
+        "check_every",
+        "gate_batch_size",
+        "eval_steps",
+        "probe_every",
+        "initial_heads",
+    )
+    if args.max_steps < 1 and not epochs:
         parser.error(f"--max_steps must be >= 1, got {args.max_steps}")
     for name in positive:
         if getattr(args, name) < 1:
@@ -105,6 +158,22 @@ def check_experiment_arguments(parser: argparse.ArgumentParser, args: argparse.N
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         parser.error(f"--dropout must lie in [0, 1), got {args.dropout}")
+
+
+def training_arguments(args: argparse.Namespace, **overrides) -> TrainingArguments:
+    """`TrainingArguments` from the namespace's fields of that name, with `overrides`."""
+    return TrainingArguments(**{**{name: getattr(args, name) for name in TRAINING_FIELDS}, **overrides})
+
+
+def parsed_settings(args: argparse.Namespace) -> dict:
+    """The `settings` of a result file (`harness.results.write_results`): every flag but the
+    `TrainingArguments` fields outside `TRAINING_DEFAULTS` left at that class's default (about a hundred;
+    an absent one had its default)."""
+    return {
+        name: value
+        for name, value in vars(args).items()
+        if name not in TRAINING_FIELDS or name in TRAINING_DEFAULTS or value != TRAINING_FIELD_DEFAULTS[name]
+    }
 
 
 def gate_choices(args: argparse.Namespace) -> dict:
@@ -124,7 +193,8 @@ def build_model(
     num_labels: int,
     pad_token_id: int = 0,
 ) -> DDCLIncrtForSequenceClassification:
-    """DDCL-INCRT classifier from the flags of `add_experiment_arguments`, initialised from `args.seed`."""
+    """DDCL-INCRT classifier from the flags of `ModelArguments` and `GrowthArguments`, initialised from
+    `args.seed`."""
     config = DDCLIncrtConfig(
         vocab_size=vocab_size,
         hidden_size=args.hidden_size,

@@ -20,7 +20,9 @@ batches from the window's rows only (a time-ordered stream must not show the gat
 again after a stop (the gate re-armed every window; the windows are fixed in time). One optimizer
 (`make_optimizer`) serves every `Trainer`, so Adam moments carry over.
 
-Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included.
+Steps everywhere (histories, probes, events) are global optimizer steps, pre-growth included. Evaluations
+(`eval_dataset`) run every `eval_steps` in the last `Trainer`: the whole run, pre-growth included, when there
+is one; the last window with `window_steps` (docs/experiments.md, 'Shared recipe').
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from functools import partial
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
@@ -43,6 +45,7 @@ from geoformers.training.evaluation import classification_metrics
 from geoformers.training.growth import HISTORY_FILE, PLOT_FILE, IncrtGrowthCallback, plot_growth_history
 from geoformers.training.optim import make_optimizer
 
+from harness.flags import training_arguments
 from harness.printing import GrowthEventPrinter, ProgressBarOnly
 from harness.probes import PrototypeProbe
 from harness.results import write_json
@@ -58,41 +61,6 @@ class GrowthRun:
     evaluations: list[dict] = field(default_factory=list)
     train_time_s: float = 0.0
     trainer: Trainer | None = None  # the last phase's, e.g. for a final `trainer.evaluate()`
-
-
-def training_arguments(
-    args: argparse.Namespace,
-    output_dir: str | os.PathLike,
-    *,
-    max_steps: int,
-    scheduler: str,
-    warmup_steps: int,
-    data_seed: int,
-    sampling: str,
-    evaluate: bool,
-) -> TrainingArguments:
-    """TrainingArguments of one phase: CPU, no checkpoints, no reporting; optional evaluations."""
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=max(256, args.batch_size),
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        lr_scheduler_type=scheduler,
-        warmup_steps=warmup_steps,
-        logging_steps=min(args.eval_steps, max_steps),
-        eval_strategy="steps" if evaluate else "no",
-        eval_steps=args.eval_steps if evaluate else None,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=not args.progress,
-        seed=args.seed,
-        data_seed=data_seed,
-        use_cpu=True,
-        train_sampling_strategy=sampling,
-        dataloader_num_workers=0,
-    )
 
 
 def offset_history(history: dict, offset: int) -> dict:
@@ -157,20 +125,21 @@ def run_growth_training(
     on_window: Callable[[int, int], None] | None = None,
     gate_window_steps: int | None = None,
     growth: bool = True,
-    sampling: str = "random",
     trainer_class: type[Trainer] | None = None,
     trainer_kwargs: dict | None = None,
 ) -> GrowthRun:
     """The growth recipe of the module docstring on the stock `Trainer`; writes growth_history.json and its
     plot (global steps) into `output_dir`.
 
-    `sequential`: `train_dataset` is a stream of `args.batch_size` rows per step (global step t trains on
-    rows [t * batch_size, (t + 1) * batch_size)). `window_steps`: run the growth phase as windows of that
-    many steps; `on_window(start, end)` is called before each (e.g. to move the probe's batch).
-    `gate_window_steps` (with `sequential`, not with `window_steps`): one growth phase whose gate checks read
-    the rows of the last that many steps. `growth=False`: the same phases with no callback (no history).
-    `sampling`: the Trainer's `train_sampling_strategy` when not `sequential`. `trainer_class` (default
-    `Trainer`) and `trainer_kwargs` (e.g. a `data_collator`) build each phase's trainer.
+    `args` holds the flags of `harness.flags.experiment_parser`: every `TrainingArguments` field (each phase
+    runs on them with its own steps, schedule, data seed, evaluation and, with `sequential`, sampling) and
+    the growth and recipe flags. `sequential`: `train_dataset` is a stream of `per_device_train_batch_size`
+    rows per step (global step t trains on rows [t * batch_size, (t + 1) * batch_size)). `window_steps`: run
+    the growth phase as windows of that many steps; `on_window(start, end)` is called before each (e.g. to
+    move the probe's batch). `gate_window_steps` (with `sequential`, not with `window_steps`): one growth
+    phase whose gate checks read the rows of the last that many steps. `growth=False`: the same phases with no
+    callback (no history). `trainer_class` (default `Trainer`) and `trainer_kwargs` (e.g. a `data_collator`)
+    build each phase's trainer.
     """
     continuous = gate_window_steps is not None
     if continuous and (window_steps is not None or not sequential or gate_window_steps < 1):
@@ -180,6 +149,7 @@ def run_growth_training(
             f"window_steps={window_steps}, sequential={sequential}"
         )
     output_dir = Path(output_dir)
+    batch_size = args.per_device_train_batch_size
     optimizer = None  # one for all phases, built from the first phase's arguments
     compute_metrics = classification_metrics() if eval_dataset is not None else None
     if window_steps is None:  # one Trainer; the callback starts growing at pre_growth_steps
@@ -199,18 +169,20 @@ def run_growth_training(
             on_window(start, min(end, args.pre_growth_steps) if start < args.pre_growth_steps else end)
         rows = train_dataset
         if sequential:
-            rows = train_dataset.select(range(start * args.batch_size, end * args.batch_size))
+            rows = train_dataset.select(range(start * batch_size, end * batch_size))
         last = index == len(phases) - 1
-        scheduler = args.lr_scheduler_type if window_steps is None else "constant_with_warmup"
+        evaluate = eval_dataset is not None and last
         phase_args = training_arguments(
             args,
-            output_dir,
+            output_dir=str(output_dir),
             max_steps=end - start,
-            scheduler=scheduler,
+            lr_scheduler_type=args.lr_scheduler_type if window_steps is None else "constant_with_warmup",
             warmup_steps=args.warmup_steps if index == 0 else 0,
-            data_seed=args.seed + index,
-            sampling="sequential" if sequential else sampling,
-            evaluate=eval_dataset is not None and last,
+            data_seed=(args.seed if args.data_seed is None else args.data_seed) + index,
+            train_sampling_strategy="sequential" if sequential else args.train_sampling_strategy,
+            logging_steps=min(args.eval_steps, end - start),
+            eval_strategy="steps" if evaluate else "no",
+            eval_steps=args.eval_steps if evaluate else None,
         )
         if optimizer is None:
             optimizer = make_optimizer(
@@ -221,7 +193,7 @@ def run_growth_training(
         if growing and growth:
             gate_rows = None
             if continuous:
-                gate_rows = partial(recent_stream_rows, gate_window_steps, args.batch_size)
+                gate_rows = partial(recent_stream_rows, gate_window_steps, batch_size)
             callback = IncrtGrowthCallback(
                 check_every=args.check_every,
                 gate_batch_size=args.gate_batch_size,
@@ -249,7 +221,7 @@ def run_growth_training(
             **(trainer_kwargs or {}),
         )
         trainer.remove_callback(PrinterCallback)
-        if args.progress:
+        if not phase_args.disable_tqdm:
             trainer.remove_callback(ProgressCallback)
             trainer.add_callback(ProgressBarOnly())
         trainer.train()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,17 +18,68 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.tokenization import load_bert_tokenizer, train_wordpiece
 from geoformers.training.data import encode_dataset, load_sst2
 
-from harness.flags import add_experiment_arguments, check_experiment_arguments, gate_choices
+from harness.flags import check_experiment_arguments, experiment_parser, gate_choices
 from harness.probes import gate_spectrum
 from harness.recipe import run_growth_training
 from harness.results import REPO_ROOT, default_bert_path
 
 
+@dataclass
+class Sst2Arguments:
+    """SST-2's data, outputs, BERT variant, word dropout and ensemble."""
+
+    _argument_group_name = "SST-2 (--dropout: default 0.5 from scratch, 0.1 with --bert)"
+
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's nyu-mll/glue sst2"
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "train on the first rows after a seeded shuffle"}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "default: all 872 dev sentences"})
+    save_model: bool = field(default=False, metadata={"help": "also save the model and tokenizer"})
+    bert: bool = field(
+        default=False, metadata={"help": "DDCL-INCRT on a pre-trained BERT's frozen embeddings"}
+    )
+    bert_path: str | None = field(
+        default=None, metadata={"help": "BERT checkpoint folder (default: the offline MiniLM)"}
+    )
+    use_encoder_outputs: bool = field(
+        default=False, metadata={"help": "with --bert: feed its frozen encoder outputs"}
+    )
+    vocab_size: int = field(default=16000, metadata={"help": "WordPiece vocabulary (from scratch)"})
+    max_length: int = 64
+    word_dropout: float = field(
+        default=0.0,
+        metadata={"help": "training only: drop each non-special token with this probability (DAN)"},
+    )
+    no_growth: bool = field(
+        default=False,
+        metadata={"help": "train --initial_heads heads with no callback, in a grown run's phases"},
+    )
+    warmup_ratio: float = field(
+        default=0.06, metadata={"help": "warm-up as a fraction of the steps unless --warmup_steps > 0"}
+    )
+    ensemble_size: int = field(
+        default=1,
+        metadata={"help": "members trained with seeds K * seed + m, m < K; their mean probabilities"},
+    )
+    member_processes: int = field(
+        default=1,
+        metadata={"help": "ensemble members trained at once, each in its own process on one thread"},
+    )
+
+
 def parse_args(argv: list[str] | None, description: str | None = None) -> argparse.Namespace:
-    """`exp_sst2.py`'s flags: the shared ones (`harness.flags`) with its defaults, plus its own."""
-    parser = argparse.ArgumentParser(description=description)
-    add_experiment_arguments(parser)
-    parser.set_defaults(
+    """`exp_sst2.py`'s flags: its own and the shared ones with its defaults. Training runs
+    `--num_train_epochs` unless `--max_steps` > 0; `--output_dir` defaults to outputs/sst2 (outputs/sst2_bert
+    with --bert; results/sst2: the committed run)."""
+    parser = experiment_parser(
+        Sst2Arguments,
+        description=description,
         hidden_size=256,
         head_dim=32,
         prototype_loss_weight=0.01,
@@ -36,78 +88,15 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
         gate_batch_size=256,
         gate_prune_factor=0.05,
         learning_rate=1e-3,
-        batch_size=64,
+        per_device_train_batch_size=64,
         max_steps=-1,
+        num_train_epochs=1.0,
         warmup_steps=0,
         eval_steps=200,
-    )
-    paths = parser.add_argument_group("data and outputs")
-    paths.add_argument(
-        "--data_dir",
-        default=None,
-        help="local GLUE SST-2 folder (train.tsv, dev.tsv); default: the hub's nyu-mll/glue sst2",
-    )
-    paths.add_argument(
-        "--output_dir",
-        default=None,
-        help="default outputs/sst2 (outputs/sst2_bert with --bert); results/sst2: the committed run",
-    )
-    paths.add_argument(
-        "--max_train_samples", type=int, default=None, help="train on the first rows after a seeded shuffle"
-    )
-    paths.add_argument("--max_eval_samples", type=int, default=None, help="default: all 872 dev sentences")
-    paths.add_argument("--save_model", action="store_true", help="also save the model and tokenizer")
-    bert = parser.add_argument_group("BERT variant")
-    bert.add_argument(
-        "--bert", action="store_true", help="DDCL-INCRT on a pre-trained BERT's frozen embeddings"
-    )
-    bert.add_argument(
-        "--bert_path", default=None, help="BERT checkpoint folder (default: the offline MiniLM)"
-    )
-    bert.add_argument(
-        "--use_encoder_outputs", action="store_true", help="with --bert: feed its frozen encoder outputs"
-    )
-    sst2 = parser.add_argument_group("SST-2 (--dropout: default 0.5 from scratch, 0.1 with --bert)")
-    sst2.add_argument("--vocab_size", type=int, default=16000, help="WordPiece vocabulary (from scratch)")
-    sst2.add_argument("--max_length", type=int, default=64)
-    sst2.add_argument(
-        "--word_dropout",
-        type=float,
-        default=0.0,
-        help="training only: drop each non-special token with this probability (DAN)",
-    )
-    sst2.add_argument(
-        "--no_growth",
-        action="store_true",
-        help="train --initial_heads heads with no callback, in a grown run's phases",
-    )
-    sst2.add_argument("--epochs", type=float, default=1.0, help="training length unless --max_steps > 0")
-    sst2.add_argument(
-        "--warmup_ratio",
-        type=float,
-        default=0.06,
-        help="warm-up as a fraction of the steps unless --warmup_steps > 0",
-    )
-    sst2.add_argument(
-        "--sampling",
-        choices=("group_by_length", "random"),
-        default="group_by_length",
-        help="Trainer's train_sampling_strategy",
-    )
-    sst2.add_argument(
-        "--ensemble_size",
-        type=int,
-        default=1,
-        help="members trained with seeds K * seed + m, m < K; their mean probabilities",
-    )
-    sst2.add_argument(
-        "--member_processes",
-        type=int,
-        default=1,
-        help="ensemble members trained at once, each in its own process on one thread",
+        train_sampling_strategy="group_by_length",
     )
     args = parser.parse_args(argv)
-    check_experiment_arguments(parser, args)
+    check_experiment_arguments(parser, args, epochs=True)
     for name in ("max_train_samples", "max_eval_samples"):
         value = getattr(args, name)
         if value is not None and value < 2:
@@ -231,14 +220,14 @@ class WordDropoutTrainer(Trainer):
 
 
 def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir: Path) -> dict:
-    """The shared growth recipe (`harness.recipe.run_growth_training`) over `--epochs` (or `--max_steps`)
-    with `--warmup_steps` (else `--warmup_ratio`) warm-up, word dropout and evaluations every `--eval_steps`
-    in the growth phase. `--no_growth` keeps the phases (learning-rate schedule, data orders) and drops the
-    callback, so a static model differs from a grown one by its heads only. Returns the final evaluation,
-    evaluations on global steps, the history on global steps (None with `--no_growth`), the exact A_sym
-    spectra and theta_w when growth starts, and the training time."""
-    steps_per_epoch = math.ceil(len(train_rows) / args.batch_size)
-    total = args.max_steps if args.max_steps > 0 else math.ceil(args.epochs * steps_per_epoch)
+    """The shared growth recipe (`harness.recipe.run_growth_training`) over `--num_train_epochs` (or
+    `--max_steps`) with `--warmup_steps` (else `--warmup_ratio`) warm-up, word dropout and evaluations every
+    `--eval_steps` over the whole run (pre-growth included). `--no_growth` keeps the phases (learning-rate
+    schedule, data orders) and drops the callback, so a static model differs from a grown one by its heads
+    only. Returns the final evaluation, evaluations on global steps, the history on global steps (None with
+    `--no_growth`), the exact A_sym spectra and theta_w when growth starts, and the training time."""
+    steps_per_epoch = math.ceil(len(train_rows) / args.per_device_train_batch_size)
+    total = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
     pre = args.pre_growth_steps
     if pre >= total:
         raise ValueError(f"--pre_growth_steps ({pre}) must be < the {total} training steps")
@@ -261,7 +250,6 @@ def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir
         eval_dataset=dev,
         on_window=spectrum_at_growth_start,
         growth=not args.no_growth,
-        sampling=args.sampling,
         trainer_class=WordDropoutTrainer,
         trainer_kwargs={
             "data_collator": collator,

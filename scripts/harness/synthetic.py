@@ -4,49 +4,49 @@ shared with the sweeps that rerun its recipe (`exp_grown_vs_swept.py`)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS
 
-from harness.flags import add_experiment_arguments, check_experiment_arguments
+from harness.flags import check_experiment_arguments, experiment_parser
 from harness.results import REPO_ROOT
 
 
-def parse_args(argv: list[str] | None, description: str | None = None) -> argparse.Namespace:
-    """`exp_synthetic.py`'s flags: the planted task's, the experiment's and the shared ones (its defaults)."""
-    parser = argparse.ArgumentParser(description=description)
-    task = parser.add_argument_group("task (build_spectral_task)")
-    task.add_argument("--strengths", type=float, nargs="+", default=list(DEFAULT_STRENGTHS))
-    task.add_argument("--num_train", type=int, default=4000)
-    task.add_argument("--num_validation", type=int, default=1000)
-    task.add_argument("--data_seed", type=int, default=0)
-    experiment = parser.add_argument_group("experiment")
-    experiment.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=[0, 1, 2],
-        help="model initialisation / data-order seeds (same data)",
+@dataclass
+class SyntheticArguments:
+    """The planted task (`build_spectral_task`) and the experiment's seeds, ablation and probes."""
+
+    _argument_group_name = "task (build_spectral_task) and experiment"
+
+    strengths: list[float] = field(default_factory=lambda: list(DEFAULT_STRENGTHS))
+    num_train: int = 4000
+    num_validation: int = 1000
+    task_seed: int = field(default=0, metadata={"help": "seed of the generated task"})
+    seeds: list[int] = field(
+        default_factory=lambda: [0, 1, 2],
+        metadata={"help": "model initialisation / data-order seeds (same data)"},
     )
-    experiment.add_argument(
-        "--ablation",
-        action=argparse.BooleanOptionalAction,
+    ablation: bool = field(
         default=True,
-        help="also run the first seed with growth from step 0",
+        metadata={"help": "also run the first seed with growth from step 0 (--no_ablation: not)"},
     )
-    experiment.add_argument("--probe_rows", type=int, default=256, help="validation rows of the probes")
-    experiment.add_argument(
-        "--collapse_ratio",
-        type=float,
+    probe_rows: int = field(default=256, metadata={"help": "validation rows of the probes"})
+    collapse_ratio: float = field(
         default=0.01,
-        help="collapsed: final min prototype distance < ratio x the head's first one",
+        metadata={"help": "collapsed: final min prototype distance < ratio x the head's first one"},
     )
-    experiment.add_argument(
-        "--output_dir",
-        default=str(REPO_ROOT / "outputs" / "synthetic"),
-        help="results/synthetic: the committed run",
+
+
+def parse_args(argv: list[str] | None, description: str | None = None) -> argparse.Namespace:
+    """`exp_synthetic.py`'s flags: the planted task's, the experiment's and the shared ones (its defaults;
+    `--output_dir results/synthetic`: the committed run)."""
+    parser = experiment_parser(
+        SyntheticArguments,
+        description=description,
+        max_steps=2000,
+        eval_steps=500,
+        output_dir=str(REPO_ROOT / "outputs" / "synthetic"),
     )
-    add_experiment_arguments(parser)
-    parser.set_defaults(max_steps=2000, eval_steps=500)
     args = parser.parse_args(argv)
     check_experiment_arguments(parser, args)
     if args.probe_rows < 2 or args.probe_rows > args.num_validation:

@@ -9,6 +9,10 @@ import argparse
 import torch
 
 DEFAULT_THREADS = 1
+THREADS_HELP = (
+    "torch CPU threads (default 1: fastest for small models and on a shared machine; 0: torch's default, "
+    "one per core)"
+)
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +20,7 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=DEFAULT_THREADS,
-        help="torch CPU threads (default 1: fastest for small models and on a shared "
-        "machine; 0: torch's default, one per core)",
+        help=THREADS_HELP,
     )
 
 
