@@ -543,6 +543,35 @@ def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
 # --------------------------------------------------------------------------------------------- gate
 
 
+def test_checkpoint_with_the_old_bool_calibrated_flag_loads_into_the_uint8_buffer(tmp_path):
+    """`IncrtGate.calibrated` was a bool buffer; a checkpoint holding it (written by hand here) loads with
+    `from_pretrained` and `load_state_dict` into the uint8 buffer, each layer's flag kept, and the gates
+    then decide as the original's do."""
+    model = small_model(gate_threshold="calibrated", gate_calibration_checks=2)
+    input_ids, attention_mask = batch()
+    model.gate_check(input_ids, attention_mask)
+    first_gate = model.model.layers[0].attention.gate
+    first_gate.calibrated.fill_(1)  # layer 0 calibrated by hand, layer 1 still calibrating
+    first_gate.theta_w.fill_(0.05)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    flags = [key for key in weights if key.endswith(".gate.calibrated")]
+    assert len(flags) == 2 and all(weights[key].dtype == torch.uint8 for key in flags)
+    old = {key: value.bool() if key in flags else value for key, value in weights.items()}
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    plain = small_model(seed=1, gate_threshold="calibrated", gate_calibration_checks=2)
+    plain.load_state_dict(old)
+    for reloaded in (AutoModelForSequenceClassification.from_pretrained(tmp_path).eval(), plain):
+        loaded = [layer.attention.gate.calibrated for layer in reloaded.model.layers]
+        assert [flag.dtype for flag in loaded] == [torch.uint8, torch.uint8]
+        assert [int(flag) for flag in loaded] == [1, 0]
+    expected = model.gate_check(input_ids, attention_mask)
+    for reloaded in (AutoModelForSequenceClassification.from_pretrained(tmp_path).eval(), plain):
+        decisions = reloaded.gate_check(input_ids, attention_mask)
+        assert [d.action for d in decisions] == [d.action for d in expected]
+        assert [d.theta_w for d in decisions] == [d.theta_w for d in expected]
+
+
 def test_gate_second_moments_are_those_of_the_layer_inputs():
     model = small_model(gate_num_tokens=1000)
     input_ids, attention_mask = batch()

@@ -115,12 +115,3 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.
         """The model's one checkpoint conversion (`one_element_parameters`: a legacy 0-d `rho` loads as shape
         (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left out."""
         super().test_reverse_loading_mapping(check_keys_were_modified=False)
-
-    @unittest.skip(
-        "transformers 5.24's test compares bool tensors with `state_dict()[key]`, calling the "
-        "state dict (a dict) it holds, so it fails for any model with a bool buffer (the INCRT "
-        "gate's `calibrated`); save/load round trips are tested in test_ddcl_incrt.py and "
-        "test_strict_loading.py"
-    )
-    def test_torch_save_load(self):
-        pass
