@@ -18,6 +18,7 @@ Checks that read tensor values run on CPU tensors only (`_checks_values`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ from transformers import BertConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
 
@@ -148,6 +150,29 @@ class DDCLIncrtHead(nn.Module):
             projection.bias[0] = 0.0
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scaling + mask) v for (B, H, T, D) inputs, as transformers' eager attention: returns
+    the output (B, T, H, D) and the probabilities (B, H, T, T). The mask is the additive float one of "eager",
+    or the boolean one of "sdpa" (True: attend) when `output_attentions` runs this under "sdpa"."""
+    scores = query @ key.transpose(2, 3) * scaling
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
+        scores = scores + attention_mask
+    probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = F.dropout(probabilities, p=dropout, training=module.training) @ value
+    return output.transpose(1, 2).contiguous(), probabilities
+
+
 class AttentionOutput(NamedTuple):
     output: torch.Tensor  # sum_h W_O^h o_hat^h, (B, T, hidden)
     attention_probs: torch.Tensor | None  # (B, H, T, T) when requested
@@ -160,14 +185,17 @@ class DDCLIncrtAttention(nn.Module):
     """Self-attention over a list of `DDCLIncrtHead`s that grows and shrinks (INCRT), each head with its own
     prototype bank (DDCL), plus the layer's `IncrtGate` deciding when (the growth API: `incrt.py`).
 
-    The forward stacks the heads' q/k/v and runs all heads in one batched matmul (torch SDPA; the explicit
-    softmax when attention probabilities are requested).
+    The forward stacks the heads' q/k/v and runs all heads in one call of the attention function that
+    `config._attn_implementation` names (transformers' attention interface: "sdpa" or "eager"); a call that
+    returns the attention probabilities runs "eager" (docs/ddcl_incrt.md, 'Attention implementations').
     """
 
     def __init__(self, config: DDCLIncrtConfig, layer_index: int):
         super().__init__()
         self.config = config
         self.layer_index = layer_index
+        self.scaling = config.head_dim**-0.5
+        self.is_causal = False  # an encoder: "sdpa" must not read a missing mask as causal
         self.heads = nn.ModuleList([DDCLIncrtHead(config) for _ in range(config.num_heads[layer_index])])
         self.gate = IncrtGate(config, layer_index)
 
@@ -195,25 +223,29 @@ class DDCLIncrtAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> AttentionOutput:
-        """hidden_states (B, T, hidden); attention_mask: boolean (B, 1, 1, T), True for keys to attend."""
+        """hidden_states (B, T, hidden); attention_mask: the (B, 1, T, T) mask of `create_bidirectional_mask`
+        for the configured implementation, or None (no padding)."""
         # Each head's projections are called as modules (not fused from their weights) so that wrappers
         # such as PEFT's LoRA layers take part in the forward pass.
         query, key, value = (
             torch.stack([getattr(head, name)(hidden_states) for head in self.heads], dim=1)
             for name in ("q_proj", "k_proj", "v_proj")
         )
-        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        attention_probs = None
-        if output_attentions:
-            scores = query @ key.transpose(-1, -2) / math.sqrt(self.config.head_dim)
-            if attention_mask is not None:
-                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-            attention_probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-            head_outputs = F.dropout(attention_probs, dropout, self.training) @ value
-        else:
-            head_outputs = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attention_mask, dropout_p=dropout
+        attention_interface: Callable = eager_attention_forward
+        if not output_attentions:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
             )
+        attention_output, attention_probs = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        head_outputs = attention_output.transpose(1, 2)  # (B, H, T, D), the prototype block's layout
         banks, temperatures = self.prototype_banks(), self.temperatures()
         prototypes = prototype_block(head_outputs, banks, temperatures)
         output = sum(head.o_proj(prototypes.output[:, index]) for index, head in enumerate(self.heads))
@@ -325,6 +357,7 @@ class DDCLIncrtPreTrainedModel(
     config_class = DDCLIncrtConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
+    _supports_sdpa = True
     _no_split_modules = ["DDCLIncrtLayer"]
 
     def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
@@ -505,7 +538,6 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         input_ids, token_type_ids, token_mask = self._validated_inputs(
             input_ids, attention_mask, token_type_ids, inputs_embeds
         )
-        key_mask = None if attention_mask is None else token_mask[:, None, None, :]
 
         hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         if inputs_embeds is not None and _checks_values(hidden_states) and not hidden_states.isfinite().all():
@@ -517,6 +549,11 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         if self.bert_encoder is not None:
             bert_mask = create_bidirectional_mask(self.bert_encoder.config, hidden_states, token_mask.long())
             hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
+        key_mask = None  # no mask: every key attends
+        if attention_mask is not None:  # built even when all ones: skipping it would read its values
+            key_mask = create_bidirectional_mask(
+                config, hidden_states, token_mask, allow_is_bidirectional_skip=False
+            )
         all_hidden_states = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         layer_statistics = []

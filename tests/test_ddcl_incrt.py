@@ -231,6 +231,90 @@ def test_auxiliary_outputs_attentions_and_hidden_states():
     torch.testing.assert_close(model(input_ids, attention_mask=attention_mask).logits, output.logits)
 
 
+def _ran_sdpa(model, *args, **kwargs):
+    """The model's output and whether torch's scaled_dot_product_attention op ran in its forward."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        output = model(*args, **kwargs)
+    return output, any(event.name == "aten::scaled_dot_product_attention" for event in profile.events())
+
+
+def test_sdpa_is_the_default_and_eager_is_available_by_attn_implementation():
+    model = small_model()
+    input_ids, attention_mask = batch()
+    assert model.config._attn_implementation == "sdpa"
+    assert _ran_sdpa(model, input_ids, attention_mask=attention_mask)[1]
+    eager = AutoModelForSequenceClassification.from_config(small_config(), attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+    assert not _ran_sdpa(eager, input_ids, attention_mask=attention_mask)[1]
+    with pytest.raises(ValueError, match="does not support Flash Attention 2"):  # not claimed
+        AutoModelForSequenceClassification.from_config(
+            small_config(), attn_implementation="flash_attention_2"
+        )
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_sdpa_equals_eager_in_outputs_statistics_and_gradients(masked):
+    """fp32, train mode (dropout 0): the two implementations agree to float rounding in every output, in the
+    DDCL statistics and in every parameter gradient; with `output_attentions` "sdpa" runs eager."""
+    settings = {"hidden_dropout_prob": 0.0, "classifier_dropout": 0.0}
+    input_ids, attention_mask = batch()
+    attention_mask = attention_mask if masked else None
+    labels = torch.tensor([0, 2, 1])
+    results = {}
+    for implementation in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_config(
+            small_config(**settings), attn_implementation=implementation
+        )
+        model.train()
+        output = model(
+            input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            output_hidden_states=True,
+            output_prototype_statistics=True,
+        )
+        output.loss.backward()
+        gradients = {name: p.grad for name, p in model.named_parameters()}
+        model.eval()
+        with_attentions, ran_sdpa = _ran_sdpa(
+            model, input_ids, attention_mask=attention_mask, output_attentions=True
+        )
+        assert not ran_sdpa  # attention probabilities come from the eager function under either setting
+        results[implementation] = output, gradients, with_attentions
+    (sdpa, sdpa_gradients, sdpa_attentions), (eager, eager_gradients, eager_attentions) = results.values()
+    for name in ("loss", "logits", "l_q", "l_ols", "prototype_variance"):
+        torch.testing.assert_close(sdpa[name], eager[name], rtol=1e-5, atol=1e-6, msg=name)
+    for name in ("hidden_states", "temperatures", "min_prototype_distance", "prototype_perplexity"):
+        for ours, theirs in zip(sdpa[name], eager[name], strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=name)
+    assert sdpa_gradients.keys() == eager_gradients.keys()
+    for name, gradient in sdpa_gradients.items():
+        torch.testing.assert_close(gradient, eager_gradients[name], rtol=1e-4, atol=1e-6, msg=name)
+    for ours, theirs in zip(sdpa_attentions.attentions, eager_attentions.attentions, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(sdpa_attentions.logits, eager_attentions.logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_growth_and_pruning_are_function_preserving_under_each_attention_implementation(implementation):
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(
+        small_config(), attn_implementation=implementation
+    ).eval()
+    input_ids, attention_mask = batch()
+    before = model(input_ids, attention_mask=attention_mask).logits
+    model.grow_head(0, torch.randn(HIDDEN))
+    model.grow_head(1)
+    grown, ran_sdpa = _ran_sdpa(model, input_ids, attention_mask=attention_mask)
+    assert ran_sdpa == (implementation == "sdpa")
+    torch.testing.assert_close(grown.logits, before, rtol=0, atol=1e-6)
+    model.prune_head(1, 2)  # the grown head: its contribution was zero
+    torch.testing.assert_close(
+        model(input_ids, attention_mask=attention_mask).logits, before, rtol=0, atol=1e-6
+    )
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_right_padding_does_not_change_the_result(pooling):
     model = small_model(pooling=pooling)
