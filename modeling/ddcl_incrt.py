@@ -32,6 +32,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.atomic_save import AtomicSaveMixin
@@ -358,6 +359,7 @@ class DDCLIncrtPreTrainedModel(
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _can_record_outputs = {"hidden_states": DDCLIncrtLayer, "attentions": DDCLIncrtAttention}
     _no_split_modules = ["DDCLIncrtLayer"]
 
     def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
@@ -513,18 +515,22 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
                     "resize_heads"
                 )
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        *,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        output_hidden_states: bool | int | list[int] | None = None,
         output_prototype_statistics: bool | None = None,
     ) -> DDCLIncrtModelOutput:
         r"""
+        output_attentions, output_hidden_states:
+            As in transformers: `capture_outputs` records them with hooks (`_can_record_outputs`); the
+            attention probabilities come from the eager attention function whatever the configured one.
         output_prototype_statistics (`bool`, *optional*):
             Add the DDCL statistics of the whole batch (`l_q`, `l_ols`, `prototype_variance`, `temperatures`,
             `min_prototype_distance`, `prototype_perplexity`) to the output. Off by default, so that every
@@ -532,8 +538,6 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         """
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = config.output_hidden_states
         self._check_config_matches_modules()
         input_ids, token_type_ids, token_mask = self._validated_inputs(
             input_ids, attention_mask, token_type_ids, inputs_embeds
@@ -554,8 +558,6 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             key_mask = create_bidirectional_mask(
                 config, hidden_states, token_mask, allow_is_bidirectional_skip=False
             )
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
         layer_statistics = []
         for layer in self.layers:
             hidden_states, attention = layer(
@@ -563,20 +565,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             )
             if output_prototype_statistics:
                 layer_statistics.append(_prototype_statistics(attention, token_mask))
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (attention.attention_probs,)
 
         pooled = _pool(hidden_states, token_mask, config.pooling)
         statistics = _merge_layer_statistics(layer_statistics) if output_prototype_statistics else {}
-        return DDCLIncrtModelOutput(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            **statistics,
-        )
+        return DDCLIncrtModelOutput(last_hidden_state=hidden_states, pooler_output=pooled, **statistics)
 
 
 class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
@@ -610,13 +602,16 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
         output_prototype_statistics (`bool`, *optional*):
             Add the encoder's batch statistics (see `DDCLIncrtModelOutput`) to the output.
         """
-        outputs = self.model(
+        config = self.config
+        outputs = self.model(  # `capture_outputs` reads a flag given as None as off: pass the config's
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            output_attentions=config.output_attentions if output_attentions is None else output_attentions,
+            output_hidden_states=(
+                config.output_hidden_states if output_hidden_states is None else output_hidden_states
+            ),
             return_dict=True,
             output_prototype_statistics=bool(output_prototype_statistics) or labels is not None,
         )

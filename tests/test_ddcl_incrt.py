@@ -315,6 +315,42 @@ def test_growth_and_pruning_are_function_preserving_under_each_attention_impleme
     )
 
 
+def test_hidden_states_and_attentions_are_recorded_by_transformers_output_capture():
+    """`capture_outputs` hooks: hidden_states are the first layer's input and each layer's output (recomputed
+    here by calling the modules), attentions the softmax rows; the config flags and index selection work."""
+    model = small_model()
+    input_ids, attention_mask = batch()
+    encoder = model.model
+    output = encoder(
+        input_ids, attention_mask=attention_mask, output_hidden_states=True, output_attentions=True
+    )
+    with torch.no_grad():
+        states = [encoder.embeddings(input_ids, None, None)]
+        mask = attention_mask.bool()[:, None, None, :].expand(-1, 1, 9, -1)
+        for layer in encoder.layers:
+            states.append(layer(states[-1], attention_mask=mask)[0])
+    assert len(output.hidden_states) == 3 and len(output.attentions) == 2
+    for recorded, expected in zip(output.hidden_states, states, strict=True):
+        torch.testing.assert_close(recorded, expected, rtol=0, atol=1e-6)
+    assert output.hidden_states[-1] is output.last_hidden_state
+    for probabilities, heads in zip(output.attentions, model.config.num_heads, strict=True):
+        assert probabilities.shape == (3, heads, 9, 9)
+        torch.testing.assert_close(probabilities.sum(-1), torch.ones(3, heads, 9))
+    selected = encoder(input_ids, attention_mask=attention_mask, output_hidden_states=[0, -1])
+    assert selected.hidden_states[1] is None
+    torch.testing.assert_close(selected.hidden_states[0], states[0], rtol=0, atol=0)
+    torch.testing.assert_close(selected.hidden_states[2], states[2], rtol=0, atol=1e-6)
+    plain = model(input_ids, attention_mask=attention_mask)
+    assert plain.hidden_states is None and plain.attentions is None
+    model.config.output_hidden_states = True  # transformers refuses config.output_attentions under "sdpa"
+    assert len(model(input_ids, attention_mask=attention_mask).hidden_states) == 3
+    model.set_attn_implementation("eager")
+    model.config.output_attentions = True
+    flagged = model(input_ids, attention_mask=attention_mask)
+    assert len(flagged.attentions) == 2
+    assert model(input_ids, attention_mask=attention_mask, output_attentions=False).attentions is None
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_right_padding_does_not_change_the_result(pooling):
     model = small_model(pooling=pooling)
