@@ -359,6 +359,7 @@ class DDCLIncrtPreTrainedModel(
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _can_compile_fullgraph = True
     _can_record_outputs = {"hidden_states": DDCLIncrtLayer, "attentions": DDCLIncrtAttention}
     _no_split_modules = ["DDCLIncrtLayer"]
 
