@@ -379,6 +379,29 @@ def test_full_graph_compile_gives_the_eager_logits_loss_and_gradients(backend, i
         torch.testing.assert_close(parameter.grad, eager_gradient, atol=1e-6, rtol=1e-4)
 
 
+def test_full_graph_compiled_model_follows_growth_and_pruning():
+    """Growth and pruning change parameter shapes and module lists: the compiled model recompiles (a guard
+    failure, no graph break) and gives the eager logits of the edited model."""
+    torch._dynamo.reset()
+    model = small_model()
+    input_ids, attention_mask = padded_batch()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    compiled(input_ids, attention_mask=attention_mask)
+    head = model.grow_head(0, torch.randn(HIDDEN))
+    with torch.no_grad():
+        head.o_proj.weight.normal_()  # the grown head contributes: stale compiled code would show
+    grown = compiled(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(
+        grown, model(input_ids, attention_mask=attention_mask).logits, rtol=0, atol=1e-6
+    )
+    model.prune_head(1, 0)
+    pruned = compiled(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(
+        pruned, model(input_ids, attention_mask=attention_mask).logits, rtol=0, atol=1e-6
+    )
+    assert not torch.allclose(grown, pruned)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to detect host syncs")
 def test_cuda_forward_and_backward_force_no_host_sync():
     model = small_model().cuda().train()
