@@ -1,9 +1,11 @@
 """DDCL-INCRT encoder (docs/ddcl_incrt.md): embeddings -> layers (attention over a growable list of heads,
 each head's output through its prototype block; no feed-forward block) -> pooling -> classifier. With
 `config.bert_config` a (frozen) BERT encoder runs between the embeddings and the layers
-(`wrap_bert_embeddings`). The file reads in forward order: embeddings, `DDCLIncrtHead`, `DDCLIncrtAttention`,
-`DDCLIncrtLayer`, the encoder, the classifier. The prototype block is `prototypes.py`; the INCRT gate in each
-layer's attention and the growth API (`grow_head`, `prune_head`, `gate_check`) are `incrt.py`.
+(`wrap_bert_embeddings`). The file reads in forward order: embeddings, `DDCLIncrtHead`,
+`eager_attention_forward`, `DDCLIncrtAttention` (transformers' attention interface: "sdpa" by default),
+`DDCLIncrtLayer`, the encoder, the classifier (docs/ddcl_incrt.md, 'Attention implementations, output
+capture, compile'). The prototype block is `prototypes.py`; the INCRT gate in each layer's attention and the
+growth API (`grow_head`, `prune_head`, `gate_check`) are `incrt.py`.
 
 Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
 which the INCRT gate reads, is layer-normalised. Loss = task loss (as BERT's: MSE, cross-entropy or BCE) +
