@@ -1,9 +1,11 @@
 """DDCL-INCRT encoder (docs/ddcl_incrt.md): embeddings -> layers (attention over a growable list of heads,
 each head's output through its prototype block; no feed-forward block) -> pooling -> classifier. With
 `config.bert_config` a (frozen) BERT encoder runs between the embeddings and the layers
-(`wrap_bert_embeddings`). The file reads in forward order: embeddings, `DDCLIncrtHead`, `DDCLIncrtAttention`,
-`DDCLIncrtLayer`, the encoder, the classifier. The prototype block is `prototypes.py`; the INCRT gate in each
-layer's attention and the growth API (`grow_head`, `prune_head`, `gate_check`) are `incrt.py`.
+(`wrap_bert_embeddings`). The file reads in forward order: embeddings, `DDCLIncrtHead`,
+`eager_attention_forward`, `DDCLIncrtAttention` (transformers' attention interface: "sdpa" by default),
+`DDCLIncrtLayer`, the encoder, the classifier (docs/ddcl_incrt.md, 'Attention implementations, output
+capture, compile'). The prototype block is `prototypes.py`; the INCRT gate in each layer's attention and the
+growth API (`grow_head`, `prune_head`, `gate_check`) are `incrt.py`.
 
 Each layer is post-norm like BERT: h' = LayerNorm(h + dropout(sum_h W_O^h o_hat^h)), so every layer input,
 which the INCRT gate reads, is layer-normalised. Loss = task loss (as BERT's: MSE, cross-entropy or BCE) +
@@ -18,6 +20,7 @@ Checks that read tensor values run on CPU tensors only (`_checks_values`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,8 +31,10 @@ from transformers import BertConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bert.modeling_bert import BertEncoder
 from transformers.utils import ModelOutput, can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.atomic_save import AtomicSaveMixin
@@ -146,6 +151,29 @@ class DDCLIncrtHead(nn.Module):
             projection.bias[0] = 0.0
 
 
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scaling + mask) v for (B, H, T, D) inputs, as transformers' eager attention: returns
+    the output (B, T, H, D) and the probabilities (B, H, T, T). The mask is the additive float one of "eager",
+    or the boolean one of "sdpa" (True: attend) when `output_attentions` runs this under "sdpa"."""
+    scores = query @ key.transpose(2, 3) * scaling
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
+        scores = scores + attention_mask
+    probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = F.dropout(probabilities, p=dropout, training=module.training) @ value
+    return output.transpose(1, 2).contiguous(), probabilities
+
+
 class AttentionOutput(NamedTuple):
     output: torch.Tensor  # sum_h W_O^h o_hat^h, (B, T, hidden)
     attention_probs: torch.Tensor | None  # (B, H, T, T) when requested
@@ -158,14 +186,17 @@ class DDCLIncrtAttention(nn.Module):
     """Self-attention over a list of `DDCLIncrtHead`s that grows and shrinks (INCRT), each head with its own
     prototype bank (DDCL), plus the layer's `IncrtGate` deciding when (the growth API: `incrt.py`).
 
-    The forward stacks the heads' q/k/v and runs all heads in one batched matmul (torch SDPA; the explicit
-    softmax when attention probabilities are requested).
+    The forward stacks the heads' q/k/v and runs all heads in one call of the attention function that
+    `config._attn_implementation` names (transformers' attention interface: "sdpa" or "eager"); a call that
+    returns the attention probabilities runs "eager" (docs/ddcl_incrt.md, 'Attention implementations').
     """
 
     def __init__(self, config: DDCLIncrtConfig, layer_index: int):
         super().__init__()
         self.config = config
         self.layer_index = layer_index
+        self.scaling = config.head_dim**-0.5
+        self.is_causal = False  # an encoder: "sdpa" must not read a missing mask as causal
         self.heads = nn.ModuleList([DDCLIncrtHead(config) for _ in range(config.num_heads[layer_index])])
         self.gate = IncrtGate(config, layer_index)
 
@@ -193,25 +224,29 @@ class DDCLIncrtAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> AttentionOutput:
-        """hidden_states (B, T, hidden); attention_mask: boolean (B, 1, 1, T), True for keys to attend."""
+        """hidden_states (B, T, hidden); attention_mask: the (B, 1, T, T) mask of `create_bidirectional_mask`
+        for the configured implementation, or None (no padding)."""
         # Each head's projections are called as modules (not fused from their weights) so that wrappers
         # such as PEFT's LoRA layers take part in the forward pass.
         query, key, value = (
             torch.stack([getattr(head, name)(hidden_states) for head in self.heads], dim=1)
             for name in ("q_proj", "k_proj", "v_proj")
         )
-        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        attention_probs = None
-        if output_attentions:
-            scores = query @ key.transpose(-1, -2) / math.sqrt(self.config.head_dim)
-            if attention_mask is not None:
-                scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-            attention_probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-            head_outputs = F.dropout(attention_probs, dropout, self.training) @ value
-        else:
-            head_outputs = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attention_mask, dropout_p=dropout
+        attention_interface: Callable = eager_attention_forward
+        if not output_attentions:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
             )
+        attention_output, attention_probs = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
+            scaling=self.scaling,
+        )
+        head_outputs = attention_output.transpose(1, 2)  # (B, H, T, D), the prototype block's layout
         banks, temperatures = self.prototype_banks(), self.temperatures()
         prototypes = prototype_block(head_outputs, banks, temperatures)
         output = sum(head.o_proj(prototypes.output[:, index]) for index, head in enumerate(self.heads))
@@ -328,6 +363,9 @@ class DDCLIncrtPreTrainedModel(
     config_class = DDCLIncrtConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": DDCLIncrtLayer, "attentions": DDCLIncrtAttention}
     _no_split_modules = ["DDCLIncrtLayer"]
     one_element_parameters = ("prototype_bank.rho",)
 
@@ -484,18 +522,22 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
                     "resize_heads"
                 )
 
-    @can_return_tuple
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        *,
         output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
+        output_hidden_states: bool | int | list[int] | None = None,
         output_prototype_statistics: bool | None = None,
     ) -> DDCLIncrtModelOutput:
         r"""
+        output_attentions, output_hidden_states:
+            As in transformers: `capture_outputs` records them with hooks (`_can_record_outputs`); the
+            attention probabilities come from the eager attention function whatever the configured one.
         output_prototype_statistics (`bool`, *optional*):
             Add the DDCL statistics of the whole batch (`l_q`, `l_ols`, `prototype_variance`, `temperatures`,
             `min_prototype_distance`, `prototype_perplexity`) to the output. Off by default, so that every
@@ -503,13 +545,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         """
         config = self.config
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
-        if output_hidden_states is None:
-            output_hidden_states = config.output_hidden_states
         self._check_config_matches_modules()
         input_ids, token_type_ids, token_mask = self._validated_inputs(
             input_ids, attention_mask, token_type_ids, inputs_embeds
         )
-        key_mask = None if attention_mask is None else token_mask[:, None, None, :]
 
         hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         if inputs_embeds is not None and _checks_values(hidden_states) and not hidden_states.isfinite().all():
@@ -521,8 +560,11 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
         if self.bert_encoder is not None:
             bert_mask = create_bidirectional_mask(self.bert_encoder.config, hidden_states, token_mask.long())
             hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
-        all_hidden_states = (hidden_states,) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        key_mask = None  # no mask: every key attends
+        if attention_mask is not None:  # built even when all ones: skipping it would read its values
+            key_mask = create_bidirectional_mask(
+                config, hidden_states, token_mask, allow_is_bidirectional_skip=False
+            )
         layer_statistics = []
         for layer in self.layers:
             hidden_states, attention = layer(
@@ -530,20 +572,10 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
             )
             if output_prototype_statistics:
                 layer_statistics.append(_prototype_statistics(attention, token_mask))
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            if output_attentions:
-                all_attentions += (attention.attention_probs,)
 
         pooled = _pool(hidden_states, token_mask, config.pooling)
         statistics = _merge_layer_statistics(layer_statistics) if output_prototype_statistics else {}
-        return DDCLIncrtModelOutput(
-            last_hidden_state=hidden_states,
-            pooler_output=pooled,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-            **statistics,
-        )
+        return DDCLIncrtModelOutput(last_hidden_state=hidden_states, pooler_output=pooled, **statistics)
 
 
 class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
@@ -577,13 +609,16 @@ class DDCLIncrtForSequenceClassification(DDCLIncrtPreTrainedModel):
         output_prototype_statistics (`bool`, *optional*):
             Add the encoder's batch statistics (see `DDCLIncrtModelOutput`) to the output.
         """
-        outputs = self.model(
+        config = self.config
+        outputs = self.model(  # `capture_outputs` reads a flag given as None as off: pass the config's
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            output_attentions=config.output_attentions if output_attentions is None else output_attentions,
+            output_hidden_states=(
+                config.output_hidden_states if output_hidden_states is None else output_hidden_states
+            ),
             return_dict=True,
             output_prototype_statistics=bool(output_prototype_statistics) or labels is not None,
         )

@@ -394,11 +394,13 @@ class IncrtGate(nn.Module):
 
     u_plus, u_minus (d): Oja / MCA EXIN vectors, warm starts of the next check; basis (m x d) with
     basis_owner (m, head index or -1) and basis_size: the deflation basis Q, one row per head grown along
-    a direction; theta_w (the latest one under the "relative" threshold) and calibrated; calibration_norms
-    (||A_res||_F of the first checks) and num_checks; prune_counters (m): consecutive checks each head spent
-    below phi_g = gate_prune_factor * theta_w. Under `gate_rule="bidirectional"` also last_growth_check (the
-    check that grew the layer last) and spectral_gaps (Delta+ / b, Delta- / b of the last check), saved in
-    checkpoints only under that rule (docs/growth_gate.md).
+    a direction; theta_w (the latest one under the "relative" threshold) and calibrated (0 or 1, uint8: a
+    bool buffer breaks transformers' state-dict tests; the bool one of an older checkpoint loads cast to
+    uint8); calibration_norms (||A_res||_F of the first checks) and num_checks; prune_counters (m):
+    consecutive checks each head spent below phi_g = gate_prune_factor * theta_w. Under
+    `gate_rule="bidirectional"` also last_growth_check (the check that grew the layer last) and spectral_gaps
+    (Delta+ / b, Delta- / b of the last check), saved in checkpoints only under that rule
+    (docs/growth_gate.md).
     """
 
     def __init__(self, config, layer_index: int):
@@ -421,7 +423,7 @@ class IncrtGate(nn.Module):
             "basis_size": torch.tensor(0, dtype=torch.long),
             "theta_w": torch.tensor(float(config.gate_theta_w or 0.0)),
             "calibrated": torch.tensor(
-                config.gate_theta_w is not None or config.gate_threshold == "relative"
+                config.gate_theta_w is not None or config.gate_threshold == "relative", dtype=torch.uint8
             ),
             "calibration_norms": torch.zeros(config.gate_calibration_checks),
             "num_checks": torch.tensor(0, dtype=torch.long),
@@ -449,7 +451,7 @@ class IncrtGate(nn.Module):
         if index + 1 == self.calibration_norms.shape[0]:
             median = float(torch.quantile(self.calibration_norms, 0.5))
             self.theta_w.fill_(self.config.gate_calibration_factor * median)
-            self.calibrated.fill_(True)
+            self.calibrated.fill_(1)
 
     def _update_prune_counters(self, head_energies: torch.Tensor) -> list[int]:
         """Count consecutive checks below phi_g per head; heads at `gate_prune_patience` are to be pruned

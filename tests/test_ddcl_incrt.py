@@ -231,6 +231,126 @@ def test_auxiliary_outputs_attentions_and_hidden_states():
     torch.testing.assert_close(model(input_ids, attention_mask=attention_mask).logits, output.logits)
 
 
+def _ran_sdpa(model, *args, **kwargs):
+    """The model's output and whether torch's scaled_dot_product_attention op ran in its forward."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        output = model(*args, **kwargs)
+    return output, any(event.name == "aten::scaled_dot_product_attention" for event in profile.events())
+
+
+def test_sdpa_is_the_default_and_eager_is_available_by_attn_implementation():
+    model = small_model()
+    input_ids, attention_mask = batch()
+    assert model.config._attn_implementation == "sdpa"
+    assert _ran_sdpa(model, input_ids, attention_mask=attention_mask)[1]
+    eager = AutoModelForSequenceClassification.from_config(small_config(), attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+    assert not _ran_sdpa(eager, input_ids, attention_mask=attention_mask)[1]
+    with pytest.raises(ValueError, match="does not support Flash Attention 2"):  # not claimed
+        AutoModelForSequenceClassification.from_config(
+            small_config(), attn_implementation="flash_attention_2"
+        )
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_sdpa_equals_eager_in_outputs_statistics_and_gradients(masked):
+    """fp32, train mode (dropout 0): the two implementations agree to float rounding in every output, in the
+    DDCL statistics and in every parameter gradient; with `output_attentions` "sdpa" runs eager."""
+    settings = {"hidden_dropout_prob": 0.0, "classifier_dropout": 0.0}
+    input_ids, attention_mask = batch()
+    attention_mask = attention_mask if masked else None
+    labels = torch.tensor([0, 2, 1])
+    results = {}
+    for implementation in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_config(
+            small_config(**settings), attn_implementation=implementation
+        )
+        model.train()
+        output = model(
+            input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            output_hidden_states=True,
+            output_prototype_statistics=True,
+        )
+        output.loss.backward()
+        gradients = {name: p.grad for name, p in model.named_parameters()}
+        model.eval()
+        with_attentions, ran_sdpa = _ran_sdpa(
+            model, input_ids, attention_mask=attention_mask, output_attentions=True
+        )
+        assert not ran_sdpa  # attention probabilities come from the eager function under either setting
+        results[implementation] = output, gradients, with_attentions
+    (sdpa, sdpa_gradients, sdpa_attentions), (eager, eager_gradients, eager_attentions) = results.values()
+    for name in ("loss", "logits", "l_q", "l_ols", "prototype_variance"):
+        torch.testing.assert_close(sdpa[name], eager[name], rtol=1e-5, atol=1e-6, msg=name)
+    for name in ("hidden_states", "temperatures", "min_prototype_distance", "prototype_perplexity"):
+        for ours, theirs in zip(sdpa[name], eager[name], strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=name)
+    assert sdpa_gradients.keys() == eager_gradients.keys()
+    for name, gradient in sdpa_gradients.items():
+        torch.testing.assert_close(gradient, eager_gradients[name], rtol=1e-4, atol=1e-6, msg=name)
+    for ours, theirs in zip(sdpa_attentions.attentions, eager_attentions.attentions, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    torch.testing.assert_close(sdpa_attentions.logits, eager_attentions.logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_growth_and_pruning_are_function_preserving_under_each_attention_implementation(implementation):
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(
+        small_config(), attn_implementation=implementation
+    ).eval()
+    input_ids, attention_mask = batch()
+    before = model(input_ids, attention_mask=attention_mask).logits
+    model.grow_head(0, torch.randn(HIDDEN))
+    model.grow_head(1)
+    grown, ran_sdpa = _ran_sdpa(model, input_ids, attention_mask=attention_mask)
+    assert ran_sdpa == (implementation == "sdpa")
+    torch.testing.assert_close(grown.logits, before, rtol=0, atol=1e-6)
+    model.prune_head(1, 2)  # the grown head: its contribution was zero
+    torch.testing.assert_close(
+        model(input_ids, attention_mask=attention_mask).logits, before, rtol=0, atol=1e-6
+    )
+
+
+def test_hidden_states_and_attentions_are_recorded_by_transformers_output_capture():
+    """`capture_outputs` hooks: hidden_states are the first layer's input and each layer's output (recomputed
+    here by calling the modules), attentions the softmax rows; the config flags and index selection work."""
+    model = small_model()
+    input_ids, attention_mask = batch()
+    encoder = model.model
+    output = encoder(
+        input_ids, attention_mask=attention_mask, output_hidden_states=True, output_attentions=True
+    )
+    with torch.no_grad():
+        states = [encoder.embeddings(input_ids, None, None)]
+        mask = attention_mask.bool()[:, None, None, :].expand(-1, 1, 9, -1)
+        for layer in encoder.layers:
+            states.append(layer(states[-1], attention_mask=mask)[0])
+    assert len(output.hidden_states) == 3 and len(output.attentions) == 2
+    for recorded, expected in zip(output.hidden_states, states, strict=True):
+        torch.testing.assert_close(recorded, expected, rtol=0, atol=1e-6)
+    assert output.hidden_states[-1] is output.last_hidden_state
+    for probabilities, heads in zip(output.attentions, model.config.num_heads, strict=True):
+        assert probabilities.shape == (3, heads, 9, 9)
+        torch.testing.assert_close(probabilities.sum(-1), torch.ones(3, heads, 9))
+    selected = encoder(input_ids, attention_mask=attention_mask, output_hidden_states=[0, -1])
+    assert selected.hidden_states[1] is None
+    torch.testing.assert_close(selected.hidden_states[0], states[0], rtol=0, atol=0)
+    torch.testing.assert_close(selected.hidden_states[2], states[2], rtol=0, atol=1e-6)
+    plain = model(input_ids, attention_mask=attention_mask)
+    assert plain.hidden_states is None and plain.attentions is None
+    model.config.output_hidden_states = True  # transformers refuses config.output_attentions under "sdpa"
+    assert len(model(input_ids, attention_mask=attention_mask).hidden_states) == 3
+    model.set_attn_implementation("eager")
+    model.config.output_attentions = True
+    flagged = model(input_ids, attention_mask=attention_mask)
+    assert len(flagged.attentions) == 2
+    assert model(input_ids, attention_mask=attention_mask, output_attentions=False).attentions is None
+
+
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_right_padding_does_not_change_the_result(pooling):
     model = small_model(pooling=pooling)
@@ -541,6 +661,35 @@ def test_checkpoint_with_the_old_0d_rho_loads_as_a_1_element_vector(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- gate
+
+
+def test_checkpoint_with_the_old_bool_calibrated_flag_loads_into_the_uint8_buffer(tmp_path):
+    """`IncrtGate.calibrated` was a bool buffer; a checkpoint holding it (written by hand here) loads with
+    `from_pretrained` and `load_state_dict` into the uint8 buffer, each layer's flag kept, and the gates
+    then decide as the original's do."""
+    model = small_model(gate_threshold="calibrated", gate_calibration_checks=2)
+    input_ids, attention_mask = batch()
+    model.gate_check(input_ids, attention_mask)
+    first_gate = model.model.layers[0].attention.gate
+    first_gate.calibrated.fill_(1)  # layer 0 calibrated by hand, layer 1 still calibrating
+    first_gate.theta_w.fill_(0.05)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    flags = [key for key in weights if key.endswith(".gate.calibrated")]
+    assert len(flags) == 2 and all(weights[key].dtype == torch.uint8 for key in flags)
+    old = {key: value.bool() if key in flags else value for key, value in weights.items()}
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    plain = small_model(seed=1, gate_threshold="calibrated", gate_calibration_checks=2)
+    plain.load_state_dict(old)
+    for reloaded in (AutoModelForSequenceClassification.from_pretrained(tmp_path).eval(), plain):
+        loaded = [layer.attention.gate.calibrated for layer in reloaded.model.layers]
+        assert [flag.dtype for flag in loaded] == [torch.uint8, torch.uint8]
+        assert [int(flag) for flag in loaded] == [1, 0]
+    expected = model.gate_check(input_ids, attention_mask)
+    for reloaded in (AutoModelForSequenceClassification.from_pretrained(tmp_path).eval(), plain):
+        decisions = reloaded.gate_check(input_ids, attention_mask)
+        assert [d.action for d in decisions] == [d.action for d in expected]
+        assert [d.theta_w for d in decisions] == [d.theta_w for d in expected]
 
 
 def test_gate_second_moments_are_those_of_the_layer_inputs():

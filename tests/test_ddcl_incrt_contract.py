@@ -340,26 +340,66 @@ def test_torch_export_gives_the_eager_logits():
     torch.testing.assert_close(exported.logits, model(input_ids, attention_mask=attention_mask).logits)
 
 
-@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
-def test_full_graph_compile_gives_the_eager_logits_loss_and_gradients(backend):
-    """fullgraph=True fails on any graph break (a value check, a host read); "eager" checks the capture
-    alone, "inductor" the generated code too."""
+@pytest.mark.parametrize(
+    ("backend", "implementation"),
+    [
+        ("eager", "sdpa"),
+        ("eager", "eager"),
+        pytest.param("inductor", "sdpa", marks=pytest.mark.slow),
+        pytest.param("inductor", "eager", marks=pytest.mark.slow),
+    ],
+)
+def test_full_graph_compile_gives_the_eager_logits_loss_and_gradients(backend, implementation):
+    """fullgraph=True fails on any graph break (a value check, a host read, output capture); "eager" checks
+    the capture alone, "inductor" the generated code too. `_can_compile_fullgraph` rests on this test."""
+    assert DDCLIncrtForSequenceClassification._can_compile_fullgraph
     torch._dynamo.reset()
     model = small_model(classifier_dropout=0.0).train()  # train mode (backward), no randomness
+    model.set_attn_implementation(implementation)
     input_ids, attention_mask = padded_batch()
     labels = torch.tensor([0, 1, 2, 0])
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
-    ours = compiled(input_ids, attention_mask=attention_mask, labels=labels, output_prototype_statistics=True)
-    ours.loss.backward()
-    compiled_gradients = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    eager = model(input_ids, attention_mask=attention_mask, labels=labels, output_prototype_statistics=True)
+    inputs = {"attention_mask": attention_mask, "labels": labels, "output_prototype_statistics": True}
+    # recorded by transformers' output-capture hooks, which the first eager call with an output flag installs
+    # (installing them takes a lock, which dynamo cannot trace: transformers' limitation, Llama's too)
+    inputs["output_hidden_states"] = True
+    eager = model(input_ids, **inputs)
     eager.loss.backward()
+    eager_gradients = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    ours = compiled(input_ids, **inputs)
+    ours.loss.backward()
     torch.testing.assert_close(ours.logits, eager.logits)
     torch.testing.assert_close(ours.loss, eager.loss)
     torch.testing.assert_close(ours.l_q, eager.l_q)
-    for compiled_gradient, parameter in zip(compiled_gradients, model.parameters(), strict=True):
-        torch.testing.assert_close(compiled_gradient, parameter.grad, atol=1e-6, rtol=1e-4)
+    assert len(ours.hidden_states) == 3
+    for compiled_state, state in zip(ours.hidden_states, eager.hidden_states, strict=True):
+        torch.testing.assert_close(compiled_state, state)
+    for eager_gradient, parameter in zip(eager_gradients, model.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, eager_gradient, atol=1e-6, rtol=1e-4)
+
+
+def test_full_graph_compiled_model_follows_growth_and_pruning():
+    """Growth and pruning change parameter shapes and module lists: the compiled model recompiles (a guard
+    failure, no graph break) and gives the eager logits of the edited model."""
+    torch._dynamo.reset()
+    model = small_model()
+    input_ids, attention_mask = padded_batch()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    compiled(input_ids, attention_mask=attention_mask)
+    head = model.grow_head(0, torch.randn(HIDDEN))
+    with torch.no_grad():
+        head.o_proj.weight.normal_()  # the grown head contributes: stale compiled code would show
+    grown = compiled(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(
+        grown, model(input_ids, attention_mask=attention_mask).logits, rtol=0, atol=1e-6
+    )
+    model.prune_head(1, 0)
+    pruned = compiled(input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(
+        pruned, model(input_ids, attention_mask=attention_mask).logits, rtol=0, atol=1e-6
+    )
+    assert not torch.allclose(grown, pruned)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to detect host syncs")
