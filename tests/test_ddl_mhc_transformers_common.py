@@ -100,3 +100,9 @@ class DDLmHCModelTest(common.ModelTesterMixin, GenerationTesterMixin, PipelineTe
 
     def test_config(self):
         run_config_tests(self, "tests/test_ddl_mhc_config.py", config_class=DDLmHCConfig, hidden_size=37)
+
+    def test_reverse_loading_mapping(self):
+        """The model's one checkpoint conversion (`one_element_parameters`: legacy 0-d gates and chart weight
+        load as shape (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left
+        out."""
+        super().test_reverse_loading_mapping(check_keys_were_modified=False)
