@@ -558,7 +558,9 @@ class DDCLIncrtModel(DDCLIncrtPreTrainedModel):
                 f"{hidden_states.dtype} (largest |value| {largest:.3g})"
             )
         if self.bert_encoder is not None:
-            bert_mask = create_bidirectional_mask(self.bert_encoder.config, hidden_states, token_mask.long())
+            bert_mask = create_bidirectional_mask(
+                self.bert_encoder.config, hidden_states, token_mask.long(), allow_is_bidirectional_skip=False
+            )  # the skip test reads the mask's values: a host sync on an accelerator
             hidden_states = self.bert_encoder(hidden_states, attention_mask=bert_mask).last_hidden_state
         key_mask = None  # no mask: every key attends
         if attention_mask is not None:  # built even when all ones: skipping it would read its values

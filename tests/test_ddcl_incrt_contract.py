@@ -332,6 +332,16 @@ def test_forward_reads_no_tensor_values_off_cpu():
     assert output.logits.shape == (4, 3) and output.loss.shape == ()
 
 
+def test_frozen_bert_forward_reads_no_tensor_values_off_cpu():
+    """The same with the frozen BERT encoder of the pruning-safety experiment (`bert_config`): its mask is
+    built without transformers' all-ones skip, which reads the mask's values."""
+    bert = {"model_type": "bert", "hidden_size": HIDDEN, "num_attention_heads": 2, "num_hidden_layers": 1}
+    model = small_model(bert_config=bert).to("meta")
+    input_ids, attention_mask = padded_batch()
+    output = model(input_ids.to("meta"), attention_mask=attention_mask.to("meta"))
+    assert output.logits.shape == (4, 3)
+
+
 def test_torch_export_gives_the_eager_logits():
     model = small_model()
     input_ids, attention_mask = padded_batch()
