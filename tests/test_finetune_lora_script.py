@@ -75,7 +75,7 @@ def smoke_arguments(checkpoint: Path, data: Path, output: Path) -> list[str]:
             "--eval_batches",
             "2",
         ),
-        *("--eval_interval", "15", "--learning_rate", "1e-2", "--warmup_steps", "2", "--lora_r", str(RANK)),
+        *("--eval_steps", "15", "--learning_rate", "1e-2", "--warmup_steps", "2", "--lora_r", str(RANK)),
         *("--lora_alpha", "8", "--threads", "1"),
     ]
 
