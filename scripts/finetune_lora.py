@@ -22,7 +22,6 @@ model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json
 """
 
 import argparse
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from transformers import AutoConfig, AutoTokenizer
 import geoformers
 
 from harness.causal_lm import estimate_loss, loop_parser, make_trainer
+from harness.results import write_results
 from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -269,7 +269,6 @@ def main() -> None:
         "val_loss_before": val_loss_before,
         "val_loss_after": val_loss_after,
         "history": history,
-        "arguments": vars(args),
     }
     if args.merge:
         merged = model.merge_and_unload()
@@ -277,7 +276,7 @@ def main() -> None:
         tokenizer.save_pretrained(output_dir / "merged")
         report["merged_val_loss"] = evaluate(merged, val_ids)
         print(f"merged model: validation loss {report['merged_val_loss']:.4f}, saved to {output_dir}/merged")
-    (output_dir / "lora_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results(output_dir / "lora_report.json", "finetune_lora.py", None, vars(args), report)
     print(f"saved the adapter and tokenizer to {output_dir}")
 
 
