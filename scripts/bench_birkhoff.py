@@ -18,9 +18,11 @@ import argparse
 import platform
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import HfArgumentParser
 
 from geoformers.modeling.ops.charts import (
     CHART_VARIANTS,
@@ -35,7 +37,7 @@ from geoformers.modeling.ops.charts.naive import rtbp
 from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 
 from harness.results import markdown_table, write_results
-from harness.threads import add_threads_argument, set_threads
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The project's speed targets for the faster of tbp/rtbp, as a fraction of Sinkhorn-20's time
@@ -257,27 +259,32 @@ def target_summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class BenchBirkhoffArguments:
+    """The matrices timed (sizes, batch, logits), the repetitions, the device and where the report goes."""
+
+    sizes: list[int] = field(
+        default_factory=lambda: [4, 8, 16, 32], metadata={"help": "n of the n x n charts"}
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32])
-    parser.add_argument("--batch", type=int, default=8192)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--logit_std", type=float, default=1.0, help="logits ~ N(0, std^2)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors take the Triton charts)")
-    add_threads_argument(parser)
-    parser.add_argument(
-        "--output_dir",
-        type=Path,
+    batch: int = field(default=8192, metadata={"help": "matrices per timed call"})
+    reps: int = field(default=7, metadata={"help": "interleaved repetitions (medians; at least 5)"})
+    logit_std: float = field(default=1.0, metadata={"help": "logits ~ N(0, std^2)"})
+    seed: int = 0
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda (CUDA tensors take the Triton charts)"})
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+    output_dir: Path = field(
         default=REPO_ROOT / "outputs" / "benchmarks",
-        help="folder of the report (benchmarks: the committed reports)",
+        metadata={"help": "folder of the report (benchmarks: the committed reports)"},
     )
-    parser.add_argument(
-        "--rtbp_function",
-        action="store_true",
-        help="only RTBP autograd reference vs one-node chart (rtbp_function.json)",
+    rtbp_function: bool = field(
+        default=False,
+        metadata={"help": "only RTBP autograd reference vs one-node chart (rtbp_function.json)"},
+    )
+
+
+def main() -> None:
+    parser = HfArgumentParser(
+        BenchBirkhoffArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     args = parser.parse_args()
     if args.reps < 5:

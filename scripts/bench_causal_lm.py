@@ -23,6 +23,7 @@ import copy
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -337,22 +338,32 @@ def run_profile(args, device) -> dict:
     return {"profiles": profiles, "markdown": tables}
 
 
+@dataclass
+class BenchArguments:
+    """The modes (variant table by default, --profile, --sweep, --equal_time) and their settings."""
+
+    _argument_group_name = "benchmark"
+
+    gen_tokens: int = field(default=200, metadata={"help": "tokens per timed decode"})
+    gen_reps: int = field(default=3, metadata={"help": "decode repetitions (median)"})
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS), metadata={"choices": list(VARIANTS)})
+    profile: bool = field(default=False, metadata={"help": "mechanism profile of one n=4 step"})
+    profile_widths: list[int] = field(default_factory=lambda: [128, 512])
+    sweep: bool = field(default=False, metadata={"help": "widths x (Llama, n=1, n=4, peer mHC)"})
+    widths: list[int] = field(default_factory=lambda: [128, 256, 512])
+    layers: int = field(default=SMALL_CPU_SHAPE["num_hidden_layers"], metadata={"help": "--sweep's depth"})
+    no_peer: bool = field(default=False, metadata={"help": "leave the hyper-connections peer row out"})
+    equal_time: bool = field(default=False, metadata={"help": "equal wall-clock budget, several seeds"})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "--equal_time's seeds"})
+    calibration_steps: int = field(default=30, metadata={"help": "--equal_time's interleaved timing steps"})
+    merge: list[str] | None = field(
+        default=None, metadata={"help": "--equal_time: combine the JSON of seed runs"}
+    )
+
+
 def main() -> None:
-    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "benchmarks"))
-    parser.add_argument("--gen_tokens", type=int, default=200)
-    parser.add_argument("--gen_reps", type=int, default=3)
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--profile", action="store_true", help="mechanism profile of one n=4 step")
-    parser.add_argument("--profile_widths", type=int, nargs="*", default=[128, 512])
-    parser.add_argument("--sweep", action="store_true", help="widths x (Llama, n=1, n=4, peer mHC)")
-    parser.add_argument("--widths", type=int, nargs="*", default=[128, 256, 512])
-    parser.add_argument("--layers", type=int, default=SMALL_CPU_SHAPE["num_hidden_layers"])
-    parser.add_argument("--no_peer", action="store_true", help="leave the hyper-connections peer row out")
-    parser.add_argument("--equal_time", action="store_true", help="equal wall-clock budget, several seeds")
-    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    parser.add_argument("--calibration_steps", type=int, default=30)
-    parser.add_argument(
-        "--merge", nargs="*", default=None, help="--equal_time: combine the JSON of seed runs"
+    parser = loop_parser(
+        BenchArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "benchmarks")
     )
     args = parser.parse_args()
     set_threads(args.threads)

@@ -24,9 +24,11 @@ import itertools
 import platform
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import HfArgumentParser
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
@@ -42,7 +44,7 @@ from geoformers.modeling.incrt import (
 )
 
 from harness.results import write_results
-from harness.threads import add_threads_argument, set_threads
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET_OVERHEAD = 0.05
@@ -215,27 +217,37 @@ def bench_spectral(dims: list[int], reps: int, config: DDCLIncrtConfig) -> list[
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+@dataclass
+class BenchGateArguments:
+    """Part 1's intervals and training runs, part 2's hidden sizes, and where the report goes."""
+
+    intervals: list[int] = field(
+        default_factory=lambda: [10, 25, 100], metadata={"help": "check every k steps"}
     )
-    parser.add_argument("--intervals", type=int, nargs="+", default=[10, 25, 100])
-    parser.add_argument("--max_steps", type=int, default=100, help="training steps per run")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--dims", type=int, nargs="+", default=[128, 256, 512, 1024])
-    add_threads_argument(parser)
-    parser.add_argument(
-        "--output_dir",
-        type=Path,
+    max_steps: int = field(default=100, metadata={"help": "training steps per run"})
+    reps: int = field(default=3, metadata={"help": "runs per interval (part 2: at least 5 repetitions)"})
+    per_device_train_batch_size: int = field(default=16, metadata={"help": "sequences per training step"})
+    length: int = field(default=64, metadata={"help": "tokens per sequence"})
+    dims: list[int] = field(
+        default_factory=lambda: [128, 256, 512, 1024], metadata={"help": "part 2's hidden"}
+    )
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+    output_dir: Path = field(
         default=REPO_ROOT / "outputs" / "benchmarks",
-        help="folder of the report (benchmarks: the committed reports)",
+        metadata={"help": "folder of the report (benchmarks: the committed reports)"},
+    )
+
+
+def main() -> None:
+    parser = HfArgumentParser(
+        BenchGateArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     args = parser.parse_args()
     set_threads(args.threads)
 
-    training = bench_training(args.intervals, args.max_steps, args.reps, args.batch, args.length)
+    training = bench_training(
+        args.intervals, args.max_steps, args.reps, args.per_device_train_batch_size, args.length
+    )
     print(
         f"\nTraining step (fwd + bwd + AdamW), {args.max_steps} steps per run, median of {args.reps} runs: "
         f"{1e3 * training['seconds_per_step']:.1f} ms/step, "

@@ -12,16 +12,17 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging
 
 from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
 from harness.results import REPO_ROOT, write_results
-from harness.threads import add_threads_argument, set_threads
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 # SmolLM2-135M's decoder shape (about 135 M parameters with tied embeddings).
 SMOLLM2_135M = {
@@ -44,14 +45,23 @@ def timed_save(model, folder: Path) -> float:
     return seconds
 
 
+@dataclass
+class BenchSaveArguments:
+    """The repetitions, the upcycled model's streams and where the saves and the report go."""
+
+    reps: int = field(default=3, metadata={"help": "repetitions of each save (median reported)"})
+    hc_streams: int = field(default=4, metadata={"help": "streams of the upcycled DDL-mHC"})
+    work_dir: Path | None = field(default=None, metadata={"help": "folder of the saves (default: temp)"})
+    output_dir: Path = field(
+        default=REPO_ROOT / "outputs" / "benchmarks", metadata={"help": "folder of the report"}
+    )
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+
+
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of each save (median reported)")
-    parser.add_argument("--hc_streams", type=int, default=4, help="streams of the upcycled DDL-mHC")
-    parser.add_argument("--work_dir", type=Path, default=None, help="folder of the saves (default: temp)")
-    parser.add_argument("--output_dir", type=Path, default=REPO_ROOT / "outputs" / "benchmarks")
-    add_threads_argument(parser)
+    parser = HfArgumentParser(
+        BenchSaveArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     args = parser.parse_args()
     set_threads(args.threads)
     if args.reps < 1:

@@ -33,7 +33,7 @@ import argparse
 import copy
 import shlex
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -41,7 +41,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
+from transformers import DataCollatorWithPadding, HfArgumentParser, set_seed  # noqa: E402
 
 from geoformers.training.synthetic_tasks import LINEAGES, build_spectral_task, task_spec  # noqa: E402
 
@@ -287,26 +287,34 @@ def plot(task: str, runs: list[dict], summary: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", nargs="+", choices=TASK_NAMES, default=list(TASK_NAMES))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--static_heads", type=int, nargs="+", default=list(range(1, 9)))
-    parser.add_argument("--max_heads", type=int, default=16, help="the grown models' cap")
-    parser.add_argument("--tolerance", type=float, default=0.005, help="accuracy gap allowed (0.005: 0.5 pt)")
-    parser.add_argument(
-        "--task_flags",
-        nargs="+",
-        default=[],
-        metavar='TASK="FLAGS"',
-        help='flags passed on to one task\'s recipe, e.g. cov2="--genome_length 600"',
+@dataclass
+class SweepArguments:
+    """The sweep: tasks, seeds, the static head counts, the grown models' cap, the tolerance, the flags passed
+    on and where the results go."""
+
+    tasks: list[str] = field(default_factory=lambda: list(TASK_NAMES), metadata={"choices": TASK_NAMES})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    static_heads: list[int] = field(default_factory=lambda: list(range(1, 9)))
+    max_heads: int = field(default=16, metadata={"help": "the grown models' cap"})
+    tolerance: float = field(default=0.005, metadata={"help": "accuracy gap allowed (0.005: 0.5 pt)"})
+    task_flags: list[str] = field(
+        default_factory=list,
+        metadata={
+            "metavar": 'TASK="FLAGS"',
+            "help": 'flags passed on to one task\'s recipe, e.g. cov2="--genome_length 600"',
+        },
     )
-    parser.add_argument(
-        "--output_dir",
+    output_dir: str = field(
         default=str(REPO_ROOT / "outputs" / "grown_vs_swept"),
-        help="results/grown_vs_swept: the committed run",
+        metadata={"help": "results/grown_vs_swept: the committed run"},
     )
-    parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "grown_vs_swept"))
+    runs_dir: str = field(
+        default=str(REPO_ROOT / "outputs" / "grown_vs_swept"), metadata={"help": "the runs' own folders"}
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = HfArgumentParser(SweepArguments, description=__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     if min(args.static_heads) < 1 or args.max_heads < 2:
         parser.error(

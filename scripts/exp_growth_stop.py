@@ -121,37 +121,47 @@ TASKS = {
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["planted", "cov2"])
-    parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument(
-        "--max_heads",
-        type=int,
-        default=16,
-        help="cap on heads, at least twice the heads the relative rule ends with",
+@dataclasses.dataclass
+class SweepArguments:
+    """The sweep: tasks x rules x seeds, the caps, the flags passed on and where the results go."""
+
+    tasks: list[str] = dataclasses.field(
+        default_factory=lambda: ["planted", "cov2"], metadata={"choices": sorted(TASKS)}
     )
-    parser.add_argument(
-        "--rule_max_heads",
-        nargs="+",
-        default=[],
-        metavar="RULE=N",
-        help="a rule's own cap instead of --max_heads, e.g. bidirectional=24",
+    rules: list[str] = dataclasses.field(
+        default_factory=lambda: list(RULES), metadata={"choices": list(RULES)}
     )
-    parser.add_argument("--trajectory_points", type=int, default=40)
-    parser.add_argument(
-        "--extra",
-        nargs=argparse.REMAINDER,
-        default=[],
-        help="flags passed on to every task script (e.g. a smaller scale)",
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
+    max_heads: int = dataclasses.field(
+        default=16, metadata={"help": "cap on heads, at least twice the heads the relative rule ends with"}
     )
-    parser.add_argument(
-        "--output_dir",
+    rule_max_heads: list[str] = dataclasses.field(
+        default_factory=list,
+        metadata={
+            "metavar": "RULE=N",
+            "help": "a rule's own cap instead of --max_heads, e.g. bidirectional=24",
+        },
+    )
+    trajectory_points: int = 40
+    # argparse.REMAINDER: every argument after --extra, as a list of strings
+    extra: str = dataclasses.field(
+        default_factory=list,
+        metadata={
+            "nargs": argparse.REMAINDER,
+            "help": "flags passed on to every task script (e.g. a smaller scale); the last flag",
+        },
+    )
+    output_dir: str = dataclasses.field(
         default=str(REPO_ROOT / "outputs" / "growth_stop"),
-        help="results/growth_stop: the committed run",
+        metadata={"help": "results/growth_stop: the committed run"},
     )
-    parser.add_argument("--runs_dir", default=str(REPO_ROOT / "outputs" / "growth_stop"))
+    runs_dir: str = dataclasses.field(
+        default=str(REPO_ROOT / "outputs" / "growth_stop"), metadata={"help": "the runs' own folders"}
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = HfArgumentParser(SweepArguments, description=__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     if args.max_heads < 2 or args.trajectory_points < 2:
         parser.error("--max_heads and --trajectory_points must be >= 2")

@@ -23,7 +23,8 @@ n), val loss minus the same seed's Llama's, a markdown table and `markdown_by_n`
 an interrupted grid keeps the runs it finished. A later invocation with the same design (every setting but
 `--seeds`, `--streams`, `--charts` and `--save_models`) keeps the runs and Llama references of the file and
 trains only the (seed, n, chart) it lacks, so the grid can be grown over several sessions (one process per
-output folder); a different design replaces the file. `--merge DIR ...` first adds the runs and Llama
+output folder); a different design is an error naming the settings that differ (another `--output_dir` starts
+a new grid). `--merge DIR ...` first adds the runs and Llama
 references of other folders' `summary.json` (same design, else an error) that this one lacks, so a grid split
 over parallel processes, each in its own folder, ends in one summary. `--calibrate` only times the interleaved
 steps of every (n, chart) and prints the projected cost of the grid.
@@ -43,6 +44,7 @@ import copy
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -418,11 +420,20 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 GRID_SETTINGS = ("seeds", "streams", "charts", "save_models")  # what may change between resumed invocations
 
 
-def same_design(saved: dict, settings: dict) -> bool:
-    """Whether a saved report's settings equal `settings` but for the grid's own lists (GRID_SETTINGS)."""
-    return {key: value for key, value in saved.items() if key not in GRID_SETTINGS} == {
-        key: value for key, value in settings.items() if key not in GRID_SETTINGS
-    }
+def design_settings(args: argparse.Namespace) -> dict:
+    """A report's `settings`: every flag but where the data come from and where the results go."""
+    return {key: value for key, value in vars(args).items() if key not in ("output_dir", "data", "merge")}
+
+
+def design_differences(saved: dict, settings: dict) -> list[str]:
+    """Where a saved report's settings `saved` differ from `settings`, but for the grid's own lists
+    (GRID_SETTINGS): one "name: value there, value here" per setting, "absent" where one of them lacks it."""
+    names = sorted((set(saved) | set(settings)) - set(GRID_SETTINGS))
+    return [
+        f"{name}: {saved.get(name, 'absent')!r} there, {settings.get(name, 'absent')!r} here"
+        for name in names
+        if name not in saved or name not in settings or saved[name] != settings[name]
+    ]
 
 
 def run_key(run: dict) -> tuple:
@@ -443,38 +454,52 @@ def add_runs(report: dict, other: dict) -> None:
 
 def merge_reports(report: dict, folders: list[str]) -> None:
     """`add_runs` of each folder's summary.json. A folder without a summary or with another design is an error
-    naming it, as a silent skip would drop its runs."""
+    naming it and the settings that differ, as a silent skip would drop its runs."""
     for folder in folders:
         path = Path(folder) / SUMMARY_FILE
         if not path.is_file():
             raise ValueError(f"--merge {folder}: no {SUMMARY_FILE} there")
         other = json.loads(path.read_text())
-        if not same_design(other["settings"], report["settings"]):
+        differences = design_differences(other["settings"], report["settings"])
+        if differences:
             raise ValueError(
-                f"--merge {folder}: its design differs from this invocation's "
-                f"(the settings other than {', '.join(GRID_SETTINGS)})"
+                f"--merge {folder}: its design differs from this invocation's: {'; '.join(differences)}"
             )
         add_runs(report, other)
         print(f"merged {path}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "stream_scaling"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--streams", type=int, nargs="+", default=list(DEFAULT_STREAMS))
-    parser.add_argument("--charts", nargs="+", default=list(DEFAULT_CHARTS), choices=METHODS)
-    parser.add_argument("--width", type=int, default=SMALL_CPU_SHAPE["hidden_size"])
-    parser.add_argument("--layers", type=int, default=SMALL_CPU_SHAPE["num_hidden_layers"])
-    parser.add_argument("--timing_steps", type=int, default=20, help="interleaved steps of the tok/s ratio")
-    parser.add_argument("--calibrate", action="store_true", help="only time every (n, chart) and project")
-    parser.add_argument("--save_models", action="store_true", help="save_pretrained every trained model")
-    parser.add_argument(
-        "--merge",
-        nargs="+",
-        default=[],
-        metavar="DIR",
-        help="first add the runs of other folders' summary.json (same design) this one lacks",
+@dataclass
+class GridArguments:
+    """The grid (seeds x streams x charts), the shape, the timing, and folders to merge."""
+
+    _argument_group_name = "grid"
+
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    streams: list[int] = field(default_factory=lambda: list(DEFAULT_STREAMS), metadata={"help": "n values"})
+    charts: list[str] = field(default_factory=lambda: list(DEFAULT_CHARTS), metadata={"choices": METHODS})
+    width: int = field(default=SMALL_CPU_SHAPE["hidden_size"], metadata={"help": "hidden_size"})
+    layers: int = field(default=SMALL_CPU_SHAPE["num_hidden_layers"], metadata={"help": "num_hidden_layers"})
+    timing_steps: int = field(default=20, metadata={"help": "interleaved steps of the tok/s ratio"})
+    calibrate: bool = field(default=False, metadata={"help": "only time every (n, chart) and project"})
+    save_models: bool = field(default=False, metadata={"help": "save_pretrained every trained model"})
+    merge: list[str] = field(
+        default_factory=list,
+        metadata={
+            "metavar": "DIR",
+            "help": "first add the runs of other folders' summary.json (same design) this one lacks",
+        },
     )
+
+
+def grid_parser():
+    return loop_parser(
+        GridArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "stream_scaling")
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = grid_parser()
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     set_threads(args.threads)
@@ -488,9 +513,7 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     report = {
         "date": time.strftime("%Y-%m-%d"),
-        "settings": {
-            key: value for key, value in vars(args).items() if key not in ("output_dir", "data", "merge")
-        },
+        "settings": design_settings(args),
         "shape": shape,
         "memory_measure": "parameters + gradients + AdamW state + autograd's saved tensors of one step "
         "(harness.causal_lm.training_memory_bytes; CUDA: peak allocated)",
@@ -498,12 +521,16 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": [],
     }
     path = output_dir / SUMMARY_FILE
-    saved = json.loads(path.read_text()) if path.exists() else None
-    if saved is not None and same_design(saved["settings"], report["settings"]):
+    if path.exists():
+        saved = json.loads(path.read_text())
+        differences = design_differences(saved["settings"], report["settings"])
+        if differences:
+            parser.error(
+                f"{path} holds a grid of another design ({'; '.join(differences)}); resume it with its "
+                "settings or start a new grid in another --output_dir"
+            )
         add_runs(report, saved)
         print(f"resuming {path}: {len(saved['runs'])} runs kept", flush=True)
-    elif saved is not None:
-        print(f"{path} has another design; it is replaced", flush=True)
     try:
         merge_reports(report, args.merge)
     except ValueError as error:

@@ -22,8 +22,8 @@ model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json
 """
 
 import argparse
-import json
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ from transformers import AutoConfig, AutoTokenizer
 import geoformers
 
 from harness.causal_lm import estimate_loss, loop_parser, make_trainer
+from harness.results import write_results
 from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -160,46 +161,54 @@ def lora_config_for(model: nn.Module, args: argparse.Namespace) -> LoraConfig:
     )
 
 
-def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("LoRA (peft.LoraConfig)")
-    group.add_argument(
-        "--target_modules",
-        nargs="+",
+@dataclass
+class LoraArguments:
+    """`peft.LoraConfig`'s settings."""
+
+    _argument_group_name = "LoRA (peft.LoraConfig)"
+
+    target_modules: list[str] | None = field(
         default=None,
-        help=f"leaf names of the nn.Linear projections to adapt (default: those of "
-        f"{list(DEFAULT_TARGETS)} the model has)",
+        metadata={
+            "help": "leaf names of the nn.Linear projections to adapt (default: those of "
+            f"{list(DEFAULT_TARGETS)} the model has)"
+        },
     )
-    group.add_argument(
-        "--modules_to_save",
-        nargs="*",
-        default=[],
-        help="modules trained in full and saved with the adapter (e.g. lm_head)",
+    modules_to_save: list[str] = field(
+        default_factory=list,
+        metadata={"help": "modules trained in full and saved with the adapter (e.g. lm_head)"},
     )
-    group.add_argument("--lora_r", type=int, default=8)
-    group.add_argument("--lora_alpha", type=float, default=16.0)
-    group.add_argument("--lora_dropout", type=float, default=0.0)
-    group.add_argument("--use_rslora", action="store_true", help="scale by alpha / sqrt(r), not alpha / r")
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    use_rslora: bool = field(default=False, metadata={"help": "scale by alpha / sqrt(r), not alpha / r"})
+
+
+@dataclass
+class AdaptArguments:
+    """The checkpoint, the new text's split and checks, evaluation and merging."""
+
+    _argument_group_name = "adaptation"
+
+    checkpoint: str = field(metadata={"help": "saved DDL-mHC model + tokenizer folder"})
+    train_fraction: float = 0.9
+    max_unk_fraction: float = field(
+        default=0.01, metadata={"help": "most tolerated fraction of <unk> tokens in --data"}
+    )
+    eval_steps: int = field(default=100, metadata={"help": "val loss every N steps; 0: off"})
+    merge: bool = field(default=False, metadata={"help": "also save the merged model: OUTPUT_DIR/merged"})
 
 
 def main() -> None:
     parser = loop_parser(
+        AdaptArguments,
+        LoraArguments,
         description=__doc__,
         max_steps=500,
         warmup_steps=20,
         weight_decay=0.0,
         output_dir=str(REPO_ROOT / "outputs" / "ddl_mhc_lora"),
     )
-    parser.add_argument("--checkpoint", required=True, help="saved DDL-mHC model + tokenizer folder")
-    parser.add_argument("--train_fraction", type=float, default=0.9)
-    parser.add_argument(
-        "--max_unk_fraction",
-        type=float,
-        default=0.01,
-        help="most tolerated fraction of <unk> tokens in --data",
-    )
-    parser.add_argument("--eval_interval", type=int, default=100, help="val loss every N steps; 0: off")
-    parser.add_argument("--merge", action="store_true", help="also save the merged model: OUTPUT_DIR/merged")
-    add_lora_arguments(parser)
     args = parser.parse_args()
     if args.data is None:
         parser.error("--data is required: the UTF-8 text file to adapt the checkpoint to")
@@ -236,7 +245,7 @@ def main() -> None:
         loss, _ = step()
         progress.update(1)
         progress.set_postfix(loss=f"{loss:.4f}")
-        if args.eval_interval and index % args.eval_interval == 0 and index != args.max_steps:
+        if args.eval_steps and index % args.eval_steps == 0 and index != args.max_steps:
             history.append({"step": index, "val_loss": evaluate(model, val_ids)})
             progress.write(f"step {index}: val {history[-1]['val_loss']:.4f}")
     progress.close()
@@ -260,7 +269,6 @@ def main() -> None:
         "val_loss_before": val_loss_before,
         "val_loss_after": val_loss_after,
         "history": history,
-        "arguments": vars(args),
     }
     if args.merge:
         merged = model.merge_and_unload()
@@ -268,7 +276,7 @@ def main() -> None:
         tokenizer.save_pretrained(output_dir / "merged")
         report["merged_val_loss"] = evaluate(merged, val_ids)
         print(f"merged model: validation loss {report['merged_val_loss']:.4f}, saved to {output_dir}/merged")
-    (output_dir / "lora_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results(output_dir / "lora_report.json", "finetune_lora.py", None, vars(args), report)
     print(f"saved the adapter and tokenizer to {output_dir}")
 
 

@@ -5,14 +5,14 @@ Reads a run's `trainer_state.json` (the `hc/<metric>/<layer>.<sublayer>` values 
 `hc_<metric>.png`: on the left the metric over optimizer steps, one line per sublayer coloured by depth; on
 the right the metric over depth (sublayers in forward order) at the first, middle and last logged step.
 
-    python scripts/plot_hc_diagnostics.py run    # run/trainer_state.json, else its newest checkpoint's
-    python scripts/plot_hc_diagnostics.py run/checkpoint-500/trainer_state.json --output_dir plots
+    python scripts/plot_hc_diagnostics.py --run run    # run/trainer_state.json, else its newest checkpoint's
+    python scripts/plot_hc_diagnostics.py --run run/checkpoint-500/trainer_state.json --output_dir plots
 """
 
-import argparse
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib import colormaps
@@ -20,6 +20,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from transformers import HfArgumentParser
 
 from geoformers.training.hc_diagnostics import KEY_PATTERN, METRICS, SUBLAYERS
 
@@ -126,12 +127,18 @@ def plot_run(run: str | Path, output_dir: str | Path | None = None) -> list[Path
     return paths
 
 
-def main(argv: list[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="trainer_state.json, or a run / checkpoint folder holding one")
-    parser.add_argument(
-        "--output_dir", default=None, help="folder of the PNGs (default: beside the state file)"
+@dataclass
+class PlotArguments:
+    """The run to read and where the PNGs go."""
+
+    run: str = field(metadata={"help": "trainer_state.json, or a run / checkpoint folder holding one"})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "folder of the PNGs (default: beside the state file)"}
     )
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    parser = HfArgumentParser(PlotArguments, description=__doc__.splitlines()[0])
     args = parser.parse_args(argv)
     paths = plot_run(args.run, args.output_dir)
     for path in paths:

@@ -3,7 +3,7 @@
 The text is split like nanoGPT's shakespeare_char (first 90 % train, last 10 % validation) and tokenised
 by `geoformers.tokenization.build_char_tokenizer`. Training: random (batch, block) windows, AdamW with
 linear warm-up and cosine decay to `--min_lr_ratio` x `--learning_rate`, gradient clipping, a validation loss
-every `--eval_interval` steps, a sampled continuation at the end (`harness.causal_lm`). The text is the hub's
+every `--eval_steps` steps, a sampled continuation at the end (`harness.causal_lm`). The text is the hub's
 tiny-shakespeare, or the local file `--data`. The model and tokenizer are saved with
 `save_pretrained`, so `AutoModelForCausalLM.from_pretrained(out)` / `AutoTokenizer.from_pretrained(out)`
 load them after `import geoformers`.
@@ -50,7 +50,7 @@ def _own_config_fields() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(DDLmHCConfig) if f.name in own and f.name not in TOKENIZER_FIELDS]
 
 
-def _parse_value(text: str):
+def json_value(text: str):
     """A flag value: JSON when it parses (numbers, true/false, null, dicts), else the raw string."""
     try:
         return json.loads(text)
@@ -58,11 +58,33 @@ def _parse_value(text: str):
         return text
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("DDLmHCConfig fields (JSON values: 4, 1e-3, true, null, {...})")
-    for field in _own_config_fields():
-        default = SMALL_CPU_SHAPE.get(field.name, field.default)
-        group.add_argument(f"--{field.name}", type=_parse_value, default=default, help=f"default {default!r}")
+def _config_flag(config_field: dataclasses.Field) -> tuple:
+    """The `make_dataclass` field of one config field: parsed by `json_value`, default nanoGPT's small CPU
+    shape where it has the field, else the config's."""
+    default = SMALL_CPU_SHAPE.get(config_field.name, config_field.default)
+    return (
+        config_field.name,
+        json_value,
+        dataclasses.field(default=default, metadata={"help": f"default {default!r}"}),
+    )
+
+
+ConfigArguments = dataclasses.make_dataclass(
+    "ConfigArguments",
+    [_config_flag(config_field) for config_field in _own_config_fields()],
+    namespace={"_argument_group_name": "DDLmHCConfig fields (JSON values: 4, 1e-3, true, null, {...})"},
+)
+
+
+@dataclasses.dataclass
+class TrainArguments:
+    """Evaluation and the sample at the end."""
+
+    _argument_group_name = "evaluation and sample"
+
+    eval_steps: int = dataclasses.field(default=250, metadata={"help": "validation loss every N steps"})
+    sample_tokens: int = dataclasses.field(default=300, metadata={"help": "characters sampled at the end"})
+    temperature: float = dataclasses.field(default=0.8, metadata={"help": "of the sample"})
 
 
 def config_from_args(args: argparse.Namespace, tokenizer, block_size: int) -> DDLmHCConfig:
@@ -79,12 +101,15 @@ def config_from_args(args: argparse.Namespace, tokenizer, block_size: int) -> DD
 
 
 def main() -> None:
-    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "ddl_mhc_char"))
-    parser.add_argument("--eval_interval", type=int, default=250)
-    parser.add_argument("--sample_tokens", type=int, default=300)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    add_config_arguments(parser)
+    parser = loop_parser(
+        TrainArguments,
+        ConfigArguments,
+        description=__doc__,
+        output_dir=str(REPO_ROOT / "outputs" / "ddl_mhc_char"),
+    )
     args = parser.parse_args()
+    if args.eval_steps < 1:
+        parser.error(f"--eval_steps must be >= 1, got {args.eval_steps}")
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -107,7 +132,7 @@ def main() -> None:
     def on_step(step: int, loss: float) -> None:
         progress.update(1)
         progress.set_postfix(loss=f"{loss:.4f}")
-        if step % args.eval_interval == 0 or step == args.max_steps:
+        if step % args.eval_steps == 0 or step == args.max_steps:
             record = {"step": step, "train_loss": evaluate(train_ids), "val_loss": evaluate(val_ids)}
             history.append(record)
             progress.write(f"step {step}: train {record['train_loss']:.4f}, val {record['val_loss']:.4f}")

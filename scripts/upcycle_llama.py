@@ -11,7 +11,7 @@ warm-up and cosine decay over the whole `--max_steps`). Then the run branches:
   and the same learning rates; the new hyper-connection maps start with fresh moments.
 
 Both arms train round robin (one step of each in turn, so machine load slows both alike). The train-split
-and validation losses (fixed windows, `estimate_loss`) are measured every `--eval_interval` steps. Writes
+and validation losses (fixed windows, `estimate_loss`) are measured every `--eval_steps` steps. Writes
 `<output_dir>/summary.json` (the losses around the switch, the final losses, step times, the whole history)
 and `<output_dir>/losses.png`.
 
@@ -22,6 +22,7 @@ and `<output_dir>/losses.png`.
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -114,8 +115,8 @@ def run(args, device) -> dict:
     seconds = {arm: [] for arm in ARMS}
     history = [{"step": 0, **evaluate(models, train_ids, val_ids, args, device)}]
     switch_gap = None
-    for step in range(args.eval_interval, args.max_steps + 1, args.eval_interval):
-        timed = train_round_robin(models, trainers, dict.fromkeys(models, args.eval_interval), 10**9)
+    for step in range(args.eval_steps, args.max_steps + 1, args.eval_steps):
+        timed = train_round_robin(models, trainers, dict.fromkeys(models, args.eval_steps), 10**9)
         for arm in models:
             losses[arm].extend(timed["losses"][arm])
             seconds[arm].extend(timed["seconds"][arm])
@@ -186,7 +187,7 @@ def running_mean(values: list[float], width: int) -> list[float]:
 def plot(args, result: dict, path: Path) -> None:
     """Left: per-step training losses of both arms around the switch (same batches); middle: their
     difference after the switch; right: the whole run (running mean of the training loss, validation every
-    --eval_interval)."""
+    --eval_steps)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -253,18 +254,30 @@ def plot(args, result: dict, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+@dataclass
+class UpcycleArguments:
+    """The switch, the upcycled model's streams, the evaluation interval and the summary's windows."""
+
+    _argument_group_name = "upcycling"
+
+    switch_step: int = field(default=1000, metadata={"help": "Llama steps before the conversion"})
+    hc_streams: int = field(default=4, metadata={"help": "streams of the upcycled DDL-mHC"})
+    eval_steps: int = field(default=50, metadata={"help": "train and validation losses every N steps"})
+    spike_window: int = field(default=50, metadata={"help": "steps after the switch summarised"})
+    zoom: int = field(default=100, metadata={"help": "half width of the figure's switch panel"})
+
+
 def main() -> None:
-    parser = loop_parser(description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama"))
-    parser.add_argument("--switch_step", type=int, default=1000, help="Llama steps before the conversion")
-    parser.add_argument("--hc_streams", type=int, default=4)
-    parser.add_argument("--eval_interval", type=int, default=50)
-    parser.add_argument("--spike_window", type=int, default=50, help="steps after the switch summarised")
-    parser.add_argument("--zoom", type=int, default=100, help="half width of the figure's switch panel")
+    parser = loop_parser(
+        UpcycleArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama")
+    )
     args = parser.parse_args()
-    if args.switch_step % args.eval_interval or not 0 < args.switch_step < args.max_steps:
-        parser.error("--switch_step must be a multiple of --eval_interval, between 0 and --max_steps")
-    if args.max_steps % args.eval_interval:
-        parser.error("--max_steps must be a multiple of --eval_interval")
+    if args.eval_steps < 1:
+        parser.error(f"--eval_steps must be >= 1, got {args.eval_steps}")
+    if args.switch_step % args.eval_steps or not 0 < args.switch_step < args.max_steps:
+        parser.error("--switch_step must be a multiple of --eval_steps, between 0 and --max_steps")
+    if args.max_steps % args.eval_steps:
+        parser.error("--max_steps must be a multiple of --eval_steps")
     set_threads(args.threads)
     device = torch.device(args.device)
     start = time.perf_counter()

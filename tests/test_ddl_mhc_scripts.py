@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from script_modules import SCRIPTS, load_script
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 import geoformers
 from geoformers.tokenization import build_char_tokenizer
@@ -22,7 +22,7 @@ def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monke
     data.write_text(TEXT, encoding="utf-8")
     output = tmp_path / "model"
     argv = [
-        *("--data", str(data), "--output_dir", str(output), "--max_steps", "4", "--eval_interval", "2"),
+        *("--data", str(data), "--output_dir", str(output), "--max_steps", "4", "--eval_steps", "2"),
         *(
             "--eval_batches",
             "1",
@@ -67,8 +67,7 @@ def test_train_script_saves_an_auto_loadable_model_and_tokenizer(tmp_path, monke
 
 def test_train_script_flags_cover_every_config_field_and_report_bad_values():
     script = load_script("train_causal_lm.py")
-    parser = script.argparse.ArgumentParser()
-    script.add_config_arguments(parser)
+    parser = HfArgumentParser(script.ConfigArguments)
     flags = {action.dest for action in parser._actions}
     declared = set(geoformers.DDLmHCConfig.__annotations__) - set(script.TOKENIZER_FIELDS)
     assert declared <= flags

@@ -15,6 +15,7 @@ import pytest
 import torch
 from growth_worker import sign_rows, signed_row_indices
 from script_modules import load_script
+from transformers import HfArgumentParser
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
@@ -36,12 +37,13 @@ from harness.analysis import (
     stop_summary,
     temperature_split,
 )
-from harness.flags import build_model, experiment_parser
+from harness.causal_lm import LoopArguments
+from harness.flags import RecipeArguments, build_model, experiment_parser
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
 from harness.results import REPO_ROOT, markdown_table, write_results
-from harness.threads import add_threads_argument, set_threads
+from harness.threads import set_threads
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MODEL = [
@@ -784,9 +786,8 @@ def test_no_script_imports_another_script_or_edits_sys_path():
 
 
 def test_threads_default_to_one_and_reject_bad_counts(restore_torch_threads):
-    parser = argparse.ArgumentParser()
-    add_threads_argument(parser)
-    assert parser.parse_args([]).threads == 1
+    for arguments in (RecipeArguments, LoopArguments):  # the experiment scripts' and the loop scripts'
+        assert HfArgumentParser(arguments).parse_args([]).threads == 1
     torch.set_num_threads(2)
     set_threads(0)  # 0: leave torch's default
     assert torch.get_num_threads() == 2

@@ -75,7 +75,7 @@ def smoke_arguments(checkpoint: Path, data: Path, output: Path) -> list[str]:
             "--eval_batches",
             "2",
         ),
-        *("--eval_interval", "15", "--learning_rate", "1e-2", "--warmup_steps", "2", "--lora_r", str(RANK)),
+        *("--eval_steps", "15", "--learning_rate", "1e-2", "--warmup_steps", "2", "--lora_r", str(RANK)),
         *("--lora_alpha", "8", "--threads", "1"),
     ]
 
@@ -90,6 +90,9 @@ def test_lora_script_reports_counts_and_losses_and_saves_adapter_and_merged_mode
     assert "trainable parameters:" in printed and "validation loss:" in printed
 
     report = json.loads((output / "lora_report.json").read_text())
+    assert report["command"].startswith("python scripts/finetune_lora.py")
+    assert report["settings"]["lora_r"] == RANK and report["settings"]["eval_steps"] == 15
+    assert report["environment"]["threads"] == 1
     # r (in + out) per wrapped nn.Linear, by hand: q/k/v/o 32 -> 32; per connection maps_proj n d = 128 ->
     # n + (n-1)^2 + 1 = 14 (H_pre, rtbp H_res, beta) and value_proj 32 -> n = 4; two connections per layer.
     maps_out = STREAMS + (STREAMS - 1) ** 2 + 1

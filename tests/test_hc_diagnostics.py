@@ -319,7 +319,7 @@ def test_plot_script_writes_one_png_per_metric(diagnosed_run, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("plot_hc_diagnostics", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    paths = script.main([str(output_dir), "--output_dir", str(tmp_path)])
+    paths = script.main(["--run", str(output_dir), "--output_dir", str(tmp_path)])
     names = {"row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward"}
     assert {path.name for path in paths} == {f"hc_{name}.png" for name in names}
     assert capsys.readouterr().out.split() == [str(path) for path in paths]
@@ -333,6 +333,6 @@ def test_plot_script_writes_one_png_per_metric(diagnosed_run, tmp_path, capsys):
     state["log_history"] = [{"loss": 1.0, "step": 1}]
     (tmp_path / "empty.json").write_text(json.dumps(state))
     with pytest.raises(ValueError, match="HyperConnectionDiagnosticsCallback"):
-        script.main([str(tmp_path / "empty.json")])
+        script.main(["--run", str(tmp_path / "empty.json")])
     with pytest.raises(FileNotFoundError, match="trainer_state.json"):
-        script.main([str(tmp_path / "missing")])
+        script.main(["--run", str(tmp_path / "missing")])

@@ -133,7 +133,7 @@ def test_bad_flags_name_the_flag(flags, named, capsys):
     assert named in capsys.readouterr().err
 
 
-def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_starts_afresh(study, tmp_path):
+def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_is_refused(study, tmp_path, capsys):
     script, _, output, data = study
     folder = tmp_path / "out"
     folder.mkdir()
@@ -152,12 +152,33 @@ def test_a_resumed_grid_trains_only_what_it_lacks_and_another_design_starts_afre
         assert [(run["chart"], run["n"]) for run in resumed["runs"][4:]] == [("rtbp", 2), ("rtbp", 4)]
         assert resumed["settings"]["charts"] == ["rtbp", "sinkhorn", "tbp"]
         assert len(resumed["summary"]) == 6
-        fresh = script.main([*design, "--max_steps", "4", "--streams", "2", "--charts", "tbp"])
+        kept = (folder / "summary.json").read_text()
+        with pytest.raises(SystemExit):  # another design: an error naming what differs, the file untouched
+            script.main([*design, "--max_steps", "4", "--streams", "2", "--charts", "tbp"])
     finally:
         torch.set_num_threads(threads)
-    assert [(run["chart"], run["n"]) for run in fresh["runs"]] == [("tbp", 2)]
-    assert fresh["llama"][0]["val_loss"] != before["llama"][0]["val_loss"]
-    assert json.loads((folder / "summary.json").read_text())["settings"]["max_steps"] == 4
+    error = capsys.readouterr().err
+    assert "another design (max_steps: 3 there, 4 here)" in error, error
+    assert (folder / "summary.json").read_text() == kept
+
+
+def test_the_committed_grids_resume_with_the_default_design():
+    """results/stream_scaling_2000 (and the 200-step grid of results/stream_scaling with its own steps) hold
+    the settings the parser makes of their commands: a later invocation there resumes them."""
+    root = Path(__file__).resolve().parents[1]
+    script = load_script("exp_stream_scaling.py")
+    for folder, flags in (
+        ("stream_scaling_2000", []),
+        ("stream_scaling", ["--max_steps", "200", "--warmup_steps", "10", "--timing_steps", "15"]),
+    ):
+        saved = json.loads((root / "results" / folder / "summary.json").read_text())
+        args = script.grid_parser().parse_args([*flags, "--device", "cpu"])
+        assert script.design_differences(saved["settings"], script.design_settings(args)) == [], folder
+    renamed = {"max_steps": 2000, "batch_size": 12}
+    assert script.design_differences(renamed, {"max_steps": 2000, "per_device_train_batch_size": 12}) == [
+        "batch_size: 12 there, 'absent' here",
+        "per_device_train_batch_size: 'absent' there, 12 here",
+    ]
 
 
 def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_ones(study, tmp_path, capsys):
@@ -205,7 +226,10 @@ def test_merge_adds_another_folders_runs_without_training_and_refuses_foreign_on
                 "2",
             ]
         )  # another design: two evaluation batches
-        for bad, named in ((tmp_path / "missing", "no summary.json"), (foreign, "design differs")):
+        for bad, named in (
+            (tmp_path / "missing", "no summary.json"),
+            (foreign, "eval_batches: 2 there, 1 here"),
+        ):
             with pytest.raises(SystemExit):
                 script.main(
                     [

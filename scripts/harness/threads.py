@@ -4,8 +4,6 @@ torch starts one intra-op thread per core. The scripts' models are small: one th
 fast as several on an idle machine, and many times faster when another process keeps a core busy.
 """
 
-import argparse
-
 import torch
 
 DEFAULT_THREADS = 1
@@ -13,15 +11,6 @@ THREADS_HELP = (
     "torch CPU threads (default 1: fastest for small models and on a shared machine; 0: torch's default, "
     "one per core)"
 )
-
-
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=DEFAULT_THREADS,
-        help=THREADS_HELP,
-    )
 
 
 def set_threads(threads: int) -> None:
