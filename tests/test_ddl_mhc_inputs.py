@@ -193,8 +193,9 @@ def test_a_cache_that_is_not_a_transformers_cache_is_refused(model, ids):
     for bad in (object(), ((torch.zeros(1), torch.zeros(1)),), {}):
         with pytest.raises(TypeError, match="cache"):
             model(ids, cache=bad, use_cache=True)
-        with pytest.raises(TypeError, match="past_key_values"):
-            model(ids, past_key_values=bad, use_cache=True)
+        with pytest.raises(TypeError, match="past_key_values"):  # transformers' deprecated name still works
+            with pytest.warns(FutureWarning, match="past_key_values"):
+                model(ids, past_key_values=bad, use_cache=True)
     model(ids, cache=DynamicCache(config=model.config), use_cache=True)
 
 

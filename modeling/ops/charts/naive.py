@@ -13,9 +13,10 @@ against these functions, and these against the plain-Python float64 references o
 import itertools
 import math
 from dataclasses import dataclass
-from functools import cache
 
 import torch
+
+from geoformers.modeling.ops.constant_cache import constant_cache
 
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
 # |row sum - 1| grows with the logits' scale (median / max over 4,096 float32 matrices, logits N(0, s^2)):
@@ -137,7 +138,7 @@ def anti_diagonals(n: int) -> list[tuple[int, int, int]]:
     return [(d, max(0, d - (n - 2)), min(d, n - 2)) for d in range(2 * n - 3)]
 
 
-@cache
+@constant_cache
 def _row_major_from_diagonals(n: int, device: torch.device) -> torch.Tensor:
     """Positions, in anti-diagonal order, of the (n-1)^2 logit cells listed in row-major order."""
     order = [d + i * (n - 2) for d, first, last in anti_diagonals(n) for i in range(first, last + 1)]
@@ -279,7 +280,7 @@ def sinkhorn(logits: torch.Tensor, n: int, iters: int = SINKHORN_DEFAULT_ITERS) 
     return z.exp().permute(2, 0, 1)
 
 
-@cache
+@constant_cache
 def _permutation_matrices(n: int) -> torch.Tensor:
     """All n! permutation matrices, flattened: (n!, n*n), lexicographic order of itertools."""
     perms = torch.tensor(list(itertools.permutations(range(n))), dtype=torch.long)
@@ -305,7 +306,7 @@ def kromhc(logits: torch.Tensor, n: int) -> torch.Tensor:
     return x
 
 
-@cache
+@constant_cache
 def _atbp_inverse_orderings(n: int, device: torch.device) -> torch.Tensor:
     """pi_k^{-1} for each ordering of ATBP_ORDERINGS, (K, n): (P^T M P)[pi(i), pi(j)] = M[i, j] reads M at
     (pi^{-1}(a), pi^{-1}(b))."""

@@ -14,12 +14,11 @@ top block's T - C2 = n/2 - n/2) has no terms and evaluates to exactly 0; a tie d
 residue may fall on the other side than in the reference (docs/rtbp_backward.md, "Ties").
 """
 
-from functools import cache
-
 import torch
 from torch.autograd.function import once_differentiable
 
 from geoformers.modeling.ops.charts.schedule import Terms, chart_schedule
+from geoformers.modeling.ops.constant_cache import constant_cache
 
 
 def _terms(forms: list[Terms]) -> tuple[tuple, tuple, tuple]:
@@ -50,7 +49,7 @@ def _table(terms: tuple, count: int, width: int, device: torch.device) -> tuple:
     )
 
 
-@cache
+@constant_cache
 def _plan(n: int, device: torch.device) -> tuple:
     """`chart_schedule("rtbp", n)` as tensors: (logit of each slot (K,), slot of each logit (K,), levels as
     (start, stop, table), entry table); level l's table stacks the forms T, a1, a2 of its points (3m forms)

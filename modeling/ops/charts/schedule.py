@@ -14,10 +14,11 @@ level, so that level l writes the contiguous slots [start, stop). The RTBP node 
 one batched step; the Triton kernels walk the slots in that (topological) order, one point at a time.
 """
 
-from functools import cache
 from typing import NamedTuple
 
 import torch
+
+from geoformers.modeling.ops.constant_cache import constant_cache
 
 Form = dict[int, float]  # slot -> coefficient; slot 0 is the constant 1
 Terms = tuple[tuple[int, float], ...]  # a form as sorted (slot, coefficient) pairs
@@ -133,7 +134,7 @@ class Schedule(NamedTuple):
     entries: tuple[Terms, ...]
 
 
-@cache
+@constant_cache
 @torch.compiler.assume_constant_result  # plain Python: torch.compile / export take the result as given
 def chart_schedule(method: str, n: int) -> Schedule:
     """The schedule of chart `method` ("tbp" or "rtbp") at n >= 2."""

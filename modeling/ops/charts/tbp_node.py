@@ -7,12 +7,11 @@ The two stay separate nodes: the plain choice keeps its state float64 but its ta
 (blocks of `_BLOCK` matrices), the scaled one needs the width inside the sigmoid, hence its tape in float64.
 """
 
-from functools import cache
-
 import torch
 from torch.autograd.function import once_differentiable
 
 from geoformers.modeling.ops.charts.naive import ScaledChoice, anti_diagonals
+from geoformers.modeling.ops.constant_cache import constant_cache
 
 # ----------------------------------------------------------------------------------------------
 # The plain chart
@@ -29,7 +28,7 @@ from geoformers.modeling.ops.charts.naive import ScaledChoice, anti_diagonals
 _BLOCK = 256
 
 
-@cache
+@constant_cache
 def _below_right_start(n: int, device: torch.device) -> torch.Tensor:
     """D[i, -1] = n-1-i: the mass of the rows below row i, before any entry of row i."""
     return torch.arange(n - 1, 0, -1, dtype=torch.float64, device=device)

@@ -16,19 +16,18 @@ float64 unit leaves it far below the GEMMs, and the result is the reference's to
 (|row/column sum - 1| <= ~n 6e-8 in float32).
 """
 
-from functools import cache
-
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from geoformers.modeling.ops.charts.schedule import chart_schedule
+from geoformers.modeling.ops.constant_cache import constant_cache
 
 CHARTS = ("tbp", "rtbp")
 
 
-@cache
+@constant_cache
 def _tables(method: str, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(points (K, 3, P) float64, logit index (K,) int32, entries (n*n, P) float64) of a chart's schedule,
     P the slot count rounded up to a power of two."""
