@@ -257,19 +257,24 @@ def summarize(runs: dict) -> dict:
 
 
 def plot(runs: dict, path: Path) -> None:
-    """Held-out perplexity of the three arms against steps (same tokens) and against training seconds."""
+    """Held-out perplexity of the three arms against steps (same tokens), each arm's difference to Llama's at
+    the same step, and perplexity against training seconds."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(11, 4))
-    by_step, by_time = figure.subplots(1, 2)
+    figure = Figure(figsize=(15, 4))
+    by_step, gap, by_time = figure.subplots(1, 3)
+    reference = [entry["val_perplexity"] for entry in runs["llama"]["history"]]
     for arm, run in runs.items():
         steps = [entry["step"] for entry in run["history"]]
         perplexity = [entry["val_perplexity"] for entry in run["history"]]
         elapsed = [sum(run["seconds"][:step]) for step in steps]
         label = f"{arm} ({run['tokens_per_second']:.0f} tokens/s)"
         by_step.plot(steps, perplexity, "o-", label=label, ms=3)
+        gap.plot(steps, [mine - base for mine, base in zip(perplexity, reference, strict=True)], "o-", ms=3)
         by_time.plot(elapsed, perplexity, "o-", label=label, ms=3)
     by_step.set_xlabel("step (same tokens for every arm)")
+    gap.set_xlabel("step")
+    gap.set_ylabel("held-out perplexity - Llama's")
     by_time.set_xlabel("training seconds")
     for axis in (by_step, by_time):
         axis.set_ylabel("held-out perplexity")

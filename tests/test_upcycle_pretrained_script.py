@@ -1,6 +1,7 @@
 """Smoke test of `scripts/exp_upcycle_pretrained.py` (docs/upcycling.md, "SmolLM2-135M") on a tiny random
 Llama saved with a character tokenizer: three arms on the same tokens, the exact add arm starts at Llama's
-perplexity, the delta arm near it, and an interrupted run resumes to the same numbers."""
+perplexity, the delta arm near it, and an interrupted run resumes to the same numbers;
+`scripts/convert_llama.py` saves both models."""
 
 import json
 import math
@@ -8,8 +9,9 @@ import math
 import pytest
 import torch
 from script_modules import load_script
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from geoformers import DDLmHCForCausalLM
 from geoformers.tokenization import build_char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
@@ -96,3 +98,26 @@ def test_bad_flags_are_named(checkpoint, tmp_path):
             script.main(arguments(checkpoint, tmp_path / "run", flag, value))
     with pytest.raises(ValueError, match="--block_size"):
         script.main(arguments(checkpoint, tmp_path / "run", "--block_size", "200"))
+
+
+def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, tmp_path):
+    load_script("convert_llama.py").main(
+        [
+            "--model",
+            str(checkpoint),
+            "--output_dir",
+            str(tmp_path / "ddl"),
+            "--llama_output_dir",
+            str(tmp_path / "llama"),
+        ]
+    )
+    upcycled = AutoModelForCausalLM.from_pretrained(tmp_path / "ddl").eval()
+    llama = AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    assert isinstance(upcycled, DDLmHCForCausalLM) and upcycled.config.hc_streams == 4
+    ids = AutoTokenizer.from_pretrained(tmp_path / "ddl")("hear me speak", return_tensors="pt").input_ids
+    assert (
+        ids.tolist()
+        == AutoTokenizer.from_pretrained(checkpoint)("hear me speak", return_tensors="pt").input_ids.tolist()
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(upcycled(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
