@@ -65,7 +65,7 @@ class UpcycleArguments:
     block_size: int = 256
     per_device_train_batch_size: int = 4
     learning_rate: float = 1e-4
-    lr_scheduler_min_lr_ratio: float = dataclasses.field(
+    min_lr_ratio: float = dataclasses.field(
         default=0.1, metadata={"help": "cosine decay ends at this fraction of --learning_rate"}
     )
     warmup_steps: int = 50
@@ -130,7 +130,7 @@ def loop_settings(args: UpcycleArguments) -> SimpleNamespace:
         beta2=args.adam_beta2,
         warmup_steps=args.warmup_steps,
         max_steps=args.max_steps,
-        min_lr_ratio=args.lr_scheduler_min_lr_ratio,
+        min_lr_ratio=args.min_lr_ratio,
         seed=args.seed,
         batch_size=args.per_device_train_batch_size,
         block_size=args.block_size,
