@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(source)
     train_ids, val_ids = encode_corpus(load_tiny_shakespeare(args.data), tokenizer, args.block_size)
     print(f"{len(train_ids):,} train / {len(val_ids):,} held-out tokens")
-    llama = load_llama(source).to(device)
+    llama = load_llama(source, dtype=torch.float32).to(device)  # trained in float32 (--bf16: autocast)
     progress_file = output_dir / "arms.json"
     runs = saved_arms(progress_file, args)
     for arm in ARMS:
