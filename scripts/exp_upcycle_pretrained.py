@@ -31,7 +31,6 @@ import os
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from tqdm.auto import tqdm
@@ -122,24 +121,6 @@ def build_arm(arm: str, llama, args: UpcycleArguments):
     return convert_llama_to_ddl_mhc(llama, **overrides)
 
 
-def loop_settings(args: UpcycleArguments) -> SimpleNamespace:
-    """The flags under the names `harness.causal_lm.make_trainer` reads."""
-    return SimpleNamespace(
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        beta2=args.adam_beta2,
-        warmup_steps=args.warmup_steps,
-        max_steps=args.max_steps,
-        min_lr_ratio=args.min_lr_ratio,
-        seed=args.seed,
-        batch_size=args.per_device_train_batch_size,
-        block_size=args.block_size,
-        grad_clip=args.max_grad_norm,
-        compile=args.torch_compile,
-        bf16=args.bf16,
-    )
-
-
 def evaluate(model, val_ids, args: UpcycleArguments, device, step: int) -> dict:
     """Held-out loss and perplexity on fixed windows; H_res entropy and composite gain of a DDL-mHC model."""
     batch = args.per_device_train_batch_size
@@ -189,7 +170,7 @@ def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, ch
     batch = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, torch.Generator())
     model.train()
     record["peak_memory_bytes"] = training_memory_bytes(model, batch.to(device), device)
-    step = make_trainer(model, train_ids, loop_settings(args), device)
+    step = make_trainer(model, train_ids, args, device)
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
         model.load_state_dict(state["model"])
