@@ -53,7 +53,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
 )
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -506,7 +507,7 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> DDLmHCModelOutputWithPast:
         input_ids, inputs_embeds, past_length = self._check_inputs(
             input_ids, inputs_embeds, attention_mask, position_ids, cache
@@ -604,7 +605,7 @@ class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> DDLmHCCausalLMOutputWithPast:
         r"""
         Llama's signature (`cache` is transformers 5's name for `past_key_values`, which is still accepted).
