@@ -774,9 +774,10 @@ class HeadGrowthMixin:
         spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
         chosen = positions[spaced]
         moments = []
-        for layer_input in outputs.hidden_states[:-1]:
-            tokens = layer_input.reshape(-1, layer_input.shape[-1])[chosen].float()
-            moments.append(tokens.T @ tokens / count)
+        with torch.autocast(first.device.type, enabled=False):  # float32 even under autocast
+            for layer_input in outputs.hidden_states[:-1]:
+                tokens = layer_input.reshape(-1, layer_input.shape[-1])[chosen].float()
+                moments.append(tokens.T @ tokens / count)
         return moments
 
     @torch.no_grad()
@@ -821,11 +822,14 @@ class HeadGrowthMixin:
 
 
 def _layer_gate_check(attention: nn.Module, second_moment: torch.Tensor) -> GateDecision:
-    """One layer's gate on C = X^T X / N of its input, with M_a and the per-head energies of its heads."""
-    query_weights, key_weights = attention.stacked("q_proj").float(), attention.stacked("k_proj").float()
-    second_moment = second_moment.float()
-    return attention.gate.check(
-        second_moment,
-        directional_matrix(query_weights, key_weights),
-        head_directional_energy(second_moment, query_weights, key_weights),
-    )
+    """One layer's gate on C = X^T X / N of its input, with M_a and the per-head energies of its heads, in
+    float32 even under autocast."""
+    with torch.autocast(second_moment.device.type, enabled=False):
+        query_weights = attention.stacked("q_proj").float()
+        key_weights = attention.stacked("k_proj").float()
+        second_moment = second_moment.float()
+        return attention.gate.check(
+            second_moment,
+            directional_matrix(query_weights, key_weights),
+            head_directional_energy(second_moment, query_weights, key_weights),
+        )
