@@ -145,7 +145,8 @@ def test_exported_conversion_loads_without_geoformers(upcycled, tokenizer, promp
     result = load_without_geoformers(folder, "AutoModelForCausalLM", prompt_ids, tmp_path)
     with torch.no_grad():
         expected = upcycled(prompt_ids).logits
-    torch.testing.assert_close(torch.tensor(result["logits"]), expected, rtol=0, atol=1e-5)
+    # another process: its thread count, hence the summation order over 30 layers, may differ (as n = 4)
+    torch.testing.assert_close(torch.tensor(result["logits"]), expected, rtol=0, atol=1e-4)
     assert tokenizer.decode(result["generated"][0][prompt_ids.shape[1] :][:1]) == " Paris"
 
 
@@ -156,8 +157,8 @@ def test_lora_on_the_upcycled_smollm2_reloads_exactly_and_merges(saved, tmp_path
     output = tmp_path / "lora"
     arguments = [
         *("--checkpoint", str(saved), "--data", str(data), "--output_dir", str(output), "--merge"),
-        *("--max_steps", "4", "--batch_size", "2", "--block_size", "32", "--eval_batches", "1"),
-        *("--eval_interval", "0", "--learning_rate", "1e-3", "--warmup_steps", "1", "--threads", "1"),
+        *("--max_steps", "4", "--per_device_train_batch_size", "2", "--block_size", "32", "--eval_batches", "1"),
+        *("--eval_steps", "0", "--learning_rate", "1e-3", "--warmup_steps", "1", "--threads", "1"),
         *("--target_modules", "q_proj", "v_proj", "maps_proj", "--lora_r", "2"),
     ]
     monkeypatch.setattr(sys, "argv", ["finetune_lora.py", *arguments])
