@@ -157,7 +157,8 @@ def test_lora_on_the_upcycled_smollm2_reloads_exactly_and_merges(saved, tmp_path
     output = tmp_path / "lora"
     arguments = [
         *("--checkpoint", str(saved), "--data", str(data), "--output_dir", str(output), "--merge"),
-        *("--max_steps", "4", "--per_device_train_batch_size", "2", "--block_size", "32", "--eval_batches", "1"),
+        *("--max_steps", "4", "--per_device_train_batch_size", "2", "--block_size", "32"),
+        *("--eval_batches", "1"),
         *("--eval_steps", "0", "--learning_rate", "1e-3", "--warmup_steps", "1", "--threads", "1"),
         *("--target_modules", "q_proj", "v_proj", "maps_proj", "--lora_r", "2"),
     ]

