@@ -9,24 +9,32 @@ model de-quantized, in a folder that `from_pretrained` loads), e.g. to compare L
 """
 
 import argparse
+from dataclasses import dataclass, field
+from typing import Literal
+
+from transformers import HfArgumentParser
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
 
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
 
 
+@dataclass
+class ConvertArguments:
+    output_dir: str = field(metadata={"help": "folder for the DDL-mHC model and tokenizer"})
+    model: str = field(default=PACKAGED_SMOLLM2, metadata={"help": "Llama folder, Hub id, .gguf file"})
+    llama_output_dir: str | None = field(
+        default=None, metadata={"help": "also save the plain Llama and tokenizer here"}
+    )
+    hc_streams: int = 4
+    residual: Literal["add", "delta"] = "add"
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = HfArgumentParser(
+        ConvertArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=PACKAGED_SMOLLM2, help="Llama folder, Hub id, .gguf file")
-    parser.add_argument("--output_dir", required=True, help="folder for the DDL-mHC model and tokenizer")
-    parser.add_argument(
-        "--llama_output_dir", default=None, help="also save the plain Llama and tokenizer here"
-    )
-    parser.add_argument("--hc_streams", type=int, default=4)
-    parser.add_argument("--residual", choices=("add", "delta"), default="add")
-    args = parser.parse_args(argv)
+    (args,) = parser.parse_args_into_dataclasses(argv)
     source = resolve_model(args.model)
     tokenizer = load_tokenizer(source)
     llama = load_llama(source)

@@ -23,6 +23,7 @@ peak memory of one training step. The arms run one after another; each writes a 
     python scripts/exp_upcycle_pretrained.py --model meta-llama/Llama-3.2-1B --block_size 1024 --bf16
 """
 
+import argparse
 import copy
 import dataclasses
 import json
@@ -40,7 +41,7 @@ from geoformers import convert_llama_to_ddl_mhc, load_llama
 from geoformers.training.data import load_tiny_shakespeare
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
-from harness.causal_lm import estimate_loss, get_batch, make_trainer, training_memory_bytes
+from harness.causal_lm import estimate_loss, get_batch, make_trainer, split_ids, training_memory_bytes
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
 from harness.results import REPO_ROOT, write_json, write_results
 from harness.threads import DEFAULT_THREADS, set_threads
@@ -100,15 +101,11 @@ class UpcycleArguments:
 
 
 def encode_corpus(text: str, tokenizer, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """nanoGPT split of the token ids (first 90 % train); each part holds more than one window."""
+    """The corpus as token ids, split as nanoGPT does (first 90 % train)."""
     ids = torch.tensor(
         tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=torch.long
     )
-    split = int(0.9 * len(ids))
-    train_ids, val_ids = ids[:split], ids[split:]
-    if len(val_ids) <= block_size:
-        raise ValueError(f"--data gives {len(val_ids)} held-out tokens, fewer than --block_size={block_size}")
-    return train_ids, val_ids
+    return split_ids(ids, 0.9, block_size)
 
 
 def build_arm(arm: str, llama, args: UpcycleArguments):
@@ -276,7 +273,9 @@ def saved_arms(path: Path, args: UpcycleArguments) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser(UpcycleArguments, description=__doc__)
+    parser = HfArgumentParser(
+        UpcycleArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     (args,) = parser.parse_args_into_dataclasses(argv)
     set_threads(args.threads)
     device = torch.device(args.device)

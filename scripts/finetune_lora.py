@@ -38,7 +38,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 
 import geoformers
 
-from harness.causal_lm import estimate_loss, loop_parser, make_trainer
+from harness.causal_lm import estimate_loss, loop_parser, make_trainer, split_ids
 from harness.results import write_results
 from harness.threads import set_threads
 
@@ -95,20 +95,6 @@ def encode_text(path: str | Path, tokenizer, max_unk_fraction: float) -> tuple[t
             f"(> --max_unk_fraction={max_unk_fraction}); unknown characters: {shown}"
         )
     return torch.tensor(ids, dtype=torch.long), num_unknown
-
-
-def split_ids(ids: torch.Tensor, train_fraction: float, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """nanoGPT split; both parts need more than `block_size` tokens for one window."""
-    split = int(train_fraction * len(ids))
-    train_ids, val_ids = ids[:split], ids[split:]
-    for name, part in (("train", train_ids), ("validation", val_ids)):
-        if len(part) <= block_size:
-            raise ValueError(
-                f"the {name} split of --data has {len(part)} tokens; it needs more than "
-                f"--block_size={block_size} (use a longer text, a smaller --block_size or another "
-                "--train_fraction)"
-            )
-    return train_ids, val_ids
 
 
 # ----------------------------------------------------------------------------------------------

@@ -63,6 +63,20 @@ def load_corpus(path: str | None = None, train_fraction: float = 0.9):
     return tokenizer, ids[:split], ids[split:]
 
 
+def split_ids(ids: torch.Tensor, train_fraction: float, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """nanoGPT split (first `train_fraction` train); both parts need more than `block_size` tokens for one
+    window."""
+    split = int(train_fraction * len(ids))
+    train_ids, val_ids = ids[:split], ids[split:]
+    for name, part in (("train", train_ids), ("validation", val_ids)):
+        if len(part) <= block_size:
+            raise ValueError(
+                f"the {name} split of --data has {len(part)} tokens; it needs more than "
+                f"--block_size={block_size} (use a longer text or a smaller --block_size)"
+            )
+    return train_ids, val_ids
+
+
 def get_batch(ids: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator):
     """`batch_size` random windows of `block_size` tokens (the labels are the same tensor: HF shifts them)."""
     if len(ids) <= block_size:
