@@ -25,6 +25,7 @@ from transformers.utils import logging
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, HyperConnection
+from geoformers.modeling.strict_loading import DOWNLOAD_KWARGS
 
 logger = logging.get_logger(__name__)
 
@@ -104,7 +105,9 @@ def load_llama(source, **from_pretrained_kwargs) -> LlamaForCausalLM:
         _check_architecture(quantized.config, source)
         return _without_quantization(quantized)
     try:
-        config = AutoConfig.from_pretrained(source, **_config_kwargs(from_pretrained_kwargs))
+        config = AutoConfig.from_pretrained(
+            source, **{key: value for key, value in from_pretrained_kwargs.items() if key in DOWNLOAD_KWARGS}
+        )
     except OSError as error:
         where = (
             "a local folder"
@@ -117,11 +120,6 @@ def load_llama(source, **from_pretrained_kwargs) -> LlamaForCausalLM:
         ) from error
     _check_architecture(config, source)
     return LlamaForCausalLM.from_pretrained(source, config=config, **from_pretrained_kwargs)
-
-
-def _config_kwargs(from_pretrained_kwargs: dict) -> dict:
-    shared = ("revision", "cache_dir", "local_files_only", "token", "subfolder", "force_download")
-    return {key: value for key, value in from_pretrained_kwargs.items() if key in shared}
 
 
 def _check_architecture(config, source) -> None:

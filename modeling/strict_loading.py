@@ -16,7 +16,8 @@ Refused here:
 """
 
 _SHOWN_KEYS = 12
-_DOWNLOAD_KWARGS = (
+# `from_pretrained` arguments that say where and how to fetch a checkpoint's files (config.json included)
+DOWNLOAD_KWARGS = (
     "cache_dir",
     "force_download",
     "proxies",
@@ -61,7 +62,7 @@ class StrictLoadingMixin:
     def _check_model_type(cls, pretrained_model_name_or_path, kwargs: dict) -> None:
         """The checkpoint's `model_type` is this class's: loading another model's folder is an error naming
         both types (transformers warns, then fails on a field of the other config)."""
-        download = {name: kwargs[name] for name in _DOWNLOAD_KWARGS if name in kwargs}
+        download = {name: kwargs[name] for name in DOWNLOAD_KWARGS if name in kwargs}
         config_dict, _ = cls.config_class.get_config_dict(pretrained_model_name_or_path, **download)
         saved, expected = config_dict.get("model_type"), cls.config_class.model_type
         if saved is not None and saved != expected:
