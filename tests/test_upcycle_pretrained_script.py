@@ -3,6 +3,7 @@ Llama saved with a character tokenizer: three arms on the same tokens, the exact
 perplexity, the delta arm near it, and an interrupted run resumes to the same numbers;
 `scripts/convert_llama.py` saves both models."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,6 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from geoformers import DDLmHCForCausalLM
 from geoformers.tokenization import build_char_tokenizer
+
+from harness.results import portable_path
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
@@ -125,7 +128,7 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
 
 
 @pytest.mark.parametrize("folder", ["upcycle_pretrained", "upcycle_pretrained_60"])
-def test_committed_reduced_run_matches_the_docs(folder):
+def test_committed_runs_match_the_docs(folder):
     """results/<folder>/summary.json: a portable command, and the perplexities docs/upcycling.md and the
     model card quote."""
     root = Path(__file__).resolve().parents[1]
@@ -141,3 +144,22 @@ def test_committed_reduced_run_matches_the_docs(folder):
         assert f"{numbers['val_perplexity_after']:.3f}" in card, arm
         assert f"{numbers['tokens_per_second']:.1f}" in docs, arm
     assert f"{summary['arms']['llama']['val_perplexity_before']:.4f}" in docs
+
+
+def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest_arms():
+    """results/upcycle_pretrained/ is the run at the script's defaults (only the data file and the output
+    folder given), and the model card names the arm that ends lowest per token and per second."""
+    script = load_script("exp_upcycle_pretrained.py")
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads((root / "results" / "upcycle_pretrained" / "summary.json").read_text())
+    defaults = {
+        key: portable_path(value) for key, value in dataclasses.asdict(script.UpcycleArguments()).items()
+    }
+    differing = {key for key, value in defaults.items() if summary["settings"][key] != value}
+    assert differing <= {"data", "output_dir", "device"}, differing
+    assert summary["settings"]["device"] == "cpu"
+    steps = {entry["step"] for run in summary["history"].values() for entry in run}
+    assert steps == set(range(0, defaults["max_steps"] + 1, defaults["eval_steps"])) | {defaults["max_steps"]}
+    card = (root / "model_cards" / "ddl_mhc.md").read_text()
+    assert f"lowest per token: **{summary['lowest_perplexity_at_equal_tokens']}**" in card
+    assert f"lowest per second: **{summary['lowest_perplexity_at_equal_seconds']}**" in card
