@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up + run for a fresh machine.
 #   bash scripts/dev.sh main   -> the main job (embedded default, no download)
-#   bash scripts/dev.sh test   -> the fast test suite (pytest -m "not slow") and ruff
+#   bash scripts/dev.sh test   -> ruff and the fast test suite (pytest -m "not slow", one worker per core)
 # The virtual environment (.venv) is created on first use. torch comes first from PyTorch's CPU wheel
 # index (TORCH_INDEX to change it, e.g. https://download.pytorch.org/whl/cu128): PyPI's Linux torch is
 # the multi-GB CUDA build. pip's own configured indexes still apply, so a local mirror serves it offline.
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers, xdist" 2>/dev/null; then
     echo "dev.sh: creating $VENV: torch 2.13.0 (CPU), transformers, the project and its test tools" \
          "(several minutes, once)" >&2
     python3 -m venv "$VENV"
@@ -25,7 +25,10 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers" 2>
 fi
 case "${1:-}" in
     main) shift; exec "$VENV/bin/python" scripts/grow_demo.py "$@" ;;
-    test) shift; "$VENV/bin/ruff" check .; "$VENV/bin/ruff" format --check .; exec "$VENV/bin/python" -m pytest -m "not slow" -q "$@" ;;
+    # one pytest-xdist worker per core (at most 4: each holds torch, transformers and a model), a test file
+    # per worker so that module fixtures are built once
+    test) shift; "$VENV/bin/ruff" check .; "$VENV/bin/ruff" format --check .
+          exec "$VENV/bin/python" -m pytest -m "not slow" -n auto --maxprocesses 4 --dist loadfile -q "$@" ;;
     setup) ;;
     *) echo "usage: bash scripts/dev.sh {main|test|setup}" >&2; exit 2 ;;
 esac

@@ -19,6 +19,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist workers (`-n N`) share the cores: each takes its part of torch's intra-op threads, as
+# torchrun's processes do, instead of every worker starting one thread per core.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if XDIST_WORKERS > 1:
+    torch.set_num_threads(max(1, torch.get_num_threads() // XDIST_WORKERS))
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
