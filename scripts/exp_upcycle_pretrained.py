@@ -78,6 +78,10 @@ class UpcycleArguments:
     eval_batches: int = dataclasses.field(default=8, metadata={"help": "held-out windows per evaluation"})
     save_steps: int = dataclasses.field(default=50, metadata={"help": "checkpoint every N steps; 0: never"})
     seed: int = 1337
+    arms: list[str] = dataclasses.field(
+        default_factory=lambda: list(ARMS),
+        metadata={"help": f"the arms to run, of {ARMS}; 'llama' among them (every comparison's reference)"},
+    )
     hc_streams: int = 4
     delta_eps: float = dataclasses.field(
         default=1e8,
@@ -98,6 +102,9 @@ class UpcycleArguments:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.save_steps < 0:
             raise ValueError(f"--save_steps must be >= 0, got {self.save_steps}")
+        distinct = len(set(self.arms)) == len(self.arms)
+        if not (distinct and set(self.arms) <= set(ARMS) and "llama" in self.arms):
+            raise ValueError(f"--arms must be distinct names of {ARMS}, 'llama' among them, got {self.arms}")
         if self.hc_streams < 2:
             raise ValueError(
                 f"--hc_streams must be >= 2 for a side-by-side with Llama, got {self.hc_streams}"
@@ -239,7 +246,7 @@ def summarize(runs: dict) -> dict:
 
 
 def plot(runs: dict, path: Path) -> None:
-    """Held-out perplexity of the three arms against steps (same tokens), each arm's difference to Llama's at
+    """Held-out perplexity of the arms against steps (same tokens), each arm's difference to Llama's at
     the same step, and perplexity against training seconds."""
     from matplotlib.figure import Figure
 
@@ -292,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
     llama = load_llama(source, dtype=torch.float32).to(device)  # trained in float32 (--bf16: autocast)
     progress_file = output_dir / "arms.json"
     runs = saved_arms(progress_file, args)
-    for arm in ARMS:
+    for arm in args.arms:
         if arm in runs:
             print(f"{arm}: finished in an earlier run, kept")
             continue

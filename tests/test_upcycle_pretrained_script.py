@@ -94,12 +94,20 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
         assert resumed["history"][arm] == record["history"][arm], arm
     assert not (tmp_path / "resumed" / "checkpoint-add.pt").exists()
 
+    # a subset of the arms is the same run for those arms
+    pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add"))
+    assert list(pair["arms"]) == ["llama", "add"]
+    assert pair["history"] == {arm: record["history"][arm] for arm in ("llama", "add")}
+
 
 def test_bad_flags_are_named(checkpoint, tmp_path):
     script = load_script("exp_upcycle_pretrained.py")
     for flag, value in (("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1")):
         with pytest.raises(ValueError, match=flag):
             script.main(arguments(checkpoint, tmp_path / "run", flag, value))
+    for arms in (["add", "delta"], ["llama", "llama"], ["llama", "gpt2"]):
+        with pytest.raises(ValueError, match="--arms"):
+            script.main(arguments(checkpoint, tmp_path / "run", "--arms", *arms))
     with pytest.raises(ValueError, match="--block_size"):
         script.main(arguments(checkpoint, tmp_path / "run", "--block_size", "200"))
 
