@@ -135,7 +135,9 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
         torch.testing.assert_close(upcycled(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("folder", ["upcycle_pretrained", "upcycle_pretrained_60"])
+@pytest.mark.parametrize(
+    "folder", ["upcycle_pretrained", "upcycle_pretrained_seed1338", "upcycle_pretrained_60"]
+)
 def test_committed_runs_match_the_docs(folder):
     """results/<folder>/summary.json: a portable command, and the perplexities docs/upcycling.md and the
     model card quote."""
