@@ -268,7 +268,8 @@ def plot(runs: dict, path: Path) -> None:
     for axis in (by_step, by_time):
         axis.set_ylabel("held-out perplexity")
         axis.legend(fontsize=8)
-    figure.suptitle("continued pretraining: Llama vs DDL-mHC n=4 upcyclings (add, delta)")
+    upcyclings = ", ".join(arm for arm in runs if arm != "llama")
+    figure.suptitle(f"continued pretraining: Llama vs DDL-mHC n=4 upcyclings ({upcyclings})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
