@@ -7,6 +7,7 @@ from huggingface_hub.dataclasses import as_validated_field
 from huggingface_hub.errors import StrictDataclassError
 from transformers import BertConfig
 
+from geoformers.configuration.architecture_names import name_non_generator
 from geoformers.configuration.validation import (
     ValidatedConfig,
     layers,
@@ -227,5 +228,8 @@ class DDCLIncrtConfig(ValidatedConfig):
                     f"({self.hidden_size})"
                 )
 
+
+name_non_generator("DDCLIncrtForSequenceClassification", "AutoModelForSequenceClassification")
+name_non_generator("DDCLIncrtModel", "AutoModel")
 
 __all__ = ["DDCLIncrtConfig"]

@@ -6,10 +6,12 @@ import math
 from typing import Literal, get_args
 
 import torch
+from transformers import AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils.type_validators import activation_fn_key
 
+from geoformers.configuration.architecture_names import name_architecture
 from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
 from geoformers.configuration.validation import (
     MAX_SIZE,
@@ -192,5 +194,7 @@ class DDLmHCConfig(ValidatedConfig):
                 "non-positive rotary frequencies or scaling in float32"
             )
 
+
+name_architecture("DDLmHCForCausalLM", AutoModelForCausalLM)
 
 __all__ = ["DDLmHCConfig"]

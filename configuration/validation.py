@@ -90,11 +90,22 @@ def label_names(label2id) -> None:
             raise TypeError(f"must map str names to int label ids, got {label!r}: {key!r}")
 
 
+def _is_dtype(value) -> bool:
+    return isinstance(value, torch.dtype) or (
+        isinstance(value, str) and (value == "auto" or isinstance(getattr(torch, value, None), torch.dtype))
+    )
+
+
 @as_validated_field
 def dtype_name(dtype) -> None:
-    """None, a torch.dtype or its name (transformers' `__post_init__` looks the name up in torch)."""
-    if isinstance(dtype, str) and not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ValueError(f"must be None, a torch.dtype or its name (e.g. 'float32'), got {dtype!r}")
+    """What transformers' `from_pretrained(dtype=...)` leaves in a config: None, "auto" (the checkpoint's own
+    dtype), a torch.dtype or its name, or a dict of them per sub-model."""
+    for value in dtype.values() if isinstance(dtype, dict) else [dtype]:
+        if value is not None and not _is_dtype(value):
+            raise ValueError(
+                f"must be None, 'auto', a torch.dtype or its name (e.g. 'float32'), or a dict of them, "
+                f"got {dtype!r}"
+            )
 
 
 class ValidatedConfig(PreTrainedConfig):
@@ -114,12 +125,21 @@ class ValidatedConfig(PreTrainedConfig):
     problem_type: ProblemType | None = None
     id2label: dict[int, str] | dict[str, str] | None = label_ids(default=None)
     label2id: dict[str, int] | dict[str, str] | None = label_names(default=None)
-    dtype: str | torch.dtype | None = dtype_name(default=None)
+    dtype: str | torch.dtype | dict[str, str | torch.dtype] | None = dtype_name(default=None)
 
     def __post_init__(self, **kwargs):
         if kwargs.get("num_labels") is not None:
             check_number("num_labels", kwargs["num_labels"], 1, MAX_SIZE, integer=True)
+        if self.dtype is None and kwargs.get("torch_dtype") is not None:  # transformers' older name
+            self.dtype = kwargs.pop("torch_dtype")
+        kwargs.pop("torch_dtype", None)
+        # "auto" stays "auto", as after transformers' config loads (its `__post_init__` would look it up)
+        auto = self.dtype == "auto"
+        if auto:
+            self.dtype = None
         super().__post_init__(**kwargs)
+        if auto:
+            self.dtype = "auto"
 
     def __setattr__(self, name: str, value) -> None:
         if name == "id2label" and self.__dict__.get("_post_init_done", False):

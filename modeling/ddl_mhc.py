@@ -479,8 +479,7 @@ class DDLmHCModel(DDLmHCPreTrainedModel):
         (any float dtype is accepted) and the cached length."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of `input_ids` or `inputs_embeds`")
-        check_cache(cache)
-        past_length = cache.get_seq_length() if cache is not None else 0
+        past_length = check_cache(cache)
         config = self.config
         if input_ids is not None:
             input_ids = check_token_ids(input_ids, config.vocab_size)
@@ -647,6 +646,20 @@ class DDLmHCForCausalLM(DDLmHCPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             mixing=outputs.mixing,
         )
+
+    def init_continuous_batching(self, *args, **kwargs):
+        """Continuous batching (`generate_batch`, `transformers serve --continuous-batching`) packs the
+        requests into one sequence over a paged key/value cache (docs/serving.md): every stream op is per
+        token, but the EC expansion convolves over the sequence and keeps a per-sequence state that the paged
+        cache has no place for, so that configuration is refused here rather than mixing requests."""
+        if "hybrid" in self.config.layer_types:
+            raise ValueError(
+                f"continuous batching cannot run `stream_expansion='conv'` (kernel "
+                f"{self.config.stream_conv_kernel}): its causal convolution state is per sequence and the "
+                "paged cache has no place for it; use `generate` (any cache) for this model, or a model with "
+                "`stream_expansion='repeat'`"
+            )
+        return super().init_continuous_batching(*args, **kwargs)
 
     def _prepare_position_ids_for_generation(self, inputs_tensor, model_kwargs):
         """`generate` derives position ids from the attention mask: check the mask's shape first, so that

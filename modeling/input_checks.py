@@ -12,6 +12,7 @@ import math
 
 import torch
 from transformers.cache_utils import Cache
+from transformers.generation.continuous_batching import PagedAttentionCache
 
 from geoformers.modeling.value_checks import checks_values
 
@@ -72,12 +73,18 @@ def check_inputs_embeds(inputs_embeds, hidden_size: int, dtype: torch.dtype, bou
     return inputs_embeds.to(dtype)
 
 
-def check_cache(cache) -> None:
-    if cache is not None and not isinstance(cache, Cache):
+def check_cache(cache) -> int:
+    """A transformers `Cache`, or continuous batching's `PagedAttentionCache` (whose requests carry their own
+    positions); returns the cached length the positions and the mask continue from (0 for the paged cache)."""
+    if cache is None or isinstance(cache, PagedAttentionCache):
+        return 0
+    if not isinstance(cache, Cache):
         raise TypeError(
             "`cache` (`past_key_values`) must be a transformers `Cache`, e.g. "
-            f"`DynamicCache(config=model.config)`, got {type(cache).__name__}"
+            f"`DynamicCache(config=model.config)`, or continuous batching's `PagedAttentionCache`, got "
+            f"{type(cache).__name__}"
         )
+    return cache.get_seq_length()
 
 
 def check_attention_mask(
@@ -117,8 +124,11 @@ def check_attention_mask(
             "`attention_mask` must be 2-D (batch, past + seq) or a prepared 4-D (batch, heads, seq, keys) "
             f"mask, got shape {_shape(attention_mask)}"
         )
-    keys = cache.get_mask_sizes(length, 0)[0] if cache is not None else length
     rows, heads, queries, columns = attention_mask.shape
+    if isinstance(cache, PagedAttentionCache):  # keys: the pages continuous batching reads for this step
+        keys = columns
+    else:
+        keys = cache.get_mask_sizes(length, 0)[0] if cache is not None else length
     if rows not in (1, batch) or heads not in (1, num_heads) or queries != length or columns != keys:
         raise ValueError(
             f"a 4-D `attention_mask` must have shape (1 or {batch}, 1 or {num_heads}, {length}, {keys}), "
