@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from geoformers.training.data import causal_lm_blocks, encode_dataset, load_sst2
     from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history
     from geoformers.training.optim import make_optimizer, parameter_groups, sync_optimizer_with_model
+    from geoformers.training.reporting import report_callback_metrics
     from geoformers.training.resume import resume_growth_training
     from geoformers.training.synthetic_tasks import (
         build_cov2_variant_task,
@@ -36,6 +37,7 @@ _LAZY = {
     "make_optimizer": "geoformers.training.optim",
     "parameter_groups": "geoformers.training.optim",
     "plot_growth_history": "geoformers.training.growth",
+    "report_callback_metrics": "geoformers.training.reporting",
     "resume_growth_training": "geoformers.training.resume",
     "sync_optimizer_with_model": "geoformers.training.optim",
     "task_spec": "geoformers.training.synthetic_tasks",
@@ -67,6 +69,7 @@ __all__ = [
     "make_optimizer",
     "parameter_groups",
     "plot_growth_history",
+    "report_callback_metrics",
     "resume_growth_training",
     "sync_optimizer_with_model",
     "task_spec",

@@ -35,13 +35,14 @@ DDP and get no gradient: that needs `ddp_find_unused_parameters` True (the Train
 models), and the callback refuses to start otherwise while pruning is enabled (`gate_prune_factor` > 0).
 
 Records: `growth_history.json` (checks, events, head counts) in the output directory and in every checkpoint,
-per-layer head counts, lambda_max and theta_w merged into the Trainer's log records (`state.log_history`,
-the printed logs; `report_to` integrations run before user callbacks and miss them), `growth_history.png`
-at the end. A checkpoint is complete once `on_save` wrote `geoformers_checkpoint.json` (head counts, size and
-modification time of every file; `checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training`
-use only complete ones. The stock `trainer.train(resume_from_checkpoint=...)` resumes a grown run from a model
-at its initial size: the callback makes the model take the head counts of the weights the Trainer loads
-(`follow_saved_head_counts`; both in `resume.py`).
+per-layer head counts, lambda_max and theta_w (`incrt/*`) merged into the Trainer's log records
+(`state.log_history`, the printed logs, and the `report_to` integrations once the Trainer went through
+`report_callback_metrics`, `reporting.py`), `growth_history.png` at the end. A checkpoint is complete once
+`on_save` wrote `geoformers_checkpoint.json` (head counts, size and modification time of every file;
+`checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training` use only complete ones. The
+stock `trainer.train(resume_from_checkpoint=...)` resumes a grown run from a model at its initial size: the
+callback makes the model take the head counts of the weights the Trainer loads (`follow_saved_head_counts`;
+both in `resume.py`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from geoformers.training.checkpoints import (
     write_marker,
 )
 from geoformers.training.optim import sync_optimizer_with_model
+from geoformers.training.reporting import warn_if_unreported
 from geoformers.training.resume import follow_saved_head_counts
 
 # A child of transformers' library logger, so `transformers.logging.set_verbosity_info()` and
@@ -154,6 +156,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
                 "IncrtGrowthCallback draws gate batches from the training set: `train_dataset` "
                 "must be a non-empty map-style dataset (indexable, with a length)"
             )
+        warn_if_unreported(self, args, "INCRT gate statistics (incrt/*)")
         self._dataset, self._collate = dataset, dataloader.collate_fn
         self._rows = self.gate_batch_size or args.per_device_train_batch_size
         self._every = self.check_every or model.config.gate_check_every
