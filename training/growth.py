@@ -54,18 +54,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainingArguments
 from transformers.trainer_callback import ExportableState, TrainerControl, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from geoformers.training.checkpoints import (
-    drop_kept_copies,
-    keep_complete_copy,
-    write_json_atomically,
-    write_marker,
-)
+from geoformers.training.checkpoints import CompleteCheckpointsCallback, write_json_atomically
 from geoformers.training.optim import sync_optimizer_with_model
 from geoformers.training.reporting import warn_if_unreported
 from geoformers.training.resume import follow_saved_head_counts
@@ -79,7 +74,7 @@ PLOT_FILE = "growth_history.png"
 GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
 
 
-class IncrtGrowthCallback(TrainerCallback, ExportableState):
+class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
     """Grow and prune DDCL-INCRT heads while `Trainer.train()` runs (INCRT gate; module docstring).
 
     Args:
@@ -140,7 +135,9 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
     # ----------------------------------------------------------------------------------------- events
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        """Prepare the Trainer's model and optimizer for a stock resume (`follow_saved_head_counts`)."""
+        """Prepare for a stock resume: incomplete checkpoints out of its way (`CompleteCheckpointsCallback`),
+        the Trainer's model and optimizer following the loaded head counts (`follow_saved_head_counts`)."""
+        super().on_init_end(args, state, control, **kwargs)
         model = kwargs.get("model")
         if isinstance(model, DDCLIncrtPreTrainedModel):
             follow_saved_head_counts(model, kwargs.get("optimizer"))
@@ -260,18 +257,13 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             state.log_history[-1].update(metrics)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        """The Trainer has written checkpoint-N completely: add the history, then the completion marker; with
-        `save_total_limit=1` keep a copy of it until the next one is complete (`training/checkpoints.py`)."""
-        if not state.is_world_process_zero:
-            return
+        """The Trainer has written checkpoint-N completely: add the history, then the completion marker with
+        the head counts (`CompleteCheckpointsCallback.on_save`)."""
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if not checkpoint.is_dir():
-            return
-        write_json_atomically(checkpoint / HISTORY_FILE, self.history)
-        write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
-        write_marker(checkpoint, state.global_step, kwargs["model"].config.num_heads)
-        if args.save_total_limit == 1:
-            keep_complete_copy(checkpoint)
+        if args.should_save and checkpoint.is_dir():
+            write_json_atomically(checkpoint / HISTORY_FILE, self.history)
+            write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
+        super().on_save(args, state, control, **kwargs)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         for handle in self._gradient_hooks.values():
@@ -279,10 +271,9 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         self._gradient_hooks.clear()
         if not state.is_world_process_zero:
             return
+        super().on_train_end(args, state, control, **kwargs)
         output_dir = Path(args.output_dir)
         write_json_atomically(output_dir / HISTORY_FILE, self.history)
-        if output_dir.is_dir():
-            drop_kept_copies(output_dir)  # every checkpoint the Trainer kept is marked complete by now
         if self.save_plot:
             plot_growth_history(
                 self.history,
