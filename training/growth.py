@@ -153,7 +153,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                 "IncrtGrowthCallback draws gate batches from the training set: `train_dataset` "
                 "must be a non-empty map-style dataset (indexable, with a length)"
             )
-        warn_if_unreported(self, args, "INCRT gate statistics (incrt/*)")
+        warn_if_unreported(self, args, state, "INCRT gate statistics (incrt/*)")
         self._dataset, self._collate = dataset, dataloader.collate_fn
         self._rows = self.gate_batch_size or args.per_device_train_batch_size
         self._every = self.check_every or model.config.gate_check_every

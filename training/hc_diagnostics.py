@@ -219,7 +219,7 @@ class HyperConnectionDiagnosticsCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         if self.input_ids is None:
             self._probe_from(kwargs.get("train_dataloader"))
-        warn_if_unreported(self, args, "hyper-connection diagnostics (hc/*)")
+        warn_if_unreported(self, args, state, "hyper-connection diagnostics (hc/*)")
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs

@@ -20,6 +20,7 @@ from transformers.integrations.integration_utils import (
     INTEGRATION_TO_CALLBACK,
     get_reporting_integration_callbacks,
 )
+from transformers.trainer_callback import TrainerState
 from transformers.utils import logging
 
 if TYPE_CHECKING:
@@ -49,11 +50,14 @@ def report_callback_metrics(trainer: Trainer) -> Trainer:
     return trainer
 
 
-def warn_if_unreported(callback: TrainerCallback, args: TrainingArguments, metrics: str) -> None:
-    """Warn once per training run when `args.report_to` names integrations that `callback`'s `metrics` would
-    miss (its Trainer was not passed to `report_callback_metrics` after the callback was added)."""
+def warn_if_unreported(
+    callback: TrainerCallback, args: TrainingArguments, state: TrainerState, metrics: str
+) -> None:
+    """Warn (on the main process, at the start of training) when `args.report_to` names integrations that
+    `callback`'s `metrics` would miss: its Trainer was not passed to `report_callback_metrics` after the
+    callback was added."""
     integrations = get_reporting_integration_callbacks(args.report_to)
-    if integrations and callback not in _BEFORE_INTEGRATIONS:
+    if integrations and state.is_world_process_zero and callback not in _BEFORE_INTEGRATIONS:
         names = ", ".join(integration.__name__ for integration in integrations)
         logger.warning(
             f"{type(callback).__name__}: the {metrics} reach the printed logs and `log_history` but not the "
