@@ -39,10 +39,12 @@ per-layer head counts, lambda_max and theta_w (`incrt/*`) merged into the Traine
 (`state.log_history`, the printed logs, and the `report_to` integrations once the Trainer went through
 `report_callback_metrics`, `reporting.py`), `growth_history.png` at the end. A checkpoint is complete once
 `on_save` wrote `geoformers_checkpoint.json` (head counts, size and modification time of every file;
-`checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training` use only complete ones. The
-stock `trainer.train(resume_from_checkpoint=...)` resumes a grown run from a model at its initial size: the
-callback makes the model take the head counts of the weights the Trainer loads (`follow_saved_head_counts`;
-both in `resume.py`).
+`CompleteCheckpointsCallback` in `checkpoints.py`, which this callback extends); `latest_complete_checkpoint`
+and `resume_growth_training` use only complete ones, and so does the stock
+`trainer.train(resume_from_checkpoint=True)`: when the Trainer is built, checkpoints newer than the newest
+complete one are renamed `.incomplete-checkpoint-<step>`. The stock resume continues a grown run from a
+model at its initial size: the callback makes the model take the head counts of the weights the Trainer
+loads (`follow_saved_head_counts`, `resume.py`).
 """
 
 from __future__ import annotations
