@@ -395,12 +395,14 @@ def test_a_second_run_killed_inside_a_save_into_a_finished_runs_folder_never_yie
     assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-40")  # A's, untouched
 
 
+@pytest.mark.parametrize("how", ["resume_growth_training", "stock"])
 def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the_next_is_complete(
-    task, tmp_path
+    task, tmp_path, how
 ):
     """The Trainer deletes checkpoint-5 when it writes checkpoint-10, before the growth callback marks it;
     a kill there (here: an exception in an earlier on_save) leaves the kept copy of checkpoint-5, which
-    resumes to the same step-10 weights."""
+    resumes to the same step-10 weights: with the helper, or with the stock call once the next Trainer moved
+    the unmarked checkpoint-10 aside and linked the kept copy back as checkpoint-5."""
     args = training_args(
         tmp_path / "limited", max_steps=10, save_strategy="steps", save_steps=5, save_total_limit=1
     )
@@ -420,8 +422,18 @@ def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the
     kept = latest_complete_checkpoint(output_dir)
     assert kept == str(output_dir / ".kept-checkpoint-5")
     resumed = growth_trainer(tiny_model(seed=9), training_args(output_dir, max_steps=10), task["train"])
-    resume_growth_training(resumed, kept)
-    uninterrupted = load_file(output_dir / "checkpoint-10" / "model.safetensors")
+    assert sorted(p.name for p in output_dir.iterdir() if "checkpoint-" in p.name) == [
+        ".incomplete-checkpoint-10",
+        ".kept-checkpoint-5",
+        "checkpoint-5",
+    ]
+    assert latest_complete_checkpoint(output_dir) == str(output_dir / "checkpoint-5")
+    if how == "stock":
+        resumed.train(resume_from_checkpoint=True)
+    else:
+        resume_growth_training(resumed, kept)
+    assert resumed.state.global_step == 10 and resumed.model.config.num_heads == [3]
+    uninterrupted = load_file(output_dir / ".incomplete-checkpoint-10" / "model.safetensors")
     assert all(torch.equal(value, uninterrupted[key]) for key, value in resumed.model.state_dict().items())
 
 

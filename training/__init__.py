@@ -1,6 +1,6 @@
-"""geoformers.training: Trainer callbacks (INCRT head growth, hyper-connection diagnostics), optimizer groups,
-data builders, metrics. The names load on first access (PEP 562): importing a callback does not load
-`datasets` or `evaluate`."""
+"""geoformers.training: Trainer callbacks (INCRT head growth, hyper-connection diagnostics, complete
+checkpoints), optimizer groups, data builders, metrics. The names load on first access (PEP 562): importing a
+callback does not load `datasets` or `evaluate`."""
 
 import importlib
 from typing import TYPE_CHECKING
@@ -10,10 +10,15 @@ from typing import TYPE_CHECKING
 from geoformers.training.hc_diagnostics import HyperConnectionDiagnosticsCallback, hc_diagnostics
 
 if TYPE_CHECKING:
-    from geoformers.training.checkpoints import checkpoint_problem, latest_complete_checkpoint
+    from geoformers.training.checkpoints import (
+        CompleteCheckpointsCallback,
+        checkpoint_problem,
+        latest_complete_checkpoint,
+    )
     from geoformers.training.data import causal_lm_blocks, encode_dataset, load_sst2
     from geoformers.training.growth import IncrtGrowthCallback, plot_growth_history
     from geoformers.training.optim import make_optimizer, parameter_groups, sync_optimizer_with_model
+    from geoformers.training.reporting import report_callback_metrics
     from geoformers.training.resume import resume_growth_training
     from geoformers.training.synthetic_tasks import (
         build_cov2_variant_task,
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it
 _LAZY = {
+    "CompleteCheckpointsCallback": "geoformers.training.checkpoints",
     "IncrtGrowthCallback": "geoformers.training.growth",
     "build_cov2_variant_task": "geoformers.training.synthetic_tasks",
     "build_nonstationary_stream": "geoformers.training.synthetic_tasks",
@@ -36,6 +42,7 @@ _LAZY = {
     "make_optimizer": "geoformers.training.optim",
     "parameter_groups": "geoformers.training.optim",
     "plot_growth_history": "geoformers.training.growth",
+    "report_callback_metrics": "geoformers.training.reporting",
     "resume_growth_training": "geoformers.training.resume",
     "sync_optimizer_with_model": "geoformers.training.optim",
     "task_spec": "geoformers.training.synthetic_tasks",
@@ -53,6 +60,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CompleteCheckpointsCallback",
     "HyperConnectionDiagnosticsCallback",
     "IncrtGrowthCallback",
     "build_cov2_variant_task",
@@ -67,6 +75,7 @@ __all__ = [
     "make_optimizer",
     "parameter_groups",
     "plot_growth_history",
+    "report_callback_metrics",
     "resume_growth_training",
     "sync_optimizer_with_model",
     "task_spec",

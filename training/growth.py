@@ -35,13 +35,16 @@ DDP and get no gradient: that needs `ddp_find_unused_parameters` True (the Train
 models), and the callback refuses to start otherwise while pruning is enabled (`gate_prune_factor` > 0).
 
 Records: `growth_history.json` (checks, events, head counts) in the output directory and in every checkpoint,
-per-layer head counts, lambda_max and theta_w merged into the Trainer's log records (`state.log_history`,
-the printed logs; `report_to` integrations run before user callbacks and miss them), `growth_history.png`
-at the end. A checkpoint is complete once `on_save` wrote `geoformers_checkpoint.json` (head counts, size and
-modification time of every file; `checkpoints.py`); `latest_complete_checkpoint` and `resume_growth_training`
-use only complete ones. The stock `trainer.train(resume_from_checkpoint=...)` resumes a grown run from a model
-at its initial size: the callback makes the model take the head counts of the weights the Trainer loads
-(`follow_saved_head_counts`; both in `resume.py`).
+per-layer head counts, lambda_max and theta_w (`incrt/*`) merged into the Trainer's log records
+(`state.log_history`, the printed logs, and the `report_to` integrations once the Trainer went through
+`report_callback_metrics`, `reporting.py`), `growth_history.png` at the end. A checkpoint is complete once
+`on_save` wrote `geoformers_checkpoint.json` (head counts, size and modification time of every file;
+`CompleteCheckpointsCallback` in `checkpoints.py`, which this callback extends); `latest_complete_checkpoint`
+and `resume_growth_training` use only complete ones, and so does the stock
+`trainer.train(resume_from_checkpoint=True)`: when the Trainer is built, checkpoints newer than the newest
+complete one are renamed `.incomplete-checkpoint-<step>`. The stock resume continues a grown run from a
+model at its initial size: the callback makes the model take the head counts of the weights the Trainer
+loads (`follow_saved_head_counts`, `resume.py`).
 """
 
 from __future__ import annotations
@@ -53,19 +56,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainingArguments
 from transformers.trainer_callback import ExportableState, TrainerControl, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from geoformers.training.checkpoints import (
-    drop_kept_copies,
-    keep_complete_copy,
-    write_json_atomically,
-    write_marker,
-)
+from geoformers.training.checkpoints import CompleteCheckpointsCallback, write_json_atomically
 from geoformers.training.optim import sync_optimizer_with_model
+from geoformers.training.reporting import warn_if_unreported
 from geoformers.training.resume import follow_saved_head_counts
 
 # A child of transformers' library logger, so `transformers.logging.set_verbosity_info()` and
@@ -77,7 +76,7 @@ PLOT_FILE = "growth_history.png"
 GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
 
 
-class IncrtGrowthCallback(TrainerCallback, ExportableState):
+class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
     """Grow and prune DDCL-INCRT heads while `Trainer.train()` runs (INCRT gate; module docstring).
 
     Args:
@@ -138,7 +137,9 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
     # ----------------------------------------------------------------------------------------- events
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        """Prepare the Trainer's model and optimizer for a stock resume (`follow_saved_head_counts`)."""
+        """Prepare for a stock resume: incomplete checkpoints out of its way (`CompleteCheckpointsCallback`),
+        the Trainer's model and optimizer following the loaded head counts (`follow_saved_head_counts`)."""
+        super().on_init_end(args, state, control, **kwargs)
         model = kwargs.get("model")
         if isinstance(model, DDCLIncrtPreTrainedModel):
             follow_saved_head_counts(model, kwargs.get("optimizer"))
@@ -154,6 +155,7 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
                 "IncrtGrowthCallback draws gate batches from the training set: `train_dataset` "
                 "must be a non-empty map-style dataset (indexable, with a length)"
             )
+        warn_if_unreported(self, args, state, "INCRT gate statistics (incrt/*)")
         self._dataset, self._collate = dataset, dataloader.collate_fn
         self._rows = self.gate_batch_size or args.per_device_train_batch_size
         self._every = self.check_every or model.config.gate_check_every
@@ -257,18 +259,13 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
             state.log_history[-1].update(metrics)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        """The Trainer has written checkpoint-N completely: add the history, then the completion marker; with
-        `save_total_limit=1` keep a copy of it until the next one is complete (`training/checkpoints.py`)."""
-        if not state.is_world_process_zero:
-            return
+        """The Trainer has written checkpoint-N completely: add the history, then the completion marker with
+        the head counts (`CompleteCheckpointsCallback.on_save`)."""
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if not checkpoint.is_dir():
-            return
-        write_json_atomically(checkpoint / HISTORY_FILE, self.history)
-        write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
-        write_marker(checkpoint, state.global_step, kwargs["model"].config.num_heads)
-        if args.save_total_limit == 1:
-            keep_complete_copy(checkpoint)
+        if args.should_save and checkpoint.is_dir():
+            write_json_atomically(checkpoint / HISTORY_FILE, self.history)
+            write_json_atomically(Path(args.output_dir) / HISTORY_FILE, self.history)
+        super().on_save(args, state, control, **kwargs)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         for handle in self._gradient_hooks.values():
@@ -276,10 +273,9 @@ class IncrtGrowthCallback(TrainerCallback, ExportableState):
         self._gradient_hooks.clear()
         if not state.is_world_process_zero:
             return
+        super().on_train_end(args, state, control, **kwargs)
         output_dir = Path(args.output_dir)
         write_json_atomically(output_dir / HISTORY_FILE, self.history)
-        if output_dir.is_dir():
-            drop_kept_copies(output_dir)  # every checkpoint the Trainer kept is marked complete by now
         if self.save_plot:
             plot_growth_history(
                 self.history,

@@ -14,9 +14,10 @@ Per layer and sublayer (attention, then MLP), from one forward pass without grad
 
 `hc_diagnostics(model, input_ids)` returns them as a flat dict `{"hc/<metric>/<layer>.<attn|mlp>": float}`;
 `HyperConnectionDiagnosticsCallback(every=N)` merges the same dict into the Trainer's log records every N
-steps. The maps are read by forward hooks on the `HyperConnection` modules: H_res and beta from the write's
-inputs and outputs, the chart logits t_res recomputed from the sublayer's input streams with the module's own
-map formula (the charts themselves are untouched).
+steps (and the `report_to` integrations' once the Trainer went through `report_callback_metrics`). The maps
+are read by forward hooks on the `HyperConnection` modules: H_res and beta from the write's inputs and
+outputs, the chart logits t_res recomputed from the sublayer's input streams with the module's own map formula
+(the charts themselves are untouched).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from transformers.trainer_callback import TrainerControl, TrainerState
 
 from geoformers.configuration.validation import check_number
 from geoformers.modeling.ddl_mhc import HyperConnection
+from geoformers.training.reporting import warn_if_unreported
 
 METRICS = ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")
 SATURATING_CHARTS = ("tbp", "rtbp", "kromhc")
@@ -173,8 +175,9 @@ def hc_diagnostics(
 
 class HyperConnectionDiagnosticsCallback(TrainerCallback):
     """`hc_diagnostics` on a fixed probe batch every `every` optimizer steps, merged into that step's Trainer
-    log record (the printed logs and `state.log_history`, hence `trainer_state.json`; `report_to`
-    integrations run before user callbacks and do not see them).
+    log record: the printed logs and `state.log_history` (hence `trainer_state.json`), and the `report_to`
+    integrations (TensorBoard, W&B, ...) once the Trainer went through `report_callback_metrics(trainer)`,
+    which moves them behind this callback (`training/reporting.py`; a warning says when it is missing).
 
     The probe is `input_ids` (and `attention_mask`) when given, else the first `probe_size` examples of the
     training set collated by the Trainer's own data collator (read by index, so the data order is unchanged).
@@ -216,6 +219,7 @@ class HyperConnectionDiagnosticsCallback(TrainerCallback):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         if self.input_ids is None:
             self._probe_from(kwargs.get("train_dataloader"))
+        warn_if_unreported(self, args, state, "hyper-connection diagnostics (hc/*)")
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs

@@ -3,8 +3,9 @@ optimizer built at the initial size follows it.
 
 Two ways, both on complete checkpoints only (`checkpoints.py`): `resume_growth_training(trainer)` checks the
 checkpoint, resizes the model to its marker's head counts and calls `trainer.train(resume_from_checkpoint=)`;
-the stock `trainer.train(resume_from_checkpoint=...)` works too once `follow_saved_head_counts` (called by
-`IncrtGrowthCallback.on_init_end`) made the model resize to the weights the Trainer loads.
+the stock `trainer.train(resume_from_checkpoint=True)` works too: `IncrtGrowthCallback.on_init_end` moved
+incomplete checkpoints out of its way (`hide_incomplete_checkpoints`) and made the model resize to the
+weights the Trainer loads (`follow_saved_head_counts`).
 """
 
 from __future__ import annotations
@@ -77,12 +78,11 @@ def resume_growth_training(
 ) -> TrainOutput:
     """`trainer.train(resume_from_checkpoint=checkpoint)` on a checked complete checkpoint, in one call.
 
-    `checkpoint` defaults to `latest_complete_checkpoint(trainer.args.output_dir)` (the stock
-    `resume_from_checkpoint=True` takes the newest folder, complete or not); an incomplete checkpoint raises
-    ValueError. The model is resized to the checkpoint's head counts (`resize_heads`; every weight and gate
-    buffer is then overwritten by the checkpoint) and an optimizer passed to the Trainer is re-synchronised,
-    also without the callback; the Trainer then restores the optimizer, scheduler, RNG and data position, and
-    `IncrtGrowthCallback` its history.
+    `checkpoint` defaults to `latest_complete_checkpoint(trainer.args.output_dir)` (kept copies included);
+    an incomplete checkpoint raises ValueError. The model is resized to the checkpoint's head counts
+    (`resize_heads`; every weight and gate buffer is then overwritten by the checkpoint) and an optimizer
+    passed to the Trainer is re-synchronised, also without the callback; the Trainer then restores the
+    optimizer, scheduler, RNG and data position, and `IncrtGrowthCallback` its history.
     """
     if not isinstance(trainer, Trainer):
         raise TypeError(f"`trainer` must be a transformers.Trainer, got {type(trainer).__name__}")
