@@ -1,0 +1,149 @@
+"""Benchmark decoding (docs/serving.md, 'Decoding speed'): a random DDL-mHC causal LM against transformers'
+`LlamaForCausalLM` of the same shape, in one process, interleaved (Llama, DDL-mHC, Llama, ...), at each width:
+
+- single stream: greedy `generate` of `--new_tokens` tokens after a `--prompt_length`-token prompt, eager,
+  dynamic cache (tokens per second);
+- continuous batching: `generate_batch` of `--requests` requests arriving together over the paged cache
+  (generated tokens per second, all requests).
+
+Prints the medians of `--reps` repetitions and their ratios; writes them to `--output_dir`/bench_decode.json.
+
+    python scripts/bench_decode.py                              # widths 128 512 768, 3 reps
+    python scripts/bench_decode.py --widths 512 --reps 5 --hc_streams 4 --residual add
+"""
+
+import argparse
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    ContinuousBatchingConfig,
+    GenerationConfig,
+    HfArgumentParser,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+from transformers.utils import logging
+
+from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+
+from harness.results import REPO_ROOT, write_results
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
+
+
+@dataclass
+class BenchDecodeArguments:
+    """The shapes, the decoding workload and where the report goes."""
+
+    widths: list[int] = field(default_factory=lambda: [128, 512, 768], metadata={"help": "hidden sizes"})
+    layers: int = field(default=4, metadata={"help": "decoder layers"})
+    hc_streams: int = field(default=4, metadata={"help": "DDL-mHC streams n"})
+    residual: str = field(default="delta", metadata={"help": "DDL-mHC residual: delta or add"})
+    hc_chart: str = field(default="rtbp", metadata={"help": "DDL-mHC doubly-stochastic chart"})
+    prompt_length: int = field(default=32, metadata={"help": "prompt tokens"})
+    new_tokens: int = field(default=64, metadata={"help": "generated tokens per request"})
+    requests: int = field(default=8, metadata={"help": "concurrent requests under continuous batching"})
+    reps: int = field(default=3, metadata={"help": "repetitions (median reported)"})
+    output_dir: Path = field(
+        default=REPO_ROOT / "outputs" / "benchmarks", metadata={"help": "folder of bench_decode.json"}
+    )
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+
+
+def check(parser: HfArgumentParser, args: BenchDecodeArguments) -> None:
+    """Flag values, before any model is built."""
+    for name in ("layers", "hc_streams", "prompt_length", "new_tokens", "requests", "reps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.widths or any(width < 64 or width % 64 for width in args.widths):
+        parser.error(f"--widths must be multiples of 64 (64-wide heads), got {args.widths}")
+    if args.residual not in ("delta", "add"):
+        parser.error(f"--residual must be delta or add, got {args.residual!r}")
+
+
+def models(args: BenchDecodeArguments, width: int) -> dict:
+    """Llama and DDL-mHC of one shape (64-wide heads, 4x MLP, vocabulary 256), random, eval mode."""
+    shape = dict(
+        vocab_size=256,
+        hidden_size=width,
+        intermediate_size=4 * width,
+        num_hidden_layers=args.layers,
+        num_attention_heads=width // 64,
+        max_position_embeddings=args.prompt_length + args.new_tokens + 8,
+    )
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**shape)).eval()
+    config = DDLmHCConfig(**shape, hc_streams=args.hc_streams, residual=args.residual, hc_chart=args.hc_chart)
+    return {"llama": llama, "ddl_mhc": DDLmHCForCausalLM(config).eval()}
+
+
+def single_stream(model, prompt: torch.Tensor, new_tokens: int) -> float:
+    """Greedy tokens per second of one request (every token generated: no EOS)."""
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0, use_cache=True
+    )
+    start = time.perf_counter()
+    output = model.generate(prompt, generation_config=config)
+    seconds = time.perf_counter() - start
+    assert output.shape[1] == prompt.shape[1] + new_tokens
+    return new_tokens / seconds
+
+
+def continuous_batching(model, prompts: list[list[int]], new_tokens: int) -> float:
+    """Generated tokens per second of all requests, continuous batching over a paged cache sized to them."""
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    tokens = sum(len(prompt) for prompt in prompts) + len(prompts) * new_tokens
+    paged = ContinuousBatchingConfig(num_blocks=max(16, 2 * tokens // 256 + 8), max_batch_tokens=512)
+    start = time.perf_counter()
+    outputs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=paged)
+    seconds = time.perf_counter() - start
+    generated = sum(len(output.generated_tokens) for output in outputs.values())
+    assert generated == len(prompts) * new_tokens, generated
+    return generated / seconds
+
+
+def main() -> None:
+    parser = HfArgumentParser(
+        BenchDecodeArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    (args,) = parser.parse_args_into_dataclasses()
+    check(parser, args)
+    set_threads(args.threads)
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 256, (1, args.prompt_length), generator=generator)
+    lengths = torch.randint(
+        args.prompt_length // 2, args.prompt_length + 1, (args.requests,), generator=generator
+    )
+    prompts = [torch.randint(3, 256, (int(n),), generator=generator).tolist() for n in lengths]
+    rows = []
+    for width in args.widths:
+        pair = models(args, width)
+        for model in pair.values():  # warm-up: first calls allocate and fill caches
+            single_stream(model, prompt, 4)
+            continuous_batching(model, prompts[:2], 4)
+        speeds = {name: {"single_stream": [], "continuous_batching": []} for name in pair}
+        for _ in range(args.reps):
+            for name, model in pair.items():
+                speeds[name]["single_stream"].append(single_stream(model, prompt, args.new_tokens))
+                speeds[name]["continuous_batching"].append(
+                    continuous_batching(model, prompts, args.new_tokens)
+                )
+        row = {"width": width, "tokens_per_second": speeds}
+        for mode in ("single_stream", "continuous_batching"):
+            llama, ddl = (statistics.median(speeds[name][mode]) for name in ("llama", "ddl_mhc"))
+            row[f"{mode}_median"] = {"llama": llama, "ddl_mhc": ddl, "ratio": ddl / llama}
+            speeds_text = f"llama {llama:8.1f} tok/s  ddl_mhc {ddl:8.1f}  ratio {ddl / llama:.2f}"
+            print(f"width {width:4d} {mode:19s} {speeds_text}")
+        rows.append(row)
+    write_results(
+        args.output_dir / "bench_decode.json", "bench_decode.py", None, asdict(args), {"widths": rows}
+    )
+
+
+if __name__ == "__main__":
+    main()
