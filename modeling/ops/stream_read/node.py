@@ -11,6 +11,7 @@ in the streams' dtype. `run_node` and the stream sums serve the write nodes too.
 
 import torch
 
+from geoformers.modeling.ops.autocast import autocast_off
 from geoformers.modeling.ops.stream_read.naive import upcast
 
 
@@ -52,7 +53,7 @@ class StreamRead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weights, streams)
-        with torch.autocast(device_type=streams.device.type, enabled=False):
+        with autocast_off(streams.device.type):
             return weighted_stream_sum(weights, streams)
 
     @staticmethod
@@ -81,7 +82,7 @@ class StreamMapsRead(torch.autograd.Function):
         *batch, n, d = streams.shape
         dtype = streams.dtype
         flat = streams.reshape(-1, n * d)
-        with torch.autocast(device_type=streams.device.type, enabled=False):
+        with autocast_off(streams.device.type):
             inverse_rms = torch.rsqrt(upcast(torch.linalg.vecdot(flat, flat)) / (n * d) + eps).unsqueeze(-1)
             terms = upcast(torch.matmul(flat, weight.to(dtype).t())) * inverse_rms
             weights = torch.softmax(upcast(pre_bias) + upcast(pre_gate) * terms[:, :n], -1)

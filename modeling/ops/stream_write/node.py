@@ -12,6 +12,7 @@ tensors stay in the streams' dtype.
 
 import torch
 
+from geoformers.modeling.ops.autocast import autocast_off
 from geoformers.modeling.ops.stream_read.naive import upcast
 from geoformers.modeling.ops.stream_read.node import stream_dot, weighted_stream_sum
 
@@ -30,7 +31,7 @@ class AddMixWrite(torch.autograd.Function):
         h_res, streams = h_res.to(dtype).contiguous(), streams.contiguous()
         amplitudes, direction = amplitudes.to(dtype), direction.to(dtype)
         ctx.save_for_backward(h_res, streams, amplitudes, direction)
-        with torch.autocast(device_type=streams.device.type, enabled=False):
+        with autocast_off(streams.device.type):
             mixed = torch.matmul(h_res, streams)
             return mixed.addcmul_(amplitudes.unsqueeze(-1), direction.unsqueeze(-2))
 
@@ -66,7 +67,7 @@ class DeltaMixWrite(torch.autograd.Function):
         if h_res is not None:
             h_res = h_res.to(dtype).contiguous()
         direction = direction.to(dtype)
-        with torch.autocast(device_type=streams.device.type, enabled=False):
+        with autocast_off(streams.device.type):
             mixed = streams.clone() if h_res is None else torch.matmul(h_res, streams)
             residual = upcast(value) - stream_dot(mixed, direction)
             amplitudes = upcast(beta) * residual
