@@ -6,7 +6,10 @@
 - continuous batching: `generate_batch` of `--requests` requests arriving together over the paged cache
   (generated tokens per second, all requests).
 
-Prints the medians of `--reps` repetitions and their ratios; writes them to `--output_dir`/bench_decode.json.
+Each rate is measured twice: per second of wall time and per second of this process's CPU time (on a machine
+shared with other jobs the CPU time is the comparable number: a preempted process loses wall time, not CPU
+time). Prints the medians of `--reps` repetitions and their ratios; writes them to
+`--output_dir`/bench_decode.json.
 
     python scripts/bench_decode.py                              # widths 128 512 768, 3 reps
     python scripts/bench_decode.py --widths 512 --reps 5 --hc_streams 4 --residual add
@@ -32,6 +35,8 @@ from geoformers import DDLmHCConfig, DDLmHCForCausalLM
 
 from harness.results import REPO_ROOT, write_results
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
+
+CLOCKS = ("wall", "cpu")  # tokens per second of wall time, and of this process's CPU time
 
 
 @dataclass
@@ -80,29 +85,35 @@ def models(args: BenchDecodeArguments, width: int) -> dict:
     return {"llama": llama, "ddl_mhc": DDLmHCForCausalLM(config).eval()}
 
 
-def single_stream(model, prompt: torch.Tensor, new_tokens: int) -> float:
-    """Greedy tokens per second of one request (every token generated: no EOS)."""
+def timed(work) -> tuple[object, float, float]:
+    """`work()`'s result, wall seconds and CPU seconds of this process."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = work()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def single_stream(model, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """Greedy tokens per wall and per CPU second of one request (every token generated: no EOS)."""
     config = GenerationConfig(
         max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0, use_cache=True
     )
-    start = time.perf_counter()
-    output = model.generate(prompt, generation_config=config)
-    seconds = time.perf_counter() - start
+    output, wall, cpu = timed(lambda: model.generate(prompt, generation_config=config))
     assert output.shape[1] == prompt.shape[1] + new_tokens
-    return new_tokens / seconds
+    return new_tokens / wall, new_tokens / cpu
 
 
-def continuous_batching(model, prompts: list[list[int]], new_tokens: int) -> float:
-    """Generated tokens per second of all requests, continuous batching over a paged cache sized to them."""
+def continuous_batching(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+    """Generated tokens per wall and per CPU second of all requests, continuous batching over a paged cache
+    sized to them."""
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     tokens = sum(len(prompt) for prompt in prompts) + len(prompts) * new_tokens
     paged = ContinuousBatchingConfig(num_blocks=max(16, 2 * tokens // 256 + 8), max_batch_tokens=512)
-    start = time.perf_counter()
-    outputs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=paged)
-    seconds = time.perf_counter() - start
+    outputs, wall, cpu = timed(
+        lambda: model.generate_batch(prompts, generation_config=config, continuous_batching_config=paged)
+    )
     generated = sum(len(output.generated_tokens) for output in outputs.values())
     assert generated == len(prompts) * new_tokens, generated
-    return generated / seconds
+    return generated / wall, generated / cpu
 
 
 def main() -> None:
@@ -126,19 +137,20 @@ def main() -> None:
         for model in pair.values():  # warm-up: first calls allocate and fill caches
             single_stream(model, prompt, 4)
             continuous_batching(model, prompts[:2], 4)
-        speeds = {name: {"single_stream": [], "continuous_batching": []} for name in pair}
+        modes = {"single_stream": lambda m: single_stream(m, prompt, args.new_tokens)}
+        modes["continuous_batching"] = lambda m: continuous_batching(m, prompts, args.new_tokens)
+        speeds = {name: {f"{mode}_{clock}": [] for mode in modes for clock in CLOCKS} for name in pair}
         for _ in range(args.reps):
             for name, model in pair.items():
-                speeds[name]["single_stream"].append(single_stream(model, prompt, args.new_tokens))
-                speeds[name]["continuous_batching"].append(
-                    continuous_batching(model, prompts, args.new_tokens)
-                )
+                for mode, run in modes.items():
+                    for clock, rate in zip(CLOCKS, run(model), strict=True):
+                        speeds[name][f"{mode}_{clock}"].append(rate)
         row = {"width": width, "tokens_per_second": speeds}
-        for mode in ("single_stream", "continuous_batching"):
-            llama, ddl = (statistics.median(speeds[name][mode]) for name in ("llama", "ddl_mhc"))
-            row[f"{mode}_median"] = {"llama": llama, "ddl_mhc": ddl, "ratio": ddl / llama}
+        for key in speeds["llama"]:
+            llama, ddl = (statistics.median(speeds[name][key]) for name in ("llama", "ddl_mhc"))
+            row[f"{key}_median"] = {"llama": llama, "ddl_mhc": ddl, "ratio": ddl / llama}
             speeds_text = f"llama {llama:8.1f} tok/s  ddl_mhc {ddl:8.1f}  ratio {ddl / llama:.2f}"
-            print(f"width {width:4d} {mode:19s} {speeds_text}")
+            print(f"width {width:4d} {key:23s} {speeds_text}")
         rows.append(row)
     write_results(
         args.output_dir / "bench_decode.json", "bench_decode.py", None, asdict(args), {"widths": rows}

@@ -208,21 +208,32 @@ def test_transformers_backend_requirements(tmp_path):
 
 
 def test_architectures_are_named_where_the_server_looks(tmp_path):
-    """`transformers serve` resolves `getattr(transformers, config.architectures[0])`; the causal LM's name
-    loads the folder, the encoder's says it cannot be served."""
+    """`transformers serve` resolves `getattr(transformers, config.architectures[0])` in its own module after
+    loading the folder's config (remote code): the causal LM's name loads the folder, the encoder's says it
+    cannot be served."""
     import inspect
 
-    from transformers.cli.serving.model_manager import ModelLoader
+    from transformers.cli.serving import model_manager
 
     # the reason for `configuration/architecture_names.py`: when this fails, transformers no longer looks the
     # architecture up by name, and the module can go
-    assert "getattr(transformers, config.architectures[0])" in inspect.getsource(ModelLoader._load_model)
-    model, tokenizer = tiny_lm()
-    model.save_pretrained(tmp_path)
-    loaded = transformers.DDLmHCForCausalLM.from_pretrained(tmp_path)
-    assert isinstance(loaded, geoformers.DDLmHCForCausalLM)
+    source = inspect.getsource(model_manager.ModelLoader._load_model)
+    assert "getattr(transformers, config.architectures[0])" in source
+    model, _ = tiny_lm()
+    model.save_pretrained(tmp_path / "ddl")
+    encoder = geoformers.DDCLIncrtForSequenceClassification(
+        geoformers.DDCLIncrtConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1)
+    )
+    encoder.save_pretrained(tmp_path / "encoder")
+    for folder in ("ddl", "encoder"):  # as the server's worker does before the lookup
+        AutoConfig.from_pretrained(tmp_path / folder, trust_remote_code=True)
+    loaded = model_manager.transformers.DDLmHCForCausalLM.from_pretrained(tmp_path / "ddl")
+    assert type(loaded).__name__ == "DDLmHCForCausalLM"
+    torch.testing.assert_close(
+        loaded(torch.tensor([[3, 4, 5]])).logits, model(torch.tensor([[3, 4, 5]])).logits
+    )
     with pytest.raises(ValueError, match="generates no text"):
-        transformers.DDCLIncrtForSequenceClassification.from_pretrained(tmp_path)
+        model_manager.transformers.DDCLIncrtForSequenceClassification.from_pretrained(tmp_path / "encoder")
 
 
 # ---- a real `transformers serve` on 127.0.0.1 ----

@@ -11,9 +11,15 @@ from collections.abc import Callable
 import torch
 
 
+FULL_PRECISION = (torch.float32, torch.float64)
+
+
 def upcast(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` in float32, or float64 if it already is (maps, gates and directions never run in half
-    precision)."""
+    precision). A tensor already in full precision is returned as it is, without a dispatcher call (a
+    decoding step makes hundreds of these calls)."""
+    if tensor.dtype in FULL_PRECISION:
+        return tensor
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
