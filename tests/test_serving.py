@@ -225,15 +225,27 @@ def test_architectures_are_named_where_the_server_looks(tmp_path):
         geoformers.DDCLIncrtConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1)
     )
     encoder.save_pretrained(tmp_path / "encoder")
-    for folder in ("ddl", "encoder"):  # as the server's worker does before the lookup
-        AutoConfig.from_pretrained(tmp_path / folder, trust_remote_code=True)
-    loaded = model_manager.transformers.DDLmHCForCausalLM.from_pretrained(tmp_path / "ddl")
-    assert type(loaded).__name__ == "DDLmHCForCausalLM"
-    torch.testing.assert_close(
-        loaded(torch.tensor([[3, 4, 5]])).logits, model(torch.tensor([[3, 4, 5]])).logits
+    # the server's worker: a fresh process without geoformers imported loads the remote config, then looks up
+    worker = """
+import sys
+from transformers import AutoConfig
+from transformers.cli.serving import model_manager
+for folder in ("ddl", "encoder"):
+    AutoConfig.from_pretrained(folder, trust_remote_code=True)
+model = model_manager.transformers.DDLmHCForCausalLM.from_pretrained("ddl", trust_remote_code=True)
+print(type(model).__name__, "geoformers" in sys.modules)
+try:
+    model_manager.transformers.DDCLIncrtForSequenceClassification.from_pretrained("encoder")
+except ValueError as error:
+    print(error)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", worker], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
-    with pytest.raises(ValueError, match="generates no text"):
-        model_manager.transformers.DDCLIncrtForSequenceClassification.from_pretrained(tmp_path / "encoder")
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded_line, refusal = result.stdout.strip().splitlines()[-2:]
+    assert loaded_line == "DDLmHCForCausalLM False"
+    assert "generates no text" in refusal
 
 
 # ---- a real `transformers serve` on 127.0.0.1 ----
