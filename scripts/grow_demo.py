@@ -184,7 +184,7 @@ def summary_in_words(summary: dict, output_dir: Path) -> str:
         elif end["verdict"] == "full":
             text += f"; growth ended at step {end['step']}, when the layer reached max_heads."
         else:
-            text += "; the gate still asked for heads when training ended (more steps would grow it further)."
+            text += "; the gate gave it no stop verdict before training ended, so more steps may grow it."
         sentences.append(text)
     accuracy, bayes = summary["validation_accuracy"], summary["task"]["bayes_accuracy"]
     sentences.append(

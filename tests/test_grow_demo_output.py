@@ -131,7 +131,7 @@ def test_the_summary_in_words_reads_each_layer_and_the_accuracy(grow_demo, tmp_p
         "Layer 0 went from 1 to 3 head(s), growing at step(s) 201, 202; growth ended at step 203, when "
         "lambda_max (0.0631) was no longer above theta_w (0.0688)."
     )
-    assert words[1].startswith("Layer 1 went from 1 to 1 head(s); the gate still asked for heads")
+    assert words[1].startswith("Layer 1 went from 1 to 1 head(s); the gate gave it no stop verdict")
     # 0.937 / 0.9778 = 0.95827...
     assert "93.7% of the 1,000 validation rows correctly: 95.8% of the best possible" in words[2]
     assert "(Bayes accuracy 97.8%), against 50% by chance." in words[2]
