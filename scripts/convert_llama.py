@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     (args,) = parser.parse_args_into_dataclasses(argv)
     source = resolve_model(args.model)
+    llama = load_llama(source)  # first: its architecture check names a folder that holds no Llama
     tokenizer = load_tokenizer(source)
-    llama = load_llama(source)
     model = convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual=args.residual)
     for network, folder in ((model, args.output_dir), (llama, args.llama_output_dir)):
         if folder is not None:

@@ -4,21 +4,21 @@ The task is the planted spectral task (`build_spectral_task`): a binary label ca
 token relations of decreasing strength, with a known Bayes accuracy. DDCL-INCRT starts with one head per
 layer, trains `--pre_growth_steps` steps, then `IncrtGrowthCallback` adds a head along the top eigenvector u+
 of the deflated residual A_res whenever lambda_max(A_res) > theta_w = 0.1 ||A_sym||_F, until it stops
-(`scripts/harness/recipe.py` explains the recipe). Growth events are printed as they happen; at the end a
-summary (heads per layer, lambda_max at each event, validation accuracy against the Bayes accuracy) and the
-output folder: checkpoint (config.json + model.safetensors, reloads with `from_pretrained`),
-growth_history.json, growth_history.png (heads, lambda_max and validation accuracy over the whole run) and
-summary.json. Warm-up and growth are one `Trainer` run with one progress bar (`IncrtGrowthCallback`'s
-`start_step`).
+(`scripts/harness/recipe.py` explains the recipe). It prints how the gate decides, then one sentence per
+growth event as it happens (what was measured, against what, what was decided) above a single progress
+bar, and at the end tables (heads per layer, growth events, accuracy against the Bayes accuracy) and the
+same in words. Output folder: checkpoint (config.json + model.safetensors, reloads with `from_pretrained`),
+growth_history.json, growth_history.png (heads with the gate's verdicts, lambda_max against theta_w,
+validation accuracy against the Bayes accuracy and chance) and summary.json. Warm-up and growth are one
+`Trainer` run (`IncrtGrowthCallback`'s `start_step`).
 
-    python scripts/grow_demo.py                                  # a few minutes on 2 CPU cores
+    python scripts/grow_demo.py                                  # about a minute on 2 CPU cores
     python scripts/grow_demo.py --max_steps 60 --pre_growth_steps 20 --num_train 256 --output_dir outputs/demo
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ import transformers
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.training.growth import PLOT_FILE, plot_growth_history
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec
 
 from harness.analysis import stop_summary
@@ -35,6 +36,8 @@ from harness.probes import evaluate_accuracy
 from harness.recipe import run_growth_training
 from harness.results import events_table, markdown_table, parameter_count, write_results
 from harness.threads import set_threads
+
+CHANCE = 0.5  # two balanced labels
 
 
 @dataclass
@@ -83,20 +86,29 @@ def main(argv: list[str] | None = None) -> dict:
     spec = task_spec(task)
     model = build_model(args, vocab_size=args.vocab_size, max_position_embeddings=args.seq_len, num_labels=2)
     print(
-        f"Task: {len(spec['relations'])} planted directional relations (strengths {args.strengths}), "
-        f"{args.num_train} training rows of {args.seq_len} tokens, "
-        f"Bayes accuracy {spec['bayes_accuracy']:.4f}"
+        f"Task: a binary label carried by {len(spec['relations'])} planted directional token relations of "
+        f"strengths {args.strengths}, generated on the spot: {args.num_train} training rows of "
+        f"{args.seq_len} tokens; the best possible validation accuracy (Bayes) is "
+        f"{spec['bayes_accuracy']:.4f}, chance is {CHANCE}."
     )
     print(
-        f"Model: DDCL-INCRT, {args.num_hidden_layers} layer(s), heads {model.config.num_heads} (at most "
-        f"{model.config.max_heads} per layer), {parameter_count(model):,} parameters; growth starts after "
-        f"{args.pre_growth_steps} of {args.max_steps} steps, gate check every {args.check_every} steps"
+        f"Model: DDCL-INCRT, {args.num_hidden_layers} layer(s) starting with heads {model.config.num_heads} "
+        f"(at most {model.config.max_heads} per layer), {parameter_count(model):,} parameters. It trains "
+        f"{args.pre_growth_steps} steps with the gate off, then the gate checks every {args.check_every} "
+        f"step(s) until step {args.max_steps}."
     )
-
+    print(gate_explanation(model.config))
     run = run_growth_training(
         model, args, task["train"], output_dir=output_dir, eval_dataset=task["validation"], print_events=True
     )
     accuracy = evaluate_accuracy(model, task["validation"])
+    plot_growth_history(  # the callback's figure, with the Bayes and chance lines this task knows
+        run.history,
+        output_dir / PLOT_FILE,
+        log_history=run.log_history,
+        last_step=args.max_steps,
+        reference_accuracy={"Bayes": spec["bayes_accuracy"], "chance": CHANCE},
+    )
     transformers.utils.logging.disable_progress_bar()  # no bars for writing and reloading the checkpoint
     model.save_pretrained(output_dir)
     reloaded = DDCLIncrtForSequenceClassification.from_pretrained(output_dir)
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         "growth_end": stop_summary(history),
         "events": history["events"],
         "validation_accuracy": accuracy,
+        "chance_accuracy": CHANCE,
         "validation_accuracy_history": run.evaluations,
         "parameters": parameter_count(model),
         "reloaded_num_heads": list(reloaded.config.num_heads),
@@ -128,6 +141,66 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
+def gate_explanation(config) -> str:
+    """How the gate decides, in words (docs/ddcl_incrt.md, 'The spectral gate')."""
+    if config.gate_theta_w is not None:
+        threshold = f"a fixed threshold theta_w = {config.gate_theta_w:g}"
+    elif config.gate_threshold == "relative":
+        threshold = (
+            f"the threshold theta_w = {config.gate_calibration_factor:g} x ||A_sym||_F, a fixed share of the "
+            "size of the whole directional matrix"
+        )
+    else:
+        threshold = (
+            f"the threshold theta_w = {config.gate_calibration_factor:g} x the median ||A_res||_F of the "
+            "first checks, then fixed"
+        )
+    return (
+        "How the gate decides: at each check it measures, per layer, lambda_max, the largest eigenvalue of "
+        "A_res, the part of the layer's directional token statistics (A_sym) that its current heads do not "
+        f"capture yet. It adds a head along that direction when lambda_max is above {threshold}, and stops "
+        "growing the layer the first time it is not."
+    )
+
+
+def summary_in_words(summary: dict, output_dir: Path) -> str:
+    """The run's outcome as sentences: how each layer grew and why it ended, accuracy against Bayes and
+    chance, where the model and the figure are."""
+    sentences = []
+    events = summary["events"]
+    for end, initial, final in zip(
+        summary["growth_end"], summary["initial_num_heads"], summary["num_heads"], strict=True
+    ):
+        layer = end["layer"]
+        grown = [e["step"] for e in events if e["layer"] == layer and e["action"] == "grow"]
+        text = f"Layer {layer} went from {initial} to {final} head(s)"
+        if grown:
+            text += f", growing at step(s) {', '.join(map(str, grown))}"
+        if end["verdict"] == "stop":
+            text += (
+                f"; growth ended at step {end['step']}, when lambda_max ({end['lambda_max']:.3g}) was no "
+                f"longer above theta_w ({end['theta_w']:.3g})."
+            )
+        elif end["verdict"] == "full":
+            text += f"; growth ended at step {end['step']}, when the layer reached max_heads."
+        else:
+            text += "; the gate gave it no stop verdict before training ended, so more steps may grow it."
+        sentences.append(text)
+    accuracy, bayes = summary["validation_accuracy"], summary["task"]["bayes_accuracy"]
+    sentences.append(
+        f"The grown model classifies {accuracy:.1%} of the {summary['task']['num_validation']:,} validation "
+        f"rows correctly: {accuracy / bayes:.1%} of the best possible on this task (Bayes accuracy "
+        f"{bayes:.1%}), against {summary['chance_accuracy']:.0%} by chance."
+    )
+    sentences.append(
+        f"It is saved in {output_dir}/ ({summary['parameters']:,} parameters) and reloads with heads "
+        f"{summary['reloaded_num_heads']}: AutoModelForSequenceClassification.from_pretrained("
+        f"{str(output_dir)!r}); {PLOT_FILE} there shows the heads, lambda_max against theta_w, and the "
+        "accuracy."
+    )
+    return "\n".join(sentences)
+
+
 def print_summary(summary: dict, output_dir: Path) -> None:
     print("\n## Heads per layer")
     rows = [
@@ -137,13 +210,13 @@ def print_summary(summary: dict, output_dir: Path) -> None:
         )
     ]
     print(markdown_table(["layer", "initial heads", "final heads", "growth ended by", "at step"], rows))
-    print("\n## Growth events (lambda_max = top eigenvalue of the deflated residual A_res)")
+    print("\n## Growth events (lambda_max: top eigenvalue of A_res; grow while it is above theta_w)")
     print(events_table(summary))
     print("\n## Accuracy")
     accuracy, bayes = summary["validation_accuracy"], summary["task"]["bayes_accuracy"]
     print(
         markdown_table(
-            ["validation accuracy", "Bayes accuracy", "ratio", "parameters", "train time"],
+            ["validation accuracy", "Bayes accuracy", "share of Bayes", "parameters", "train time"],
             [
                 [
                     accuracy,
@@ -155,19 +228,12 @@ def print_summary(summary: dict, output_dir: Path) -> None:
             ],
         )
     )
-    print(f"\nCheckpoint reloads with heads {summary['reloaded_num_heads']}. Contents of {output_dir}/:")
+    print(f"\nFiles in {output_dir}/:")
     files = sorted(path for path in output_dir.iterdir() if path.is_file())
     width = max(len(path.name) for path in files)
     for path in files:
         print(f"  {path.name:<{width}}  {path.stat().st_size:>10,} bytes")
-    print(
-        json.dumps(
-            {
-                "validation_accuracy": round(summary["validation_accuracy"], 4),
-                "num_heads": summary["num_heads"],
-            }
-        )
-    )
+    print("\n## In words\n" + summary_in_words(summary, output_dir))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Growth under DistributedDataParallel: two CPU processes started by the README's command
-(`torchrun --nproc_per_node 2`, `TrainingArguments(use_cpu=True)`, gloo) grow and prune heads during a
-Trainer run and must end with the same head counts, the same decisions and bit-identical parameters."""
+"""Growth under DistributedDataParallel: two CPU processes started by the command of
+docs/model_doc/ddcl_incrt.md (`torchrun --nproc_per_node 2`, `TrainingArguments(use_cpu=True)`, gloo) grow
+and prune heads during a Trainer run and must end with the same head counts, the same decisions and
+bit-identical parameters."""
 
 import json
 import os

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 import geoformers
 
-# The names to target (README "PEFT"): attention, DDL value and hyper-connection maps; MLP optional.
+# The names to target (docs/model_doc/ddl_mhc.md, "Fine-tuning with LoRA"): attention, DDL value and
+# hyper-connection maps; MLP optional.
 DDL_MHC_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 DDL_MHC_HYPER_CONNECTION = ("maps_proj", "value_proj")
 DDL_MHC_MLP = ("gate_proj", "up_proj", "down_proj")

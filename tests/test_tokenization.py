@@ -12,15 +12,21 @@ from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 from tokenizers.implementations import BertWordPieceTokenizer, ByteLevelBPETokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 from geoformers.tokenization import (
     build_char_tokenizer,
     build_kmer_tokenizer,
+    encode_text,
     kmerize,
     load_bert_tokenizer,
     train_byte_level_bpe,
     train_wordpiece,
+    unknown_characters,
 )
+from geoformers.tokenization import char_tokenizer as char_tokenizer_module
+from geoformers.tokenization import encoding as encoding_module
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -131,6 +137,68 @@ def test_char_tokenizer_saves_and_reloads_offline(tmp_path, no_network):
 def test_char_tokenizer_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         build_char_tokenizer(**kwargs)
+
+
+# -------------------------------------------------------------------------------------- unknown characters
+
+
+def test_the_builder_logs_the_alphabet_it_covers():
+    logger = logging.get_logger(f"transformers.{char_tokenizer_module.__name__}")
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_info()
+    try:
+        with CaptureLogger(logger) as captured:
+            build_char_tokenizer("hello, world!\n")
+    finally:
+        logging.set_verbosity(verbosity)
+    assert "the 11 distinct characters of a text of 14 and 3 special tokens" in captured.out
+    assert "'<unk>'" in captured.out
+
+
+def test_unknown_characters_are_counted_like_a_hand_count(small_char_tokenizer):
+    text = "ab€x, Zé\nxx€ñ"  # outside the alphabet: € twice, x three times, ñ once
+    assert unknown_characters(small_char_tokenizer, text) == {"€": 2, "x": 3, "ñ": 1}
+    ids = small_char_tokenizer(text)["input_ids"]
+    assert ids.count(small_char_tokenizer.unk_token_id) == 6
+    assert unknown_characters(small_char_tokenizer, "ab, Zé") == {}
+    assert unknown_characters(small_char_tokenizer, "") == {}
+
+
+def test_encode_text_reports_unknown_characters_with_their_counts(small_char_tokenizer):
+    text = "ab€x, Zé\nxx€ñ"
+    logger = logging.get_logger(f"transformers.{encoding_module.__name__}")
+    with CaptureLogger(logger) as captured:
+        ids = encode_text(small_char_tokenizer, text, name="new.txt")
+    assert ids == small_char_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert captured.out.strip() == (
+        "6 characters of new.txt (3 distinct) are not in the tokenizer's vocabulary and became '<unk>', "
+        "46.15% of its 13 tokens: 'x' x3, '€' x2, 'ñ' x1"
+    )
+    with CaptureLogger(logger) as captured:
+        assert encode_text(small_char_tokenizer, "ab, Z") == small_char_tokenizer("ab, Z")["input_ids"]
+    assert captured.out == ""
+
+
+def test_encode_text_lists_the_ten_most_frequent_and_counts_the_rest():
+    tokenizer = build_char_tokenizer("a")
+    text = "".join(chr(ord("A") + index) * (index + 1) for index in range(12))  # A x1 ... L x12
+    logger = logging.get_logger(f"transformers.{encoding_module.__name__}")
+    with CaptureLogger(logger) as captured:
+        encode_text(tokenizer, text)
+    assert "78 characters of the text (12 distinct)" in captured.out
+    assert captured.out.strip().endswith("'D' x4, 'C' x3 and 2 more")
+
+
+def test_a_tokenizer_without_unknowns_reports_none(bpe):
+    assert unknown_characters(bpe, "any text: 日本語 🤗") == {}
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "text", "match"), [("not a tokenizer", "abc", "tokenizer"), (None, b"abc", "text")]
+)
+def test_unknown_characters_rejects_bad_arguments(small_char_tokenizer, tokenizer, text, match):
+    with pytest.raises(TypeError, match=match):
+        unknown_characters(tokenizer or small_char_tokenizer, text)
 
 
 # ------------------------------------------------------------------------------------------ byte-level BPE

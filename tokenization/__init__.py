@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from geoformers.tokenization.bpe_tokenizer import train_byte_level_bpe
     from geoformers.tokenization.char_tokenizer import build_char_tokenizer
+    from geoformers.tokenization.encoding import encode_text, unknown_characters
     from geoformers.tokenization.kmer_tokenizer import build_kmer_tokenizer, kmerize
     from geoformers.tokenization.wordpiece_tokenizer import load_bert_tokenizer, train_wordpiece
 
@@ -14,10 +15,12 @@ if TYPE_CHECKING:
 _LAZY = {
     "build_char_tokenizer": "geoformers.tokenization.char_tokenizer",
     "build_kmer_tokenizer": "geoformers.tokenization.kmer_tokenizer",
+    "encode_text": "geoformers.tokenization.encoding",
     "kmerize": "geoformers.tokenization.kmer_tokenizer",
     "load_bert_tokenizer": "geoformers.tokenization.wordpiece_tokenizer",
     "train_byte_level_bpe": "geoformers.tokenization.bpe_tokenizer",
     "train_wordpiece": "geoformers.tokenization.wordpiece_tokenizer",
+    "unknown_characters": "geoformers.tokenization.encoding",
 }
 
 
@@ -34,8 +37,10 @@ def __dir__() -> list[str]:
 __all__ = [
     "build_char_tokenizer",
     "build_kmer_tokenizer",
+    "encode_text",
     "kmerize",
     "load_bert_tokenizer",
     "train_byte_level_bpe",
     "train_wordpiece",
+    "unknown_characters",
 ]

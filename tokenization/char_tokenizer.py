@@ -2,8 +2,11 @@
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging
 
 from geoformers.tokenization.arguments import require_int
+
+logger = logging.get_logger(f"transformers.{__name__}")
 
 END_OF_TEXT = "<|endoftext|>"
 PAD = "<pad>"
@@ -17,14 +20,20 @@ def build_char_tokenizer(text: str, *, model_max_length: int = 1024) -> PreTrain
     Ids: `<|endoftext|>` = 0 (bos and eos, GPT-2 convention), `<pad>` = 1, `<unk>` = 2, then the sorted
     unique characters of `text`. Characters absent from `text` encode to `<unk>`; a special-token string in
     the input (e.g. "<pad>") encodes to that token. No normalisation, no special tokens added on encode, and
-    a `Fuse` decoder (with no decoder, `tokenizers` joins tokens with spaces).
+    a `Fuse` decoder (with no decoder, `tokenizers` joins tokens with spaces). Logs (info) the alphabet it
+    covers; `geoformers.tokenization.encode_text` reports the characters of another text that become `<unk>`.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text:
         raise ValueError("text is empty: the vocabulary is built from its characters")
     require_int("model_max_length", model_max_length, 1)
-    vocabulary = list(CHAR_SPECIAL_TOKENS) + sorted(set(text))
+    alphabet = sorted(set(text))
+    vocabulary = list(CHAR_SPECIAL_TOKENS) + alphabet
+    logger.info(
+        f"character tokenizer: the {len(alphabet)} distinct characters of a text of {len(text):,} and "
+        f"{len(CHAR_SPECIAL_TOKENS)} special tokens; any other character encodes to {UNK!r}"
+    )
     word_level = models.WordLevel({token: index for index, token in enumerate(vocabulary)}, unk_token=UNK)
     backend = Tokenizer(word_level)
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")

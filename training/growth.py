@@ -437,65 +437,165 @@ def plot_growth_history(
     *,
     log_history: list[dict] | None = None,
     last_step: int | None = None,
-) -> None:
-    """PNG of the whole run against optimizer steps 0..`last_step` (default: the last check): heads per layer,
-    lambda_max with theta_w dashed (grow events marked), and, when `log_history` (the Trainer's
-    `state.log_history`) holds evaluations, validation accuracy. Dotted lines: growth starts / stops. Uses
-    matplotlib's Agg canvas (no display, no global backend change)."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    reference_accuracy: dict[str, float] | None = None,
+):
+    """PNG of a growth run read by its gate verdicts (docs/ddcl_incrt.md, 'Growth and pruning').
 
-    checks = history["checks"]
+    Panels: heads per layer over optimizer steps 0..`last_step` (default: the last check), each verdict
+    marked where it happened (grow, stop, full, prune); lambda_max(A_res) against theta_w, the threshold the
+    gate compares it with, over the steps since growth started on a log axis, so that checks a few steps
+    apart stay apart; and, when `log_history` (the Trainer's `state.log_history`) holds evaluations,
+    validation accuracy with `reference_accuracy` lines (e.g. `{"Bayes": 0.978, "chance": 0.5}`) in its
+    range. Every panel shades the warm-up (no gate) and the phase after growth stopped. Returns the
+    `matplotlib.figure.Figure`, drawn on matplotlib's Agg canvas (no display, no global backend change)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+    checks, events = history["checks"], history["events"]
     evaluations = [
         (entry["step"], entry["eval_accuracy"]) for entry in log_history or [] if "eval_accuracy" in entry
     ]
+    if reference_accuracy is not None and not isinstance(reference_accuracy, dict):
+        raise TypeError(f"`reference_accuracy` must be a dict name -> accuracy, got {reference_accuracy!r}")
+    references = dict(reference_accuracy or {})
+    for name, value in references.items():
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"`reference_accuracy` maps names to accuracies, got {name!r}: {value!r}")
+        if not 0 <= value <= 1:
+            raise ValueError(f"`reference_accuracy[{name!r}]` must lie in [0, 1], got {value}")
     steps = [0] + [check["step"] for check in checks]
-    end = max([steps[-1], last_step or 0, *(step for step, _ in evaluations)])
+    end = max([steps[-1], last_step or 0, *(step for step, _ in evaluations)]) or 1
+    started, stopped = history.get("growth_started_at_step") or 0, history["growth_stopped_at_step"]
     figure = Figure(figsize=(7, 7.5 if evaluations else 5.5), constrained_layout=True)
-    axes = figure.subplots(3 if evaluations else 2, 1, sharex=True)
-    heads_axis, lambda_axis = axes[0], axes[1]
+    heads_axis, gate_axis, *accuracy_axes = figure.subplots(3 if evaluations else 2, 1)
+    verdict_styles = {
+        "grow": ("^", "grow: λ_max > θ_w, a head added"),
+        "stop": ("o", "stop: λ_max ≤ θ_w, growth ends"),
+        "full": ("s", "full: max_heads reached"),
+        "prune": ("x", "prune: a head removed"),
+    }
+    colors = [f"C{layer}" for layer in range(len(history["initial_num_heads"]))]
+
+    def shade_phases(axis, offset: int = 0, floor: float = 0.0) -> None:
+        """Warm-up (no gate) and after-stop spans; `offset`: the axis counts steps from `offset`."""
+        if started > 0 and offset == 0:
+            axis.axvspan(0, started, color="0.9", zorder=0, label="warm-up: no gate check")
+        if stopped is not None:
+            axis.axvspan(
+                max(stopped - offset, floor),
+                end - offset,
+                color="C9",
+                alpha=0.15,
+                zorder=0,
+                label=f"growth stopped (step {stopped}): heads fixed",
+            )
+
+    # heads, with each verdict where it happened
+    heads_after = {}  # (layer, step) -> heads after that step's check
     for layer, initial in enumerate(history["initial_num_heads"]):
         heads = [initial] + [check["num_heads"][layer] for check in checks]
-        line = heads_axis.step(steps + [end], heads + heads[-1:], where="post", label=f"layer {layer}")[0]
-        lambda_axis.plot(
-            steps[1:],
-            [check["lambda_max"][layer] for check in checks],
-            marker=".",
-            color=line.get_color(),
-            label=f"lambda_max, layer {layer}",
+        heads_after.update(((layer, step), count) for step, count in zip(steps, heads, strict=True))
+        heads_axis.step(
+            steps + [end], heads + heads[-1:], where="post", color=colors[layer], label=f"layer {layer}"
         )
-        lambda_axis.plot(
-            steps[1:],
-            [check["theta_w"][layer] for check in checks],
-            linestyle="--",
-            color=line.get_color(),
-            label=f"theta_w, layer {layer}",
-        )
-        grown = [e for e in history["events"] if e["action"] == "grow" and e["layer"] == layer]
-        lambda_axis.scatter(
-            [e["step"] for e in grown],
-            [e["lambda_max"] for e in grown],
-            marker="^",
-            color=line.get_color(),
-            zorder=3,
-        )
-    if evaluations:
-        axes[2].plot(*zip(*evaluations, strict=True), marker="o", color="black")
-        axes[2].set_ylabel("validation accuracy")
-    started, stopped = history.get("growth_started_at_step") or 0, history["growth_stopped_at_step"]
-    for axis in axes:
-        for step in (started or None, stopped):
-            if step is not None:
-                axis.axvline(step, color="grey", linewidth=0.8, linestyle=":")
-    heads_axis.legend(fontsize="small")
-    lambda_axis.legend(fontsize="small")
-    heads_axis.set_xlim(0, max(end, 1))
+    for action, (marker, label) in verdict_styles.items():
+        marked = [e for e in events if e["action"] == action]
+        for index, event in enumerate(marked):
+            heads_axis.scatter(
+                event["step"],
+                heads_after[event["layer"], event["step"]],
+                marker=marker,
+                s=45,
+                color=colors[event["layer"]],
+                zorder=3,
+                label=None if index else label,
+            )
+    shade_phases(heads_axis)
+    heads_axis.set_xlim(0, end)
     heads_axis.yaxis.set_major_locator(MaxNLocator(integer=True))
     heads_axis.set_ylabel("heads")
-    heads_axis.set_title("INCRT growth (triangles: heads grown; dotted: growth starts / stops)")
-    lambda_axis.set_ylabel("lambda_max(A_res)")
-    axes[-1].set_xlabel("optimizer step")
+    heads_axis.set_xlabel("optimizer step")
+    heads_axis.set_title("Heads per layer, and the gate's verdicts where they happened")
+    heads_axis.legend(fontsize="x-small", loc="lower right")
+
+    # the gate: lambda_max against theta_w, on steps since growth started (log axis)
+    if checks:
+        since = [check["step"] - started for check in checks]
+        for layer in range(len(colors)):
+            gate_axis.plot(
+                since,
+                [check["lambda_max"][layer] for check in checks],
+                marker=".",
+                color=colors[layer],
+                label=f"λ_max(A_res), layer {layer}",
+            )
+            gate_axis.plot(
+                since,
+                [check["theta_w"][layer] for check in checks],
+                linestyle="--",
+                color=colors[layer],
+                label=f"θ_w, layer {layer}: grow while λ_max is above",
+            )
+        for action in ("grow", "stop", "full"):
+            for event in (e for e in events if e["action"] == action):
+                gate_axis.scatter(
+                    event["step"] - started,
+                    event["lambda_max"],
+                    marker=verdict_styles[action][0],
+                    s=45,
+                    color=colors[event["layer"]],
+                    zorder=3,
+                )
+        shade_phases(gate_axis, offset=started, floor=0.5)
+        checked_after_stop = stopped is not None and checks[-1]["step"] > stopped
+        if stopped is not None:
+            gate_axis.text(
+                0.98,
+                0.04,
+                "after the stop the checks only look for heads to prune:\nλ_max above θ_w adds no head"
+                if checked_after_stop
+                else "no check after the stop (pruning is off)",
+                transform=gate_axis.transAxes,
+                ha="right",
+                fontsize="x-small",
+            )
+        measured = [value for check in checks for value in check["lambda_max"] + check["theta_w"]]
+        if min(measured) > 0:  # growth decisions (small λ) and later checks (often larger) both readable
+            gate_axis.set_yscale("log")
+        gate_axis.set_xscale("log")
+        gate_axis.set_xlim(0.8, since[-1] * (2 if stopped is not None and not checked_after_stop else 1.05))
+        for axis in (gate_axis.xaxis, gate_axis.yaxis):  # ticks at 1, 2, 5 x 10^k as plain numbers
+            if axis.get_scale() == "log":
+                axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+                axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+                axis.set_minor_formatter(NullFormatter())
+        gate_axis.legend(fontsize="x-small", loc="best")
+    else:
+        gate_axis.text(0.5, 0.5, "no gate check ran", ha="center", va="center", transform=gate_axis.transAxes)
+    gate_axis.set_xlabel(f"optimizer steps since growth started at step {started} (log scale)")
+    gate_axis.set_ylabel("top eigenvalue")
+    gate_axis.set_title("The gate: λ_max of the residual directional matrix A_res against θ_w")
+
+    if evaluations:
+        accuracy_axis = accuracy_axes[0]
+        accuracy_axis.plot(
+            *zip(*evaluations, strict=True), marker="o", color="black", label="validation accuracy"
+        )
+        for index, (name, value) in enumerate(references.items()):
+            accuracy_axis.axhline(
+                value, color=f"C{index + 3}", linestyle="-.", linewidth=1, label=f"{name} {value:.3f}"
+            )
+        shade_phases(accuracy_axis)
+        values = [value for _, value in evaluations] + list(references.values())
+        low, high = min(values), max(values)
+        margin = max(0.05 * (high - low), 0.01)
+        accuracy_axis.set_ylim(low - margin, high + margin)
+        accuracy_axis.set_xlim(0, end)
+        accuracy_axis.set_xlabel("optimizer step")
+        accuracy_axis.set_ylabel("accuracy")
+        accuracy_axis.legend(fontsize="x-small", loc="lower right")
     figure.savefig(path, dpi=100)
+    return figure
 
 
 __all__ = ["IncrtGrowthCallback", "plot_growth_history"]

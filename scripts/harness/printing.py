@@ -10,19 +10,34 @@ from geoformers.training.growth import IncrtGrowthCallback
 
 
 def describe_event(event: dict) -> str:
-    """One line per growth-history event, e.g. `step 204: layer 0 grow -> heads [2] (lambda_max ...)`."""
-    text = f"step {event['step']}: layer {event['layer']} {event['action']}"
-    if event["action"] == "calibrated":
-        return f"{text}: theta_w = {event['theta_w']:.4g}"
-    if event["action"] == "prune":
+    """One plain sentence per growth-history event: what the gate measured, against what, what it decided,
+    e.g. `step 201: layer 0 grows a head, heads [1] -> [2]: lambda_max = 0.3505 is above theta_w = 0.0526.`
+    (lambda_max: top eigenvalue of the deflated A_res; docs/ddcl_incrt.md, 'The spectral gate')."""
+    step, layer, action, heads = event["step"], event["layer"], event["action"], event["num_heads"]
+    text = f"step {step}: layer {layer}"
+    if action == "calibrated":
+        return f"{text} sets its threshold theta_w = {event['theta_w']:.4g} (this check only calibrates)."
+    if action == "prune":
         return (
-            f"{text} head {event['head']} -> heads {event['num_heads']} (directional energy "
-            f"{event['energy']:.4g} below phi_g for gate_prune_patience checks)"
+            f"{text} prunes head {event['head']}, heads now {heads}: its directional energy "
+            f"{event['energy']:.4g} stayed below phi_g = gate_prune_factor x theta_w for "
+            "gate_prune_patience checks."
         )
-    relation = ">" if event["lambda_max"] > event["theta_w"] else "<="
+    measured = f"lambda_max = {event['lambda_max']:.4g}"
+    if action == "grow":
+        before = [count - (index == layer) for index, count in enumerate(heads)]
+        return (
+            f"{text} grows a head, heads {before} -> {heads}: {measured} is above theta_w = "
+            f"{event['theta_w']:.4g}, so a new head takes that direction."
+        )
+    if action == "full":
+        return (
+            f"{text} stops at heads {heads}: {measured} is above theta_w = {event['theta_w']:.4g}, but the "
+            "layer has max_heads heads."
+        )
     return (
-        f"{text} -> heads {event['num_heads']} (lambda_max {event['lambda_max']:.4g} {relation} theta_w "
-        f"{event['theta_w']:.4g})"
+        f"{text} stops growing at heads {heads}: {measured} is not above theta_w = "
+        f"{event['theta_w']:.4g}, so no direction left is strong enough for a new head."
     )
 
 
@@ -39,7 +54,7 @@ class GrowthEventPrinter(TrainerCallback):
     def _print_new(self) -> None:
         events = self.growth.history["events"] if self.growth is not None and self.growth.history else []
         for event in events[self.printed :]:
-            tqdm.write("INCRT " + describe_event({**event, "step": event["step"] + self.step_offset}))
+            tqdm.write(describe_event({**event, "step": event["step"] + self.step_offset}))
         self.printed = len(events)
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -57,7 +72,11 @@ class GrowthEventPrinter(TrainerCallback):
 
 
 class ProgressBarOnly(ProgressCallback):
-    """The Trainer's progress bar without its raw log records (`GrowthEventPrinter` prints what matters)."""
+    """The Trainer's progress bar without its raw log records (`GrowthEventPrinter` prints what matters) and
+    without the evaluation bar (a second bar under the training bar breaks the lines printed between)."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        return
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
         return
