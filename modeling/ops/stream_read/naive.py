@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import torch
 
-
 FULL_PRECISION = (torch.float32, torch.float64)
 
 
