@@ -1,0 +1,42 @@
+"""The scripts' flag policy (docs/experiments.md, 'Flags'): every value is checked right after parsing,
+before any model or data is loaded, and a bad one is a ValueError / TypeError naming its `--flag`.
+
+`check_flags(args)` checks the `TrainingArguments`-named settings an args object has (a `TrainingArguments`,
+a `LoopArguments`-style dataclass or a flat namespace) and `--threads`; a script adds its own with
+`check_flag`."""
+
+import math
+
+from geoformers.configuration.validation import check_number
+
+# flag -> (low, high, low_open, integer): the ranges torch's optimizers and the Trainer's schedules accept
+TRAINING_RANGES = {
+    "learning_rate": (0.0, math.inf, False, False),
+    "weight_decay": (0.0, math.inf, False, False),
+    "adam_beta1": (0.0, 1.0, False, False),
+    "adam_beta2": (0.0, 1.0, False, False),
+    "adam_epsilon": (0.0, math.inf, False, False),
+    "max_grad_norm": (0.0, math.inf, False, False),
+    "warmup_steps": (0.0, math.inf, False, False),
+    "per_device_train_batch_size": (1, math.inf, False, True),
+    "per_device_eval_batch_size": (1, math.inf, False, True),
+    "gradient_accumulation_steps": (1, math.inf, False, True),
+    "eval_batches": (1, math.inf, False, True),
+    "block_size": (2, math.inf, False, True),
+    "threads": (0, math.inf, False, True),
+}
+
+
+def check_flag(flag: str, value, low=-math.inf, high=math.inf, *, low_open=False, integer=False) -> None:
+    """`check_number` with the message naming `--flag`."""
+    check_number(f"--{flag}", value, low, high, low_open=low_open, integer=integer)
+
+
+def check_flags(args) -> None:
+    """Every flag of `TRAINING_RANGES` that `args` has; `--max_steps` is -1 (epochs) or >= 1."""
+    for flag, (low, high, low_open, integer) in TRAINING_RANGES.items():
+        if getattr(args, flag, None) is not None:
+            check_flag(flag, getattr(args, flag), low, high, low_open=low_open, integer=integer)
+    max_steps = getattr(args, "max_steps", None)
+    if max_steps is not None and max_steps != -1:
+        check_flag("max_steps", max_steps, 1, integer=True)

@@ -1,0 +1,61 @@
+"""The one builder of the DDL-mHC `Trainer` (docs/experiments.md, 'train_causal_lm.py'): the stock
+`transformers.Trainer` with the library's optimizer groups (`geoformers.training.make_optimizer`: named
+groups, chart logits at lr/6, docs/hc_diagnostics.md, 'Optimizer groups'), rows that carry their own `labels`
+(`default_data_collator`, as transformers' `run_clm.py`), next-token accuracy and perplexity on evaluation.
+"""
+
+from transformers import Trainer, TrainingArguments, default_data_collator
+
+from geoformers.training import make_optimizer
+from geoformers.training.evaluation import causal_lm_metrics
+
+# nanoGPT's recipe as TrainingArguments values (AdamW beta2 0.99, decay 0.1, clipping 1, linear warm-up and
+# cosine decay to 0.1 x lr); the scripts set these as their flags' defaults
+NANOGPT_TRAINING_DEFAULTS = {
+    "learning_rate": 1e-3,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.99,
+    "max_grad_norm": 1.0,
+    "warmup_steps": 100,
+    "lr_scheduler_type": "cosine_with_min_lr",
+    "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+    "seed": 1337,
+}
+
+
+def build_lm_trainer(
+    model,
+    args: TrainingArguments,
+    train_dataset,
+    eval_dataset=None,
+    *,
+    tokenizer=None,
+    callbacks=None,
+    optimizer=None,
+) -> Trainer:
+    """`Trainer(model, args, ...)` over datasets of `input_ids` + `labels` rows, optimised by
+    `make_optimizer(model, args)` unless `optimizer` is given; the schedule is the Trainer's
+    (`args.lr_scheduler_type`). `tokenizer` is saved with every checkpoint.
+
+    The optimizer is handed over as a factory (`optimizer_cls_and_kwargs`), so the Trainer builds it when it
+    builds its own: after FSDP has wrapped the model (the Trainer refuses a ready optimizer under FSDP)."""
+    if not isinstance(args, TrainingArguments):
+        raise TypeError(f"`args` must be a transformers.TrainingArguments, got {type(args).__name__}")
+    optimizers = {"optimizers": (optimizer, None)} if optimizer is not None else {}
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=default_data_collator,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        optimizer_cls_and_kwargs=None if optimizer is not None else (lambda: grouped_optimizer(args), {}),
+        **optimizers,
+        **(causal_lm_metrics() if eval_dataset is not None else {}),
+    )
+
+
+def grouped_optimizer(args: TrainingArguments):
+    """The factory `Trainer.create_optimizer` calls with the (possibly wrapped) model."""
+    return lambda model: make_optimizer(model, args)
