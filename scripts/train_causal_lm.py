@@ -335,7 +335,9 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.save_model()
     metrics = dict(result.metrics)
     if trainer.eval_dataset is not None:
-        metrics.update(trainer.evaluate())
+        evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+        done = evaluations and evaluations[-1]["step"] == trainer.state.global_step
+        metrics.update(evaluations[-1] if done else trainer.evaluate())  # the final model's, once
     trainer.log_metrics("final", metrics)
     trainer.save_metrics("all", metrics)
     trainer.save_state()
