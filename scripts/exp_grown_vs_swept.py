@@ -41,11 +41,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from transformers import DataCollatorWithPadding, HfArgumentParser, set_seed  # noqa: E402
+from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
 from geoformers.training.synthetic_tasks import LINEAGES, build_spectral_task, task_spec  # noqa: E402
 
 from harness import cov2, sst2, synthetic  # noqa: E402
+from harness.flag_checks import CheckedParser  # noqa: E402
 from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
@@ -314,7 +315,7 @@ class SweepArguments:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = HfArgumentParser(SweepArguments, description=__doc__.split("\n\n")[0])
+    parser = CheckedParser(SweepArguments, description=__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     if min(args.static_heads) < 1 or args.max_heads < 2:
         parser.error(

@@ -37,13 +37,14 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import HfArgumentParser
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
 from geoformers.training.data import load_tiny_shakespeare
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
 from harness.causal_lm import estimate_loss, get_batch, make_trainer, split_ids, training_memory_bytes
+from harness.data_errors import DATA_FLAG, exit_without_data
+from harness.flag_checks import CheckedParser
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
 from harness.results import REPO_ROOT, write_json, write_results
 from harness.threads import set_threads
@@ -180,7 +181,7 @@ def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, ch
     record["peak_memory_bytes"] = training_memory_bytes(model, batch.to(device), device)
     step = make_trainer(model, train_ids, args, device)
     if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=True)
         model.load_state_dict(state["model"])
         step.optimizer.load_state_dict(state["optimizer"])
         step.schedule.load_state_dict(state["schedule"])
@@ -285,7 +286,7 @@ def saved_arms(path: Path, args: UpcycleArguments) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         UpcycleArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     (args,) = parser.parse_args_into_dataclasses(argv)
@@ -295,7 +296,9 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     source = resolve_model(args.model)
     tokenizer = load_tokenizer(source)
-    train_ids, val_ids = encode_corpus(load_tiny_shakespeare(args.data), tokenizer, args.block_size)
+    with exit_without_data(DATA_FLAG):
+        text = load_tiny_shakespeare(args.data)
+    train_ids, val_ids = encode_corpus(text, tokenizer, args.block_size)
     print(f"{len(train_ids):,} train / {len(val_ids):,} held-out tokens")
     llama = load_llama(source, dtype=torch.float32).to(device)  # trained in float32 (--bf16: autocast)
     progress_file = output_dir / "arms.json"

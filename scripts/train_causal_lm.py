@@ -33,7 +33,6 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
-    HfArgumentParser,
     TrainingArguments,
     set_seed,
 )
@@ -44,7 +43,7 @@ from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import TINY_SHAKESPEARE_HUB_NAME, load_hub_dataset
 
 from harness.data_errors import exit_without_data
-from harness.flag_checks import check_flag, check_flags
+from harness.flag_checks import CheckedParser, check_flag
 from harness.flags import TRAINING_FIELD_DEFAULTS
 from harness.lm_trainer import NANOGPT_TRAINING_DEFAULTS, build_lm_trainer
 from harness.pretrained import load_tokenizer as load_pretrained_tokenizer
@@ -158,8 +157,8 @@ class DataTrainingArguments:
     temperature: float = dataclasses.field(default=0.8, metadata={"help": "of the sample"})
 
 
-def make_parser() -> HfArgumentParser:
-    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, ConfigArguments, TrainingArguments))
+def make_parser() -> CheckedParser:
+    parser = CheckedParser((ModelArguments, DataTrainingArguments, ConfigArguments, TrainingArguments))
     parser.description = __doc__
     parser.set_defaults(**TRAINING_DEFAULTS)
     return parser
@@ -167,11 +166,16 @@ def make_parser() -> HfArgumentParser:
 
 def parse_args(argv: list[str] | None = None):
     """(model, data, config arguments, config overrides, training arguments), every value checked before
-    anything is loaded; the overrides are the config flags given on the command line."""
+    anything is loaded (a bad one exits naming its flag); the overrides are the config flags given."""
     parser = make_parser()
     model_args, data_args, config_args, training_args = parser.parse_args_into_dataclasses(argv)
-    for args in (model_args, data_args, training_args):
-        check_flags(args)
+    parser.checked(check_data_flags, data_args, model_args, training_args)
+    defaults = {f.name: f.default for f in dataclasses.fields(config_args)}
+    overrides = {name: value for name, value in vars(config_args).items() if value != defaults[name]}
+    return model_args, data_args, config_args, overrides, training_args
+
+
+def check_data_flags(data_args, model_args, training_args) -> None:
     check_flag("validation_split_percentage", data_args.validation_split_percentage, 0, 99, integer=True)
     check_flag("sample_tokens", data_args.sample_tokens, 0, integer=True)
     check_flag("temperature", data_args.temperature, 0.0, low_open=True)
@@ -180,14 +184,11 @@ def parse_args(argv: list[str] | None = None):
     for flag in ("train_file", "validation_file"):
         path = getattr(data_args, flag)
         if path is not None and not Path(path).is_file():
-            raise FileNotFoundError(f"--{flag} {path!r} is not a file")
+            raise ValueError(f"--{flag} {path!r} is not a file")
     if data_args.streaming and training_args.max_steps <= 0:
         raise ValueError("--streaming needs --max_steps >= 1 (a stream has no length)")
     if data_args.streaming and model_args.tokenizer_name is None and model_args.model_name_or_path is None:
         raise ValueError("--streaming needs --tokenizer_name or --model_name_or_path (no pass over the text)")
-    defaults = {f.name: f.default for f in dataclasses.fields(config_args)}
-    overrides = {name: value for name, value in vars(config_args).items() if value != defaults[name]}
-    return model_args, data_args, config_args, overrides, training_args
 
 
 # ----------------------------------------------------------------------------------------------

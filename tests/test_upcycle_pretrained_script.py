@@ -100,14 +100,18 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     assert pair["history"] == {arm: record["history"][arm] for arm in ("llama", "add")}
 
 
-def test_bad_flags_are_named(checkpoint, tmp_path):
+def test_bad_flags_are_named_before_anything_loads(checkpoint, tmp_path, capsys):
+    """Each exits as argparse does (status 2, the flag named on the last line) before the model loads: a
+    folder that does not exist stands in for it."""
     script = load_script("exp_upcycle_pretrained.py")
-    for flag, value in (("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1")):
-        with pytest.raises(ValueError, match=flag):
-            script.main(arguments(checkpoint, tmp_path / "run", flag, value))
-    for arms in (["add", "delta"], ["llama", "llama"], ["llama", "gpt2"]):
-        with pytest.raises(ValueError, match="--arms"):
-            script.main(arguments(checkpoint, tmp_path / "run", "--arms", *arms))
+    bad = [("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1"), ("--learning_rate", "-1")]
+    bad += [("--threads", "-1"), *(("--arms", *arms) for arms in (["add", "delta"], ["llama", "llama"]))]
+    for flag, *values in bad:
+        argv = arguments(checkpoint, tmp_path / "run", flag, *values)
+        argv[argv.index("--model") + 1] = str(tmp_path / "no-such-model")
+        with pytest.raises(SystemExit) as error:
+            script.main(argv)
+        assert error.value.code == 2 and flag in capsys.readouterr().err.strip().splitlines()[-1]
     with pytest.raises(ValueError, match="--block_size"):
         script.main(arguments(checkpoint, tmp_path / "run", "--block_size", "200"))
 

@@ -70,7 +70,7 @@ def load_hub_dataset(
     if reason is not None:
         raise HubDatasetUnavailable(name, f"{reason}; a cached copy loads with HF_HUB_OFFLINE=1", local_copy)
     try:
-        return datasets.load_dataset(name, config_name, **load_kwargs)
+        return datasets.load_dataset(*(name,) if config_name is None else (name, config_name), **load_kwargs)
     except ConnectionError as error:
         offline = "offline mode is on and it is not cached" if constants.is_offline_mode() else str(error)
         raise HubDatasetUnavailable(name, offline, local_copy) from error

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import (
-    HfArgumentParser,
     LlamaConfig,
     LlamaForCausalLM,
     get_cosine_with_min_lr_schedule_with_warmup,
@@ -22,6 +21,8 @@ import geoformers
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import load_tiny_shakespeare
 
+from harness.data_errors import DATA_FLAG, exit_without_data
+from harness.flag_checks import CheckedParser
 from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 # nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64); SwiGLU width 344 (Llama's 2.69x).
@@ -56,7 +57,8 @@ EQUAL_TIME_VARIANTS = (LLAMA, "llama param-matched", "ddl-mhc n=1 delta", "ddl-m
 def load_corpus(path: str | None = None, train_fraction: float = 0.9):
     """(tokenizer, train ids, validation ids): char tokenizer over the whole text, nanoGPT split (first
     `train_fraction` train). `path`: a local UTF-8 text file; None: the hub's tiny-shakespeare."""
-    text = load_tiny_shakespeare(path)
+    with exit_without_data(DATA_FLAG):
+        text = load_tiny_shakespeare(path)
     tokenizer = build_char_tokenizer(text)
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False, verbose=False), dtype=torch.long)
     split = int(train_fraction * len(ids))
@@ -210,10 +212,10 @@ class LoopArguments:
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
 
 
-def loop_parser(*own, description: str | None = None, **defaults) -> HfArgumentParser:
-    """`HfArgumentParser` over a script's dataclasses `own` and `LoopArguments`, with the script's defaults
+def loop_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
+    """`CheckedParser` over a script's dataclasses `own` and `LoopArguments`, with the script's defaults
     (`RawDescriptionHelpFormatter`: the script's docstring as written)."""
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         (*own, LoopArguments), description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.set_defaults(**defaults)

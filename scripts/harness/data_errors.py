@@ -5,6 +5,10 @@ from contextlib import contextmanager
 
 from geoformers.training.data import HubDatasetUnavailable
 
+# the scripts' flags that take a local copy of the canonical datasets (docs/experiments.md, 'Data')
+DATA_FLAG = "--data FILE (a local UTF-8 text file, e.g. tiny-shakespeare's input.txt)"
+DATA_DIR_FLAG = "--data_dir DIR (a folder with GLUE's SST-2 train.tsv and dev.tsv)"
+
 
 @contextmanager
 def exit_without_data(flag: str):

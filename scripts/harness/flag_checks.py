@@ -1,11 +1,14 @@
 """The scripts' flag policy (docs/experiments.md, 'Flags'): every value is checked right after parsing,
-before any model or data is loaded, and a bad one is a ValueError / TypeError naming its `--flag`.
+before any model or data is loaded, and a bad one ends the script as argparse does (usage, then one line
+naming its `--flag`, exit status 2).
 
 `check_flags(args)` checks the `TrainingArguments`-named settings an args object has (a `TrainingArguments`,
 a `LoopArguments`-style dataclass or a flat namespace) and `--threads`; a script adds its own with
-`check_flag`."""
+`check_flag`. Every script parses with `CheckedParser`, which runs `check_flags` as it parses."""
 
 import math
+
+from transformers import HfArgumentParser
 
 from geoformers.configuration.validation import check_number
 
@@ -40,3 +43,25 @@ def check_flags(args) -> None:
     max_steps = getattr(args, "max_steps", None)
     if max_steps is not None and max_steps != -1:
         check_flag("max_steps", max_steps, 1, integer=True)
+
+
+class CheckedParser(HfArgumentParser):
+    """`HfArgumentParser` whose every parse (`parse_args`, `parse_args_into_dataclasses`, ...) runs
+    `check_flags` on what it parsed, so a bad value fails before a script loads anything; the dataclasses'
+    own checks and, through `checked`, a script's own exit the same way."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, unknown = super().parse_known_args(args, namespace)
+        self.checked(check_flags, parsed)
+        return parsed, unknown
+
+    def parse_args_into_dataclasses(self, *args, **kwargs):
+        """The dataclasses' own checks (`__post_init__`, `TrainingArguments`') exit the same way."""
+        return self.checked(super().parse_args_into_dataclasses, *args, **kwargs)
+
+    def checked(self, check, *args, **kwargs):
+        """`check(*args, **kwargs)`; its ValueError / TypeError becomes `self.error` (exit status 2)."""
+        try:
+            return check(*args, **kwargs)
+        except (ValueError, TypeError) as error:
+            self.error(str(error))

@@ -6,7 +6,7 @@ groups, chart logits at lr/6, docs/hc_diagnostics.md, 'Optimizer groups'), rows 
 
 from transformers import Trainer, TrainingArguments, default_data_collator
 
-from geoformers.training import make_optimizer
+from geoformers.training import make_optimizer, parameter_groups
 from geoformers.training.evaluation import causal_lm_metrics
 
 # nanoGPT's recipe as TrainingArguments values (AdamW beta2 0.99, decay 0.1, clipping 1, linear warm-up and
@@ -31,17 +31,19 @@ def build_lm_trainer(
     *,
     tokenizer=None,
     callbacks=None,
-    optimizer=None,
+    **lr_multipliers,
 ) -> Trainer:
     """`Trainer(model, args, ...)` over datasets of `input_ids` + `labels` rows, optimised by
-    `make_optimizer(model, args)` unless `optimizer` is given; the schedule is the Trainer's
-    (`args.lr_scheduler_type`). `tokenizer` is saved with every checkpoint.
+    `make_optimizer(model, args, **lr_multipliers)`; the schedule is the Trainer's (`args.lr_scheduler_type`).
+    `tokenizer` is saved with every checkpoint. `chart_lr_multiplier=1.0` gives every parameter the learning
+    rate and decay of the scripts' earlier hand-written loop (AdamW grouped by tensor dimension:
+    docs/experiments.md, 'Shared causal-LM recipe').
 
     The optimizer is handed over as a factory (`optimizer_cls_and_kwargs`), so the Trainer builds it when it
     builds its own: after FSDP has wrapped the model (the Trainer refuses a ready optimizer under FSDP)."""
     if not isinstance(args, TrainingArguments):
         raise TypeError(f"`args` must be a transformers.TrainingArguments, got {type(args).__name__}")
-    optimizers = {"optimizers": (optimizer, None)} if optimizer is not None else {}
+    parameter_groups(model, args.learning_rate, args.weight_decay, **lr_multipliers)  # bad values fail here
     return Trainer(
         model=model,
         args=args,
@@ -50,12 +52,11 @@ def build_lm_trainer(
         data_collator=default_data_collator,
         processing_class=tokenizer,
         callbacks=callbacks,
-        optimizer_cls_and_kwargs=None if optimizer is not None else (lambda: grouped_optimizer(args), {}),
-        **optimizers,
+        optimizer_cls_and_kwargs=(lambda: grouped_optimizer(args, lr_multipliers), {}),
         **(causal_lm_metrics() if eval_dataset is not None else {}),
     )
 
 
-def grouped_optimizer(args: TrainingArguments):
+def grouped_optimizer(args: TrainingArguments, lr_multipliers: dict):
     """The factory `Trainer.create_optimizer` calls with the (possibly wrapped) model."""
-    return lambda model: make_optimizer(model, args)
+    return lambda model: make_optimizer(model, args, **lr_multipliers)
