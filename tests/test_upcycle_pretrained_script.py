@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from geoformers import DDLmHCForCausalLM
 from geoformers.tokenization import build_char_tokenizer
+from geoformers.training import data
 
 from harness.results import portable_path
 
@@ -177,3 +178,14 @@ def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest
     card = (root / "model_cards" / "ddl_mhc.md").read_text()
     assert f"lowest per token: **{summary['lowest_perplexity_at_equal_tokens']}**" in card
     assert f"lowest per second: **{summary['lowest_perplexity_at_equal_seconds']}**" in card
+
+
+def test_without_the_data_it_exits_naming_the_dataset_and_data(checkpoint, tmp_path, monkeypatch):
+    """The Hub made unreachable (a closed local port) and no --data: one line, before the model loads."""
+    monkeypatch.setattr(data.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(data.constants, "HF_HUB_OFFLINE", False)
+    argv = arguments(checkpoint, tmp_path / "run")
+    del argv[argv.index("--data") : argv.index("--data") + 2]
+    with pytest.raises(SystemExit) as error:
+        load_script("exp_upcycle_pretrained.py").main(argv)
+    assert "'karpathy/tiny_shakespeare'" in str(error.value.code) and "--data FILE" in str(error.value.code)
