@@ -4,10 +4,17 @@ groups, chart logits at lr/6, docs/hc_diagnostics.md, 'Optimizer groups'), rows 
 (`default_data_collator`, as transformers' `run_clm.py`), next-token accuracy and perplexity on evaluation.
 """
 
+import argparse
+from dataclasses import dataclass, field
+
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from geoformers.training import make_optimizer, parameter_groups
 from geoformers.training.evaluation import causal_lm_metrics
+
+from harness.flag_checks import CheckedParser
+from harness.flags import TrainingFlags
+from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 # nanoGPT's recipe as TrainingArguments values (AdamW beta2 0.99, decay 0.1, clipping 1, linear warm-up and
 # cosine decay to 0.1 x lr); the scripts set these as their flags' defaults
@@ -21,6 +28,50 @@ NANOGPT_TRAINING_DEFAULTS = {
     "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
     "seed": 1337,
 }
+# the scripts' runs: the loop's (foreach) AdamW, no checkpoints or reporting unless asked, logging each step
+SCRIPT_TRAINING_DEFAULTS = {
+    **NANOGPT_TRAINING_DEFAULTS,
+    "max_steps": 2000,
+    "per_device_train_batch_size": 12,
+    "optim": "adamw_torch",
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "disable_tqdm": True,
+}
+
+
+@dataclass
+class LMArguments:
+    """The text, its windows and the recipe's one setting `TrainingArguments` has no field for."""
+
+    _argument_group_name = "causal-LM data and recipe (besides TrainingArguments)"
+
+    data: str | None = field(
+        default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
+    )
+    block_size: int = field(default=64, metadata={"help": "tokens per window"})
+    eval_batches: int = field(default=20, metadata={"help": "validation batches per loss estimate"})
+    chart_lr_multiplier: float = field(
+        default=1.0,
+        metadata={
+            "help": "learning rate of the RTBP chart logits / lr (make_optimizer); 1: the committed runs' "
+            "setting (the grouping of the earlier hand-written loop), 1/6: the library's default"
+        },
+    )
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+
+
+def lm_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
+    """The parser of a script's dataclasses `own`, `LMArguments` and every `TrainingArguments` field, with
+    `SCRIPT_TRAINING_DEFAULTS` and then `defaults` set; `parse_args` returns one flat namespace."""
+    parser = CheckedParser(
+        (*own, LMArguments, TrainingFlags),
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(**{**SCRIPT_TRAINING_DEFAULTS, **defaults})
+    return parser
 
 
 def build_lm_trainer(
