@@ -85,7 +85,8 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     monkeypatch.setattr(script, "evaluate", interrupt)
     with pytest.raises(KeyboardInterrupt):
         script.main(arguments(checkpoint, tmp_path / "resumed"))
-    assert (tmp_path / "resumed" / "checkpoint-add.pt").is_file()
+    saved = tmp_path / "resumed" / "checkpoints-add"
+    assert sorted(path.name for path in saved.glob("checkpoint-*")) == ["checkpoint-2"]  # the Trainer's
     monkeypatch.setattr(script, "evaluate", evaluate)
     resumed = script.main(arguments(checkpoint, tmp_path / "resumed"))
     whole = json.loads((tmp_path / "whole" / "arms.json").read_text())["runs"]
@@ -93,7 +94,7 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     for arm in arms:
         assert again[arm]["losses"] == whole[arm]["losses"], arm
         assert resumed["history"][arm] == record["history"][arm], arm
-    assert not (tmp_path / "resumed" / "checkpoint-add.pt").exists()
+    assert not saved.exists()
 
     # a subset of the arms is the same run for those arms
     pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add"))
@@ -170,6 +171,10 @@ def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest
     defaults = {
         key: portable_path(value) for key, value in dataclasses.asdict(script.UpcycleArguments()).items()
     }
+    # a flag added after the run defaults to the recipe the run had: the chart logits at lr x 1 are the
+    # hand-written loop's AdamW grouping (tests/test_lm_trainer.py)
+    assert set(defaults) - set(summary["settings"]) == {"chart_lr_multiplier"}
+    assert defaults.pop("chart_lr_multiplier") == 1.0
     differing = {key for key, value in defaults.items() if summary["settings"][key] != value}
     assert differing <= {"data", "output_dir", "device"}, differing
     assert summary["settings"]["device"] == "cpu"
