@@ -47,7 +47,7 @@ from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
 
 from harness.flag_checks import CheckedParser
 from harness.results import REPO_ROOT, markdown_table, saved_runs, write_results
-from harness.threads import DEFAULT_THREADS, set_threads
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -159,6 +159,9 @@ class SweepArguments:
     runs_dir: str = dataclasses.field(
         default=str(REPO_ROOT / "outputs" / "growth_stop"), metadata={"help": "the runs' own folders"}
     )
+    threads: int = dataclasses.field(
+        default=DEFAULT_THREADS, metadata={"help": THREADS_HELP + "; passed on to every run"}
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -215,7 +218,7 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
         "--max_heads",
         str(args.caps[rule]),
         "--threads",
-        "1",
+        str(args.threads),
         "--output_dir",
         str(folder),
         *args.extra,

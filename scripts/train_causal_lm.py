@@ -99,7 +99,7 @@ def _config_flag(config_field: dataclasses.Field) -> tuple:
     return (
         config_field.name,
         json_value,
-        dataclasses.field(default=default, metadata={"help": f"default {default!r}"}),
+        dataclasses.field(default=default, metadata={"help": f"default {default!r}".replace("%", "%%")}),
     )
 
 
@@ -143,7 +143,7 @@ class DataTrainingArguments:
     train_file: str | None = dataclasses.field(default=None, metadata={"help": "a local UTF-8 text file"})
     validation_file: str | None = dataclasses.field(default=None, metadata={"help": "a local text file"})
     validation_split_percentage: int = dataclasses.field(
-        default=10, metadata={"help": "% of train held out when the data has no validation split"}
+        default=10, metadata={"help": "%% of train held out when the data has no validation split"}
     )
     text_column: str = "text"
     block_size: int = dataclasses.field(default=64, metadata={"help": "tokens per packed block"})

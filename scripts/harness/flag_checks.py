@@ -12,12 +12,12 @@ from transformers import HfArgumentParser
 
 from geoformers.configuration.validation import check_number
 
-# flag -> (low, high, low_open, integer): the ranges torch's optimizers and the Trainer's schedules accept
+# flag -> (low, high, high_open, integer): the ranges torch's optimizers and the Trainer's schedules accept
 TRAINING_RANGES = {
     "learning_rate": (0.0, math.inf, False, False),
     "weight_decay": (0.0, math.inf, False, False),
-    "adam_beta1": (0.0, 1.0, False, False),
-    "adam_beta2": (0.0, 1.0, False, False),
+    "adam_beta1": (0.0, 1.0, True, False),
+    "adam_beta2": (0.0, 1.0, True, False),
     "adam_epsilon": (0.0, math.inf, False, False),
     "max_grad_norm": (0.0, math.inf, False, False),
     "warmup_steps": (0.0, math.inf, False, False),
@@ -30,16 +30,18 @@ TRAINING_RANGES = {
 }
 
 
-def check_flag(flag: str, value, low=-math.inf, high=math.inf, *, low_open=False, integer=False) -> None:
+def check_flag(
+    flag: str, value, low=-math.inf, high=math.inf, *, low_open=False, high_open=False, integer=False
+) -> None:
     """`check_number` with the message naming `--flag`."""
-    check_number(f"--{flag}", value, low, high, low_open=low_open, integer=integer)
+    check_number(f"--{flag}", value, low, high, low_open=low_open, high_open=high_open, integer=integer)
 
 
 def check_flags(args) -> None:
     """Every flag of `TRAINING_RANGES` that `args` has; `--max_steps` is -1 (epochs) or >= 1."""
-    for flag, (low, high, low_open, integer) in TRAINING_RANGES.items():
+    for flag, (low, high, high_open, integer) in TRAINING_RANGES.items():
         if getattr(args, flag, None) is not None:
-            check_flag(flag, getattr(args, flag), low, high, low_open=low_open, integer=integer)
+            check_flag(flag, getattr(args, flag), low, high, high_open=high_open, integer=integer)
     max_steps = getattr(args, "max_steps", None)
     if max_steps is not None and max_steps != -1:
         check_flag("max_steps", max_steps, 1, integer=True)
