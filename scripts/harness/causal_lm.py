@@ -1,6 +1,8 @@
-"""The causal-LM scripts' shared pieces (train_causal_lm.py, bench_causal_lm.py, exp_stream_scaling.py,
-upcycle_llama.py, finetune_lora.py): tiny-shakespeare as character ids, nanoGPT's random-window batches and
-training loop (AdamW, linear warm-up and cosine decay, gradient clipping), and the benchmark's models.
+"""The causal-LM scripts' shared pieces (bench_causal_lm.py, exp_stream_scaling.py, upcycle_llama.py,
+finetune_lora.py, exp_upcycle_pretrained.py): tiny-shakespeare as character ids, the loop's flags
+(`LoopArguments`) and their `Trainer` (`build_trainer`, round robin through `harness.round_robin`), the
+benchmark's models, and nanoGPT's hand-written loop (`make_trainer`), which only `upcycle_llama.py` still
+trains with (docs/experiments.md, 'Shared causal-LM recipe').
 """
 
 import argparse
@@ -14,6 +16,7 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    TrainingArguments,
     get_cosine_with_min_lr_schedule_with_warmup,
 )
 
@@ -23,6 +26,9 @@ from geoformers.training.data import load_tiny_shakespeare
 
 from harness.data_errors import DATA_FLAG, exit_without_data
 from harness.flag_checks import CheckedParser
+from harness.lm_trainer import build_lm_trainer
+from harness.random_windows import RandomWindows, get_batch
+from harness.round_robin import RoundRobin
 from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 # nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64); SwiGLU width 344 (Llama's 2.69x).
@@ -77,14 +83,6 @@ def split_ids(ids: torch.Tensor, train_fraction: float, block_size: int) -> tupl
                 f"--block_size={block_size} (use a longer text or a smaller --block_size)"
             )
     return train_ids, val_ids
-
-
-def get_batch(ids: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator):
-    """`batch_size` random windows of `block_size` tokens (the labels are the same tensor: HF shifts them)."""
-    if len(ids) <= block_size:
-        raise ValueError(f"the split has {len(ids)} tokens, fewer than block_size + 1 = {block_size + 1}")
-    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
-    return torch.stack([ids[s : s + block_size] for s in starts.tolist()])
 
 
 @torch.no_grad()
@@ -171,16 +169,63 @@ def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int)
     return {"seconds": seconds, "losses": losses}
 
 
+def training_arguments(args, device: torch.device) -> TrainingArguments:
+    """The `TrainingArguments` of the loop's flags (`LoopArguments`): the same recipe through the `Trainer`
+    (`harness.lm_trainer`; the loop's foreach AdamW, `cosine_with_min_lr`), logging every step, saving and
+    reporting nothing."""
+    return TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        adam_beta2=args.adam_beta2,
+        max_grad_norm=args.max_grad_norm,
+        warmup_steps=args.warmup_steps,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio},
+        optim="adamw_torch",
+        seed=args.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        torch_compile=args.torch_compile,
+        bf16=getattr(args, "bf16", False),
+        use_cpu=device.type == "cpu",
+    )
+
+
+def build_trainer(model, train_ids, args, device, chart_lr_multiplier: float = 1.0):
+    """The scripts' `Trainer` (`harness.lm_trainer.build_lm_trainer`) for `model` on nanoGPT's random windows
+    of `train_ids` from `args.seed`, with the loop's flags: so every model of a comparison sees the same
+    batches. `chart_lr_multiplier=1`: the grouping of the loop that produced the committed numbers."""
+    windows = RandomWindows(train_ids, args.per_device_train_batch_size, args.block_size, args.seed)
+    arguments = training_arguments(args, device)
+    return build_lm_trainer(model, arguments, windows, chart_lr_multiplier=chart_lr_multiplier)
+
+
+def train_trainers_round_robin(trainers: dict) -> dict:
+    """`harness.round_robin.RoundRobin` over `trainers` (each runs its own `max_steps`): each one's step
+    seconds and logged losses."""
+    seconds = RoundRobin(trainers).train()
+    losses = {
+        name: [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        for name, trainer in trainers.items()
+    }
+    return {"seconds": seconds, "losses": losses}
+
+
 def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) -> dict:
-    """Median step seconds of fresh copies of `models` trained round robin for `steps` steps of `args`'s
-    recipe (the first two, warm-up of the allocator and caches, left out)."""
+    """Median step seconds of fresh copies of `models` trained round robin through their `Trainer`s for
+    `steps` steps of `args`'s recipe (the first two, warm-up of the allocator and caches, left out)."""
     timing_args = copy.copy(args)
     timing_args.max_steps = steps
     trainers = {
-        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
+        name: build_trainer(copy.deepcopy(model), train_ids, timing_args, device)
         for name, model in models.items()
     }
-    run = train_round_robin(models, trainers, dict.fromkeys(models, steps), 10**9)
+    run = train_trainers_round_robin(trainers)
     return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
 
 
