@@ -197,3 +197,24 @@ def test_offline_without_the_data_fails_in_one_line_naming_the_dataset_and_the_f
     assert "Traceback" not in completed.stderr
     last = completed.stderr.strip().splitlines()[-1]
     assert "'karpathy/tiny_shakespeare'" in last and "--train_file" in last and "offline" in last
+
+
+def test_activation_checkpointing_and_tensorboard_reach_the_trainer(texts, tmp_path):
+    """`--activation_checkpointing true` (transformers 5's name for `--gradient_checkpointing`) recomputes
+    the same losses; `--report_to tensorboard` writes every logged loss to the event file (under
+    `--output_dir`/runs)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, _ = texts
+    common = [*("--train_file", str(train), "--max_steps", "4", "--eval_strategy", "no"), *TINY]
+    common += ["--per_device_train_batch_size", "4", "--save_strategy", "no", "--hc_streams", "2"]
+    run([*common, "--output_dir", str(tmp_path / "plain")])
+    run([*common, "--output_dir", str(tmp_path / "checkpointed"), "--activation_checkpointing", "true"])
+    run([*common, "--output_dir", str(tmp_path / "reported"), "--report_to", "tensorboard"])
+    plain = losses(logged(tmp_path / "plain"))
+    assert losses(logged(tmp_path / "checkpointed")) == pytest.approx(plain, rel=1e-5)
+    (events,) = {path.parent for path in (tmp_path / "reported").rglob("events.out.tfevents.*")}
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    scalars = [event.value for event in accumulator.Scalars("train/loss")]
+    assert scalars == pytest.approx(plain, rel=1e-6)
