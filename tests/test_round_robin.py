@@ -88,3 +88,24 @@ def test_an_error_in_one_run_reaches_the_caller_and_the_others_finish(tmp_path):
     with pytest.raises(RuntimeError, match="b failed at step 2"):
         RoundRobin(runs).train()
     assert journal == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("a", 4)]
+
+
+def test_a_run_added_at_the_end_of_a_step_joins_after_the_next_one(tmp_path):
+    """`add` from a callback at the end of a's step 2: a takes step 3, then b joins the rotation."""
+    journal: list = []
+    joiner = trainer("b", 4, 3, tmp_path, journal)
+    rotation = None
+
+    class Add(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                rotation.add("b", joiner)
+
+    first = trainer("a", 1, 5, tmp_path, journal)
+    first.add_callback(Add())
+    rotation = RoundRobin({"a": first})
+    seconds = rotation.train()
+    assert journal == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("a", 4), ("b", 2), ("a", 5), ("b", 3)]
+    assert {name: len(times) for name, times in seconds.items()} == {"a": 5, "b": 3}
+    with pytest.raises(ValueError, match="already in the rotation"):
+        rotation.add("a", first)

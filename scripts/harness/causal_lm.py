@@ -196,11 +196,13 @@ def training_arguments(args, device: torch.device) -> TrainingArguments:
     )
 
 
-def build_trainer(model, train_ids, args, device, chart_lr_multiplier: float = 1.0):
+def build_trainer(model, train_ids, args, device, chart_lr_multiplier: float = 1.0, skip_batches: int = 0):
     """The scripts' `Trainer` (`harness.lm_trainer.build_lm_trainer`) for `model` on nanoGPT's random windows
-    of `train_ids` from `args.seed`, with the loop's flags: so every model of a comparison sees the same
-    batches. `chart_lr_multiplier=1`: the grouping of the loop that produced the committed numbers."""
-    windows = RandomWindows(train_ids, args.per_device_train_batch_size, args.block_size, args.seed)
+    of `train_ids` from `args.seed` (after `skip_batches`), with the loop's flags: so every model of a
+    comparison sees the same batches. `chart_lr_multiplier=1`: the grouping of the loop that produced the
+    committed numbers."""
+    batch = args.per_device_train_batch_size
+    windows = RandomWindows(train_ids, batch, args.block_size, args.seed, skip_batches=skip_batches)
     arguments = training_arguments(args, device)
     return build_lm_trainer(model, arguments, windows, chart_lr_multiplier=chart_lr_multiplier)
 

@@ -17,15 +17,19 @@ def get_batch(ids: torch.Tensor, batch_size: int, block_size: int, generator: to
 class RandomWindows(IterableDataset):
     """Rows `{"input_ids", "labels"}` (the same window), `batch_size` at a time from one `get_batch` call, so
     a `Trainer` with `per_device_train_batch_size=batch_size` trains on exactly nanoGPT's batches. Endless:
-    give the Trainer `max_steps`."""
+    give the Trainer `max_steps`. `skip_batches`: start where a run from the same seed is after that many
+    batches (a branch that continues another run)."""
 
-    def __init__(self, ids: torch.Tensor, batch_size: int, block_size: int, seed: int):
+    def __init__(self, ids: torch.Tensor, batch_size: int, block_size: int, seed: int, skip_batches: int = 0):
         if len(ids) <= block_size:
             raise ValueError(f"the split has {len(ids)} tokens; --block_size={block_size} needs more")
         self.ids, self.batch_size, self.block_size, self.seed = ids, batch_size, block_size, seed
+        self.skip_batches = skip_batches
 
     def __iter__(self):
         generator = torch.Generator().manual_seed(self.seed)
+        for _ in range(self.skip_batches):
+            get_batch(self.ids, self.batch_size, self.block_size, generator)
         while True:
             for window in get_batch(self.ids, self.batch_size, self.block_size, generator):
                 yield {"input_ids": window, "labels": window}

@@ -2,7 +2,8 @@
 each in turn, round robin, as the scripts' comparisons need so that step times compare on a shared machine.
 Each run's `train()` goes in a thread of its own and a `TrainerCallback` passes the turn on at every step
 start: only one run computes at any time, and everything from one of its step starts to the next (the
-batch, the step, logging, callbacks) is its own. Runs that finish leave the rotation."""
+batch, the step, logging, callbacks) is its own. Runs that finish leave the rotation; a run can join it
+while the others train (`add`, e.g. from a callback of another run)."""
 
 import threading
 import time
@@ -23,26 +24,48 @@ class _Turn(TrainerCallback):
 
 class RoundRobin:
     """`RoundRobin(trainers).train()`: every trainer's `train()` in turns of one step; `seconds[name]` are
-    the wall seconds of each of its steps (from its step start to its step end)."""
+    the wall seconds of each of its steps (from its step start to its step end, before the run's other
+    callbacks act on that end)."""
 
     def __init__(self, trainers: dict[str, Trainer]):
-        self.trainers, self.order = trainers, list(trainers)
-        self.active = list(self.order)
-        self.turn = {name: threading.Event() for name in self.order}
-        self.seconds: dict[str, list[float]] = {name: [] for name in self.order}
+        self.trainers, self.order, self.active, self.joining, self.turn = {}, [], [], [], {}
+        self.seconds: dict[str, list[float]] = {}
         self.errors: list[BaseException] = []
+        self.threads: list[threading.Thread] = []
         self._holder, self._lock, self._start = None, threading.Lock(), {}
         for name, trainer in trainers.items():
-            trainer.add_callback(_Turn(self, name))
+            self._enrol(name, trainer)
+
+    def _enrol(self, name: str, trainer: Trainer, joining: bool = False) -> None:
+        with self._lock:
+            if name in self.trainers:
+                raise ValueError(f"a run named {name!r} is already in the rotation")
+            self.trainers[name] = trainer
+            self.order.append(name)
+            (self.joining if joining else self.active).append(name)
+            self.turn[name] = threading.Event()
+            self.seconds[name] = []
+        trainer.callback_handler.callbacks.insert(0, _Turn(self, name))  # first: its timer excludes the rest
+
+    def add(self, name: str, trainer: Trainer) -> None:
+        """Join `trainer` to a rotation that is training, last in the order: the run computing now takes
+        its next step first, then the rotation goes on with the new run in it (so after a run adds one at
+        the end of its step k, every run reaches step k + 1 before the new one takes its first step)."""
+        self._enrol(name, trainer, joining=True)
+        thread = threading.Thread(target=self._run, args=(name,), name=name)
+        self.threads.append(thread)
+        thread.start()
 
     def _pass_turn(self, name: str) -> None:
         """Give the turn to the run after `name` that is still active (none left: nothing)."""
         with self._lock:
-            if not self.active:
+            if not self.active and not self.joining:
                 return
             later = [other for other in self.order if other in self.active]
             position = self.order.index(name)
-            following = [o for o in later if self.order.index(o) > position] + later
+            following = [o for o in later if self.order.index(o) > position] + later + self.joining
+            self.active += self.joining
+            self.joining = []
             self._holder = following[0]
             self.turn[self._holder].set()
 
@@ -70,11 +93,13 @@ class RoundRobin:
     def train(self) -> dict[str, list[float]]:
         self._holder = self.order[0]
         self.turn[self._holder].set()
-        threads = [threading.Thread(target=self._run, args=(name,), name=name) for name in self.order]
-        for thread in threads:
+        self.threads = [threading.Thread(target=self._run, args=(name,), name=name) for name in self.order]
+        for thread in self.threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        joined = 0
+        while joined < len(self.threads):  # `add` appends while an earlier run trains
+            self.threads[joined].join()
+            joined += 1
         if self.errors:
             raise self.errors[0]
         return self.seconds
