@@ -46,7 +46,7 @@ from harness.causal_lm import (
     get_batch,
     interleaved_step_seconds,
     load_corpus,
-    loop_parser,
+    nanogpt_parser,
     shape_for,
     train_trainers_round_robin,
     training_memory_bytes,
@@ -362,7 +362,7 @@ class BenchArguments:
 
 
 def main() -> None:
-    parser = loop_parser(
+    parser = nanogpt_parser(
         BenchArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "benchmarks")
     )
     args = parser.parse_args()

@@ -63,7 +63,7 @@ from harness.causal_lm import (
     get_batch,
     interleaved_step_seconds,
     load_corpus,
-    loop_parser,
+    nanogpt_parser,
     shape_for,
     train_trainers_round_robin,
     training_memory_bytes,
@@ -495,7 +495,7 @@ class GridArguments:
 
 
 def grid_parser():
-    return loop_parser(
+    return nanogpt_parser(
         GridArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "stream_scaling")
     )
 

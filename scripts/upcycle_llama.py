@@ -40,7 +40,7 @@ from harness.causal_lm import (
     estimate_loss,
     get_batch,
     load_corpus,
-    loop_parser,
+    nanogpt_parser,
 )
 from harness.results import write_results
 from harness.round_robin import RoundRobin
@@ -335,7 +335,7 @@ class UpcycleArguments:
 
 
 def main() -> None:
-    parser = loop_parser(
+    parser = nanogpt_parser(
         UpcycleArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama")
     )
     args = parser.parse_args()

@@ -428,7 +428,7 @@ def test_upcycling_script_branches_in_lockstep(tmp_path):
         "--output_dir",
         str(tmp_path),
     ]
-    parser = script.loop_parser(script.UpcycleArguments)
+    parser = script.nanogpt_parser(script.UpcycleArguments)
     result = script.run(parser.parse_args(argv), torch.device("cpu"))
     assert [len(result["losses"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
     assert [len(result["seconds"][arm]) for arm in ("llama", "upcycled")] == [6, 4]

@@ -1,15 +1,12 @@
 """The causal-LM scripts' shared pieces (bench_causal_lm.py, exp_stream_scaling.py, upcycle_llama.py,
-finetune_lora.py, exp_upcycle_pretrained.py): tiny-shakespeare as character ids, the loop's flags
-(`LoopArguments`) and their `Trainer` (`build_trainer`, round robin through `harness.round_robin`), the
-benchmark's models, and nanoGPT's hand-written loop (`make_trainer`), which only `upcycle_llama.py` still
-trains with (docs/experiments.md, 'Shared causal-LM recipe').
+finetune_lora.py, exp_upcycle_pretrained.py): tiny-shakespeare as character ids, validation on fixed random
+windows, nanoGPT's flags (`NanoGPTArguments`) and their `Trainer` (`build_trainer`; round robin through
+`harness.round_robin`), and the benchmark's models (docs/experiments.md, 'Shared causal-LM recipe').
 """
 
 import argparse
 import copy
-import math
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +14,6 @@ from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     TrainingArguments,
-    get_cosine_with_min_lr_schedule_with_warmup,
 )
 
 import geoformers
@@ -99,80 +95,10 @@ def estimate_loss(model, ids, batch_size, block_size, num_batches, seed, device)
     return sum(losses) / len(losses)
 
 
-def make_optimizer(model, lr, weight_decay, beta2, warmup_steps, steps, min_lr_ratio):
-    """AdamW (decay on matrices only, nanoGPT) with linear warm-up and cosine decay to min_lr_ratio * lr."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, beta2))
-    schedule = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, num_warmup_steps=warmup_steps, num_training_steps=steps, min_lr_rate=min_lr_ratio
-    )
-    return optimizer, schedule
-
-
-def make_trainer(model, train_ids, args, device):
-    """A `step()` closure: one optimisation step on the next batch, returning (loss, wall seconds). The
-    batches come from a generator seeded with `args.seed`, so every model sees the same batches. With
-    `args.torch_compile` the forward runs through `torch.compile` (the first step pays the compilation); with
-    `args.bf16` under bfloat16 autocast. The closure carries its `optimizer`, `schedule` and batch `generator`
-    as attributes, so a run can branch from it (`upcycle_llama.py`)."""
-    optimizer, schedule = make_optimizer(
-        model,
-        args.learning_rate,
-        args.weight_decay,
-        args.adam_beta2,
-        args.warmup_steps,
-        args.max_steps,
-        args.min_lr_ratio,
-    )
-    generator = torch.Generator().manual_seed(args.seed)
-    model.train()
-    forward = torch.compile(model) if args.torch_compile else model
-    bf16 = getattr(args, "bf16", False)
-
-    def step() -> tuple[float, float]:
-        batch = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, generator).to(device)
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = forward(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"training loss became {loss.item()}")
-        return loss.item(), seconds
-
-    step.optimizer, step.schedule, step.generator = optimizer, schedule, generator
-    return step
-
-
-def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int) -> dict:
-    """Round robin until every model has done its `steps[name]`: each model's step times and losses."""
-    seconds = {name: [] for name in models}
-    losses = {name: [] for name in models}
-    for step in range(max(steps.values())):
-        for name in models:
-            if step < steps[name]:
-                loss, wall = trainers[name]()
-                seconds[name].append(wall)
-                losses[name].append(loss)
-        if (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{max(steps.values())}", flush=True)
-    return {"seconds": seconds, "losses": losses}
-
-
 def training_arguments(args, device: torch.device) -> TrainingArguments:
-    """The `TrainingArguments` of the loop's flags (`LoopArguments`): the same recipe through the `Trainer`
-    (`harness.lm_trainer`; the loop's foreach AdamW, `cosine_with_min_lr`), logging every step, saving and
-    reporting nothing."""
+    """The `TrainingArguments` of `NanoGPTArguments` flags: the recipe through the `Trainer`
+    (`harness.lm_trainer`; foreach AdamW as the committed runs' loop, `cosine_with_min_lr`), logging every
+    step, saving and reporting nothing."""
     return TrainingArguments(
         output_dir=args.output_dir,
         max_steps=args.max_steps,
@@ -232,11 +158,13 @@ def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) 
 
 
 @dataclass
-class LoopArguments:
-    """The loop's flags: nanoGPT's recipe, each setting `TrainingArguments` has under that class's name (the
-    loop is not a `Trainer`; docs/experiments.md, 'Flags')."""
+class NanoGPTArguments:
+    """nanoGPT's recipe as flags, each setting `TrainingArguments` has under that class's name, turned into
+    the `TrainingArguments` of the scripts' `Trainer`s by `training_arguments` (docs/experiments.md,
+    'Flags'). The comparisons keep these flags rather than all of `TrainingArguments` so that their
+    committed reports' settings (and the resumption of a committed grid) stay as they were."""
 
-    _argument_group_name = "training loop (TrainingArguments' names where it has the setting)"
+    _argument_group_name = "nanoGPT's recipe (TrainingArguments' names where it has the setting)"
 
     data: str | None = field(
         default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
@@ -259,11 +187,13 @@ class LoopArguments:
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
 
 
-def loop_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
-    """`CheckedParser` over a script's dataclasses `own` and `LoopArguments`, with the script's defaults
+def nanogpt_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
+    """`CheckedParser` over a script's dataclasses `own` and `NanoGPTArguments`, with the script's defaults
     (`RawDescriptionHelpFormatter`: the script's docstring as written)."""
     parser = CheckedParser(
-        (*own, LoopArguments), description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        (*own, NanoGPTArguments),
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(**defaults)
     return parser
