@@ -25,6 +25,7 @@ Flags: `ModelArguments`, `DataTrainingArguments` and every `TrainingArguments` f
 
 import dataclasses
 import json
+import sys
 from itertools import chain
 from pathlib import Path
 
@@ -170,8 +171,8 @@ def parse_args(argv: list[str] | None = None):
     parser = make_parser()
     model_args, data_args, config_args, training_args = parser.parse_args_into_dataclasses(argv)
     parser.checked(check_data_flags, data_args, model_args, training_args)
-    defaults = {f.name: f.default for f in dataclasses.fields(config_args)}
-    overrides = {name: value for name, value in vars(config_args).items() if value != defaults[name]}
+    given = {word[2:].split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if word[:2] == "--"}
+    overrides = {name: value for name, value in vars(config_args).items() if name in given}
     return model_args, data_args, config_args, overrides, training_args
 
 
@@ -273,17 +274,20 @@ def config_from_args(args, tokenizer, block_size: int) -> DDLmHCConfig:
 
 
 def load_model(model_args: ModelArguments, config_args, overrides: dict, tokenizer, block_size: int):
-    """A new model from the config flags, a saved DDL-mHC folder, or a converted Llama (module docstring)."""
+    """A new model from the config flags, a saved DDL-mHC folder, or a converted Llama (module docstring);
+    `overrides`: the config flags given, of which those that differ from the source's config count."""
     source = model_args.model_name_or_path
     if source is None:
         return geoformers.DDLmHCForCausalLM(config_from_args(config_args, tokenizer, block_size))
-    if Path(source).suffix != ".gguf" and AutoConfig.from_pretrained(source).model_type == "ddl_mhc":
-        if overrides:
-            raise ValueError(
-                f"config flags {sorted(overrides)} cannot change the saved DDL-mHC model {source}"
-            )
-        return AutoModelForCausalLM.from_pretrained(source)
-    return geoformers.convert_llama_to_ddl_mhc(source, **overrides)
+    if Path(source).suffix == ".gguf":
+        return geoformers.convert_llama_to_ddl_mhc(source, **overrides)
+    config = AutoConfig.from_pretrained(source)
+    changed = {name: value for name, value in overrides.items() if getattr(config, name, None) != value}
+    if config.model_type != "ddl_mhc":
+        return geoformers.convert_llama_to_ddl_mhc(source, **changed)
+    if changed:
+        raise ValueError(f"config flags {sorted(changed)} cannot change the saved DDL-mHC model {source}")
+    return AutoModelForCausalLM.from_pretrained(source)
 
 
 def trained_settings(training_args: TrainingArguments) -> dict:

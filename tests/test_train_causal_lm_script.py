@@ -218,3 +218,38 @@ def test_activation_checkpointing_and_tensorboard_reach_the_trainer(texts, tmp_p
     accumulator.Reload()
     scalars = [event.value for event in accumulator.Scalars("train/loss")]
     assert scalars == pytest.approx(plain, rel=1e-6)
+
+
+def test_model_from_a_saved_folder_or_converted_from_a_llama(texts, tmp_path, capsys):
+    """`--model_name_or_path`: a saved DDL-mHC folder trains on (config flags may not change it); a Llama
+    folder is converted with the config flags given as overrides: at learning rate 0 the saved model is the
+    exact add conversion, with Llama's logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    train, _ = texts
+    common = [*("--train_file", str(train), "--max_steps", "2", "--eval_strategy", "no"), *TINY]
+    common += ["--per_device_train_batch_size", "2", "--save_strategy", "no"]
+    run([*common, "--output_dir", str(tmp_path / "first"), "--hc_streams", "2"])
+    run([*common, "--output_dir", str(tmp_path / "again"), "--model_name_or_path", str(tmp_path / "first")])
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "again").config.hc_streams == 2
+    with pytest.raises(ValueError, match=r"\['hc_streams'\] cannot change the saved DDL-mHC model"):
+        run([*common, "--output_dir", str(tmp_path / "x"), "--model_name_or_path", str(tmp_path / "first"),
+             "--hc_streams", "4"])  # fmt: skip
+
+    tokenizer = build_char_tokenizer(TRAIN_TEXT)
+    torch.manual_seed(0)
+    llama_config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=2, max_position_embeddings=BLOCK, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    llama = LlamaForCausalLM(llama_config).eval()
+    llama.save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    converted_dir, llama_dir = str(tmp_path / "converted"), str(tmp_path / "llama")
+    run([*common, "--output_dir", converted_dir, "--model_name_or_path", llama_dir,
+         "--hc_streams", "4", "--residual", "add", "--learning_rate", "0"])  # fmt: skip
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "converted").eval()
+    assert isinstance(converted, geoformers.DDLmHCForCausalLM) and converted.config.hc_streams == 4
+    ids = torch.tensor([tokenizer("Speak, speak.")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)

@@ -1,4 +1,4 @@
-"""The one builder of the DDL-mHC `Trainer` (docs/experiments.md, 'train_causal_lm.py'): the stock
+"""The one builder of the DDL-mHC `Trainer` (docs/experiments.md, 'Shared causal-LM recipe'): the stock
 `transformers.Trainer` with the library's optimizer groups (`geoformers.training.make_optimizer`: named
 groups, chart logits at lr/6, docs/hc_diagnostics.md, 'Optimizer groups'), rows that carry their own `labels`
 (`default_data_collator`, as transformers' `run_clm.py`), next-token accuracy and perplexity on evaluation.
