@@ -786,7 +786,7 @@ def test_no_script_imports_another_script_or_edits_sys_path():
 
 
 def test_threads_default_to_one_and_reject_bad_counts(restore_torch_threads):
-    for arguments in (RecipeArguments, NanoGPTArguments):  # the experiment scripts' and the causal-LM comparisons'
+    for arguments in (RecipeArguments, NanoGPTArguments):  # DDCL-INCRT experiments, causal-LM comparisons
         assert HfArgumentParser(arguments).parse_args([]).threads == 1
     torch.set_num_threads(2)
     set_threads(0)  # 0: leave torch's default
