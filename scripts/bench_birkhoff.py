@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser
 
 from geoformers.modeling.ops.charts import (
     CHART_VARIANTS,
@@ -36,6 +35,7 @@ from geoformers.modeling.ops.charts import (
 from geoformers.modeling.ops.charts.naive import rtbp
 from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 
+from harness.flag_checks import CheckedParser
 from harness.results import markdown_table, write_results
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
@@ -283,7 +283,7 @@ class BenchBirkhoffArguments:
 
 
 def main() -> None:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         BenchBirkhoffArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     args = parser.parse_args()

@@ -1,8 +1,9 @@
 """Benchmark DDL-mHC against transformers' LlamaForCausalLM of the same shape, all in one process.
 
 Every model of a run sees the same batches of character-level tiny-shakespeare, AdamW lr 1e-3 with warm-up
-and cosine decay (`harness.causal_lm`, `train_causal_lm.py`'s loop). Training runs round robin (one step of
-every model in turn) and so do the decode repetitions, so a noisy, shared machine slows all models alike;
+and cosine decay, each through its own `Trainer` (`harness.causal_lm.build_trainer`, docs/experiments.md,
+'Shared causal-LM recipe'). Training runs round robin (one step of every model in turn,
+`harness.round_robin`) and so do the decode repetitions, so a noisy, shared machine slows all models alike;
 times are medians. The default shape is nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64,
 batch 12).
 
@@ -40,14 +41,14 @@ from harness.causal_lm import (
     SWEEP_VARIANTS,
     VARIANTS,
     build_model,
+    build_trainer,
     estimate_loss,
     get_batch,
     interleaved_step_seconds,
     load_corpus,
-    loop_parser,
-    make_trainer,
+    nanogpt_parser,
     shape_for,
-    train_round_robin,
+    train_trainers_round_robin,
     training_memory_bytes,
 )
 from harness.results import markdown_table, write_results
@@ -112,9 +113,8 @@ def measure(
         torch.manual_seed(args.seed)
         models[name] = build_model(name, tokenizer, max_positions, shape).to(device)
         memory[name] = training_memory_bytes(models[name], probe, device)
-        trainers[name] = make_trainer(models[name], train_ids, args, device)
-    steps = dict.fromkeys(names, args.max_steps)
-    run = train_round_robin(models, trainers, steps, max(1, args.max_steps // 5))
+        trainers[name] = build_trainer(models[name], train_ids, args, device)
+    run = train_trainers_round_robin(trainers)
     generation = {name: [] for name in names}
     for model in models.values():
         model.eval()
@@ -230,8 +230,8 @@ def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
             model_args = copy.copy(seed_args)
             model_args.max_steps = steps[name]
             model_args.warmup_steps = round(args.warmup_steps * steps[name] / args.max_steps)
-            trainers[name] = make_trainer(model, train_ids, model_args, device)
-        run = train_round_robin(models, trainers, steps, max(1, args.max_steps // 4))
+            trainers[name] = build_trainer(model, train_ids, model_args, device)
+        run = train_trainers_round_robin(trainers)
         results = {}
         for name, model in models.items():
             loss = estimate_loss(
@@ -362,7 +362,7 @@ class BenchArguments:
 
 
 def main() -> None:
-    parser = loop_parser(
+    parser = nanogpt_parser(
         BenchArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "benchmarks")
     )
     args = parser.parse_args()

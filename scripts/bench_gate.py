@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
@@ -43,6 +42,7 @@ from geoformers.modeling.incrt import (
     track_eigenvector,
 )
 
+from harness.flag_checks import CheckedParser
 from harness.results import write_results
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
@@ -239,7 +239,7 @@ class BenchGateArguments:
 
 
 def main() -> None:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         BenchGateArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     args = parser.parse_args()

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging
 
 from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
 
+from harness.flag_checks import CheckedParser
 from harness.results import REPO_ROOT, write_results
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
@@ -59,7 +60,7 @@ class BenchSaveArguments:
 
 
 def main() -> None:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         BenchSaveArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     args = parser.parse_args()

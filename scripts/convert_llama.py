@@ -12,11 +12,11 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Literal
 
-from transformers import HfArgumentParser
-
 from geoformers import convert_llama_to_ddl_mhc, load_llama
 
+from harness.flag_checks import CheckedParser
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 
 @dataclass
@@ -28,13 +28,15 @@ class ConvertArguments:
     )
     hc_streams: int = 4
     residual: Literal["add", "delta"] = "add"
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         ConvertArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     (args,) = parser.parse_args_into_dataclasses(argv)
+    set_threads(args.threads)
     source = resolve_model(args.model)
     llama = load_llama(source)  # first: its architecture check names a folder that holds no Llama
     tokenizer = load_tokenizer(source)

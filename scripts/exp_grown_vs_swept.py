@@ -41,11 +41,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from transformers import DataCollatorWithPadding, HfArgumentParser, set_seed  # noqa: E402
+from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
 from geoformers.training.synthetic_tasks import LINEAGES, build_spectral_task, task_spec  # noqa: E402
 
 from harness import cov2, sst2, synthetic  # noqa: E402
+from harness.flag_checks import CheckedParser  # noqa: E402
 from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy  # noqa: E402
 from harness.recipe import run_growth_training  # noqa: E402
@@ -57,7 +58,7 @@ from harness.results import (  # noqa: E402
     saved_runs,
     write_results,
 )
-from harness.threads import set_threads  # noqa: E402
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads  # noqa: E402
 
 TASK_NAMES = ("planted", "cov2", "sst2")
 
@@ -75,11 +76,12 @@ class Trained:
     train_time_s: float
 
 
-def prepare(task: str, extra: list[str]):
+def prepare(task: str, extra: list[str], threads: int):
     """train(seed, heads, grow, max_heads, folder) -> Trained: the task's recipe (its script's parser and
-    defaults, then `extra`) on data built once."""
+    defaults, the sweep's `--threads`, then `extra`) on data built once."""
+    extra = ["--threads", str(threads), *extra]
     if task == "sst2":
-        args = sst2.parse_args(["--per_device_train_batch_size", "32", "--threads", "1", *extra])
+        args = sst2.parse_args(["--per_device_train_batch_size", "32", *extra])
         set_threads(args.threads)
         _, tokenizer, (train_rows, dev) = sst2.load_data(args)
 
@@ -311,10 +313,11 @@ class SweepArguments:
     runs_dir: str = field(
         default=str(REPO_ROOT / "outputs" / "grown_vs_swept"), metadata={"help": "the runs' own folders"}
     )
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP + "; passed on to the runs"})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = HfArgumentParser(SweepArguments, description=__doc__.split("\n\n")[0])
+    parser = CheckedParser(SweepArguments, description=__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     if min(args.static_heads) < 1 or args.max_heads < 2:
         parser.error(
@@ -340,7 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
     for task in args.tasks:
         path = output / f"{task}.json"
         done = saved_runs(path, run_key)
-        train = prepare(task, args.task_flags[task])
+        train = prepare(task, args.task_flags[task], args.threads)
         runs = []
         for planned in plan(args, args.task_flags[task]):
             key = run_key(planned)

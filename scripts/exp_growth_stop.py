@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import HfArgumentParser, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
@@ -45,8 +45,9 @@ from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
 from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
 
+from harness.flag_checks import CheckedParser
 from harness.results import REPO_ROOT, markdown_table, saved_runs, write_results
-from harness.threads import DEFAULT_THREADS, set_threads
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -72,7 +73,7 @@ class TrainerDefaultsArguments:
 def trainer_defaults(argv: list[str]) -> None:
     """The stock Trainer and `IncrtGrowthCallback` with the library's defaults on the planted task: only the
     shape, `max_heads` and the rule's two gate fields are set; growth_history.json lands in --output_dir."""
-    parser = HfArgumentParser((TrainerDefaultsArguments, TrainingArguments), prog="trainer_defaults")
+    parser = CheckedParser((TrainerDefaultsArguments, TrainingArguments), prog="trainer_defaults")
     parser.set_defaults(
         seed=0,
         max_steps=1000,
@@ -158,10 +159,13 @@ class SweepArguments:
     runs_dir: str = dataclasses.field(
         default=str(REPO_ROOT / "outputs" / "growth_stop"), metadata={"help": "the runs' own folders"}
     )
+    threads: int = dataclasses.field(
+        default=DEFAULT_THREADS, metadata={"help": THREADS_HELP + "; passed on to every run"}
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = HfArgumentParser(SweepArguments, description=__doc__.split("\n\n")[0])
+    parser = CheckedParser(SweepArguments, description=__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     if args.max_heads < 2 or args.trajectory_points < 2:
         parser.error("--max_heads and --trajectory_points must be >= 2")
@@ -214,7 +218,7 @@ def run(task: str, rule: str, seed: int, args: argparse.Namespace) -> dict:
         "--max_heads",
         str(args.caps[rule]),
         "--threads",
-        "1",
+        str(args.threads),
         "--output_dir",
         str(folder),
         *args.extra,

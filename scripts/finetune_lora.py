@@ -13,11 +13,12 @@ projections; the defaults are the attention projections and the hyper-connection
     value_proj                       delta value v ({attn,mlp}_connection.delta.*)
     gate_proj up_proj down_proj      MLP (not in the defaults; add them with --target_modules)
 
-Training is `train_causal_lm.py`'s loop (`harness.causal_lm`; same flags: AdamW, warm-up + cosine,
-clipping, random windows) on the adapter parameters only. It reports the trainable parameters (count and
-%), the median step time and the validation loss before and after on the same fixed windows, saves the
-adapter (`adapter_config.json`, `adapter_model.safetensors`) and the tokenizer to `--output_dir`, and with
-`--merge` also the merged model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json`.
+Training is the causal-LM scripts' `Trainer` (`harness.lm_trainer`: `make_optimizer`, nanoGPT's warm-up +
+cosine, clipping, random windows; every `TrainingArguments` field is a flag) on the adapter parameters
+only. It reports the trainable parameters (count and %), the median step time and the validation loss
+before and after on the same fixed windows, saves the adapter (`adapter_config.json`,
+`adapter_model.safetensors`) and the tokenizer to `--output_dir`, and with `--merge` also the merged
+model to `--output_dir/merged`. The numbers go to `--output_dir/lora_report.json`.
 
     python scripts/finetune_lora.py --checkpoint outputs/ddl_mhc_char --data new.txt --output_dir outputs/lora
     python scripts/finetune_lora.py ... --target_modules q_proj v_proj maps_proj --lora_r 4 --merge
@@ -33,14 +34,18 @@ import torch
 from peft import LoraConfig, TaskType, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
-from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, set_seed
 
 import geoformers
 
-from harness.causal_lm import estimate_loss, loop_parser, make_trainer, split_ids
+from harness.causal_lm import estimate_loss, split_ids
+from harness.flags import parsed_settings, training_arguments
+from harness.lm_trainer import build_lm_trainer, lm_parser
+from harness.random_windows import RandomWindows
 from harness.results import write_results
+from harness.step_timer import StepTimer
 from harness.threads import set_threads
+from harness.window_loss import WindowLoss
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "maps_proj", "value_proj")
@@ -116,8 +121,6 @@ def check_arguments(args: argparse.Namespace, config) -> None:
             f"--block_size must lie in [1, max_position_embeddings={config.max_position_embeddings}] of the "
             f"checkpoint, got {args.block_size}"
         )
-    if args.max_steps < 1:
-        raise ValueError(f"--max_steps must be >= 1, got {args.max_steps}")
 
 
 def lora_config_for(model: nn.Module, args: argparse.Namespace) -> LoraConfig:
@@ -175,7 +178,7 @@ class LoraArguments:
 
 @dataclass
 class AdaptArguments:
-    """The checkpoint, the new text's split and checks, evaluation and merging."""
+    """The checkpoint, the new text's split and checks, and merging."""
 
     _argument_group_name = "adaptation"
 
@@ -184,37 +187,36 @@ class AdaptArguments:
     max_unk_fraction: float = field(
         default=0.01, metadata={"help": "most tolerated fraction of <unk> tokens in --data"}
     )
-    eval_steps: int = field(default=100, metadata={"help": "val loss every N steps; 0: off"})
     merge: bool = field(default=False, metadata={"help": "also save the merged model: OUTPUT_DIR/merged"})
 
 
-def main() -> None:
-    parser = loop_parser(
+def main(argv: list[str] | None = None) -> dict:
+    parser = lm_parser(
         AdaptArguments,
         LoraArguments,
         description=__doc__,
         max_steps=500,
         warmup_steps=20,
         weight_decay=0.0,
+        eval_steps=100,  # the validation loss on fixed windows every N steps (0: off; harness.window_loss)
         output_dir=str(REPO_ROOT / "outputs" / "ddl_mhc_lora"),
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.data is None:
         parser.error("--data is required: the UTF-8 text file to adapt the checkpoint to")
     set_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    set_seed(args.seed)
+    training_args = training_arguments(args)
 
-    model, tokenizer = load_checkpoint(args.checkpoint, device)
+    model, tokenizer = load_checkpoint(args.checkpoint, training_args.device)
     check_arguments(args, model.config)
     ids, num_unknown = encode_text(args.data, tokenizer, args.max_unk_fraction)
     train_ids, val_ids = split_ids(ids, args.train_fraction, args.block_size)
     print(f"{len(train_ids):,} train / {len(val_ids):,} val tokens ({num_unknown:,} <unk>)")
 
     def evaluate(network, split) -> float:
-        return estimate_loss(
-            network, split, args.per_device_train_batch_size, args.block_size, args.eval_batches, 0, device
-        )
+        batch = args.per_device_train_batch_size
+        return estimate_loss(network, split, batch, args.block_size, args.eval_batches, 0, network.device)
 
     val_loss_before = evaluate(model, val_ids)
     model = get_peft_model(model, lora_config_for(model, args))
@@ -227,22 +229,28 @@ def main() -> None:
         f"{sum(wrapped.values())} LoRA layers {dict(sorted(wrapped.items()))}"
     )
 
-    history, step_seconds = [], []
-    step = make_trainer(model, train_ids, args, device)
-    progress = tqdm(total=args.max_steps, desc="lora", unit="step")
-    for index in range(1, args.max_steps + 1):
-        loss, seconds = step()
-        step_seconds.append(seconds)
-        progress.update(1)
-        progress.set_postfix(loss=f"{loss:.4f}")
-        if args.eval_steps and index % args.eval_steps == 0 and index != args.max_steps:
-            history.append({"step": index, "val_loss": evaluate(model, val_ids)})
-            progress.write(f"step {index}: val {history[-1]['val_loss']:.4f}")
-    progress.close()
+    timer = StepTimer()
+    validation = WindowLoss(
+        val_ids,
+        args.per_device_train_batch_size,
+        args.block_size,
+        args.eval_batches,
+        args.eval_steps,
+        on_eval=lambda step, loss: print(f"step {step}: val {loss:.4f}"),
+    )
+    windows = RandomWindows(train_ids, args.per_device_train_batch_size, args.block_size, args.seed)
+    trainer = build_lm_trainer(
+        model,
+        training_args,
+        windows,
+        callbacks=[timer, validation],
+        chart_lr_multiplier=args.chart_lr_multiplier,
+    )
+    trainer.train()
     val_loss_after = evaluate(model, val_ids)
-    history.append({"step": args.max_steps, "val_loss": val_loss_after})
+    history = [*validation.history, {"step": args.max_steps, "val_loss": val_loss_after}]
     print(f"validation loss: {val_loss_before:.4f} before -> {val_loss_after:.4f} after LoRA")
-    print(f"median step: {statistics.median(step_seconds):.3f} s")
+    print(f"median step: {statistics.median(timer.seconds):.3f} s")
 
     output_dir = Path(args.output_dir)
     model.save_pretrained(output_dir)
@@ -259,7 +267,7 @@ def main() -> None:
         "lora_layers": dict(sorted(wrapped.items())),
         "val_loss_before": val_loss_before,
         "val_loss_after": val_loss_after,
-        "median_step_seconds": statistics.median(step_seconds),
+        "median_step_seconds": statistics.median(timer.seconds),
         "history": history,
     }
     if args.merge:
@@ -268,8 +276,11 @@ def main() -> None:
         tokenizer.save_pretrained(output_dir / "merged")
         report["merged_val_loss"] = evaluate(merged, val_ids)
         print(f"merged model: validation loss {report['merged_val_loss']:.4f}, saved to {output_dir}/merged")
-    write_results(output_dir / "lora_report.json", "finetune_lora.py", None, vars(args), report)
+    record = write_results(
+        output_dir / "lora_report.json", "finetune_lora.py", argv, parsed_settings(args), report
+    )
     print(f"saved the adapter and tokenizer to {output_dir}")
+    return record
 
 
 if __name__ == "__main__":

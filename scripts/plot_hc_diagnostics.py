@@ -20,9 +20,11 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-from transformers import HfArgumentParser
 
 from geoformers.training.hc_diagnostics import KEY_PATTERN, METRICS, SUBLAYERS
+
+from harness.flag_checks import CheckedParser
+from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
 STATE_FILE = "trainer_state.json"
 TITLES = {
@@ -135,11 +137,13 @@ class PlotArguments:
     output_dir: str | None = field(
         default=None, metadata={"help": "folder of the PNGs (default: beside the state file)"}
     )
+    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    parser = HfArgumentParser(PlotArguments, description=__doc__.splitlines()[0])
+    parser = CheckedParser(PlotArguments, description=__doc__.splitlines()[0])
     args = parser.parse_args(argv)
+    set_threads(args.threads)
     paths = plot_run(args.run, args.output_dir)
     for path in paths:
         print(path)

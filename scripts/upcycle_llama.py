@@ -1,8 +1,9 @@
 """Upcycle a trained Llama into DDL-mHC with n = 4 streams (docs/upcycling.md, "Experiment").
 
 transformers' Llama of `bench_causal_lm.py`'s shape (4 layers, 4 heads, width 128, block 64, batch 12)
-trains `--switch_step` steps on character-level tiny-shakespeare (`harness.causal_lm`: AdamW lr 1e-3,
-warm-up and cosine decay over the whole `--max_steps`). Then the run branches:
+trains `--switch_step` steps on character-level tiny-shakespeare through the scripts' `Trainer`
+(`harness.causal_lm.build_trainer`: AdamW lr 1e-3, warm-up and cosine decay over the whole `--max_steps`).
+Then the run branches:
 
 - "llama": the same model, optimizer and batch generator, trained on to `--max_steps`;
 - "upcycled": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, whose logits equal Llama's
@@ -10,7 +11,8 @@ warm-up and cosine decay over the whole `--max_steps`). Then the run branches:
   place in the learning-rate schedule and the batch generator's state, so both arms see the same batches
   and the same learning rates; the new hyper-connection maps start with fresh moments.
 
-Both arms train round robin (one step of each in turn, so machine load slows both alike). The train-split
+Both arms train round robin (one step of each in turn, so machine load slows both alike;
+`harness.round_robin`: the upcycled arm's `Trainer` joins Llama's rotation at the switch). The train-split
 and validation losses (fixed windows, `estimate_loss`) are measured every `--eval_steps` steps. Writes
 `<output_dir>/summary.json` (the losses around the switch, the final losses, step times, the whole history)
 and `<output_dir>/losses.png`.
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 import geoformers
 
@@ -33,35 +36,75 @@ from harness.causal_lm import (
     LLAMA,
     SMALL_CPU_SHAPE,
     build_model,
+    build_trainer,
     estimate_loss,
     get_batch,
     load_corpus,
-    loop_parser,
-    make_trainer,
-    train_round_robin,
+    nanogpt_parser,
 )
 from harness.results import write_results
+from harness.round_robin import RoundRobin
 from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("llama", "upcycled")
 
 
-def inherit_training_state(step, source_step, model, source_model) -> None:
-    """Give `step` (a fresh `make_trainer` closure of `model`) the state of `source_step` at the switch:
-    AdamW state of the parameters both models share by name, the schedule's position (and so the current
-    learning rates) and the batch generator's state."""
+def inherit_training_state(optimizer, schedule, model, source_optimizer, source_schedule, source_model):
+    """Give `optimizer` / `schedule` (of `model`, not stepped yet) the state of the source run's at the
+    switch: the AdamW state of the parameters both models share by name, the schedule's position and every
+    group's current learning rate (the groups are `make_optimizer`'s, the same six in both)."""
+    optimizer, source_optimizer = (getattr(o, "optimizer", o) for o in (optimizer, source_optimizer))
+    schedule, source_schedule = (getattr(s, "scheduler", s) for s in (schedule, source_schedule))
     source_names = {id(param): name for name, param in source_model.named_parameters()}
-    source_state = {source_names[id(param)]: state for param, state in source_step.optimizer.state.items()}
+    source_state = {source_names[id(param)]: state for param, state in source_optimizer.state.items()}
     for name, param in model.named_parameters():
         if name in source_state:
-            step.optimizer.state[param] = {key: value.clone() for key, value in source_state[name].items()}
-    step.schedule.load_state_dict(source_step.schedule.state_dict())
-    for group, source_group in zip(
-        step.optimizer.param_groups, source_step.optimizer.param_groups, strict=True
-    ):
+            optimizer.state[param] = {key: value.clone() for key, value in source_state[name].items()}
+    schedule.load_state_dict(source_schedule.state_dict())
+    for group, source_group in zip(optimizer.param_groups, source_optimizer.param_groups, strict=True):
         group["lr"] = source_group["lr"]
-    step.generator.set_state(source_step.generator.get_state())
+
+
+class Branch(TrainerCallback):
+    """Llama's run: at the end of step `--switch_step` the upcycled model joins the rotation with a
+    `Trainer` of its own (same recipe and schedule length) that starts from this run's optimizer state,
+    schedule position and batch position (`RandomWindows(skip_batches=switch)`) and stops after the
+    remaining steps."""
+
+    def __init__(self, experiment: "Experiment"):
+        self.experiment = experiment
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if state.global_step == self.experiment.args.switch_step:
+            self.experiment.branch(model, optimizer, lr_scheduler)
+
+
+class Inherit(TrainerCallback):
+    """The upcycled run: takes the source run's state before its first step, stops after `steps` steps."""
+
+    def __init__(self, source: tuple, steps: int):
+        self.source, self.steps = source, steps
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        inherit_training_state(optimizer, lr_scheduler, model, *self.source)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.steps:
+            control.should_training_stop = True
+
+
+class Evaluate(TrainerCallback):
+    """Every `--eval_steps` steps of the experiment, the losses of every model there (`Experiment.evaluate`);
+    `offset`: the step the run started from."""
+
+    def __init__(self, experiment: "Experiment", arm: str, offset: int):
+        self.experiment, self.arm, self.offset = experiment, arm, offset
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step + self.offset
+        if step % self.experiment.args.eval_steps == 0:
+            self.experiment.evaluate(step, self.arm)
 
 
 def evaluate(models: dict, train_ids, val_ids, args, device) -> dict:
@@ -104,44 +147,68 @@ def stream_spread(model, val_ids, args, device) -> float:
     return ((streams - streams.mean(-2, keepdim=True)).norm() / streams.norm()).item()
 
 
+class Experiment:
+    """Both phases through the scripts' `Trainer`s in lockstep (`harness.round_robin`): Llama's run, which the
+    upcycled run joins at the switch."""
+
+    def __init__(self, args, device):
+        self.args, self.device = args, device
+        self.tokenizer, self.train_ids, self.val_ids = load_corpus(args.data)
+        torch.manual_seed(args.seed)
+        llama = build_model(LLAMA, self.tokenizer, args.block_size, dict(SMALL_CPU_SHAPE)).to(device)
+        self.models = {"llama": llama}
+        self.history = [{"step": 0, **evaluate(self.models, self.train_ids, self.val_ids, args, device)}]
+        self.switch_gap = None
+        trainer = build_trainer(llama, self.train_ids, args, device)
+        trainer.add_callback(Branch(self))
+        trainer.add_callback(Evaluate(self, "llama", offset=0))
+        self.trainers = {"llama": trainer}
+        self.rotation = RoundRobin(self.trainers)
+
+    def branch(self, llama, optimizer, schedule) -> None:
+        args = self.args
+        upcycled = geoformers.convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual="add")
+        self.models["upcycled"] = upcycled
+        self.switch_gap = logit_gap(upcycled, llama, self.val_ids, args, self.device)
+        print(f"switch at step {args.switch_step}: max |logit difference| {self.switch_gap:.2e}", flush=True)
+        trainer = build_trainer(upcycled, self.train_ids, args, self.device, skip_batches=args.switch_step)
+        trainer.add_callback(Inherit((optimizer, schedule, llama), args.max_steps - args.switch_step))
+        trainer.add_callback(Evaluate(self, "upcycled", offset=args.switch_step))
+        self.trainers["upcycled"] = trainer
+        self.rotation.add("upcycled", trainer)
+
+    def evaluate(self, step: int, arm: str) -> None:
+        """After the switch the upcycled run, which steps after Llama's, evaluates both."""
+        if arm == "llama" and step > self.args.switch_step:
+            return
+        self.history.append(
+            {"step": step, **evaluate(self.models, self.train_ids, self.val_ids, self.args, self.device)}
+        )
+        if "upcycled" in self.models:
+            self.history[-1]["upcycled"]["stream_spread"] = stream_spread(
+                self.models["upcycled"], self.val_ids, self.args, self.device
+            )
+        report = ", ".join(f"{arm} val {self.history[-1][arm]['val']:.4f}" for arm in self.models)
+        print(f"step {step}: {report}", flush=True)
+
+    def run(self) -> dict:
+        seconds = self.rotation.train()
+        losses = {
+            arm: [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+            for arm, trainer in self.trainers.items()
+        }
+        return {
+            "losses": losses,
+            "seconds": seconds,
+            "history": self.history,
+            "switch_gap": self.switch_gap,
+            "parameters": {arm: model.num_parameters() for arm, model in self.models.items()},
+        }
+
+
 def run(args, device) -> dict:
     """Both phases; returns the per-step training losses and seconds, the evaluations and the switch gap."""
-    tokenizer, train_ids, val_ids = load_corpus(args.data)
-    torch.manual_seed(args.seed)
-    llama = build_model(LLAMA, tokenizer, args.block_size, dict(SMALL_CPU_SHAPE)).to(device)
-    models = {"llama": llama}
-    trainers = {"llama": make_trainer(llama, train_ids, args, device)}
-    losses = {arm: [] for arm in ARMS}  # per-step training loss of each arm, in step order
-    seconds = {arm: [] for arm in ARMS}
-    history = [{"step": 0, **evaluate(models, train_ids, val_ids, args, device)}]
-    switch_gap = None
-    for step in range(args.eval_steps, args.max_steps + 1, args.eval_steps):
-        timed = train_round_robin(models, trainers, dict.fromkeys(models, args.eval_steps), 10**9)
-        for arm in models:
-            losses[arm].extend(timed["losses"][arm])
-            seconds[arm].extend(timed["seconds"][arm])
-        if step == args.switch_step:
-            upcycled = geoformers.convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual="add")
-            trainers["upcycled"] = make_trainer(upcycled, train_ids, args, device)
-            inherit_training_state(trainers["upcycled"], trainers["llama"], upcycled, llama)
-            models["upcycled"] = upcycled
-            switch_gap = logit_gap(upcycled, llama, val_ids, args, device)
-            print(f"switch at step {step}: max |logit difference| {switch_gap:.2e}", flush=True)
-        history.append({"step": step, **evaluate(models, train_ids, val_ids, args, device)})
-        if "upcycled" in models:
-            history[-1]["upcycled"]["stream_spread"] = stream_spread(
-                models["upcycled"], val_ids, args, device
-            )
-        report = ", ".join(f"{arm} val {history[-1][arm]['val']:.4f}" for arm in models)
-        print(f"step {step}: {report}", flush=True)
-    parameters = {arm: model.num_parameters() for arm, model in models.items()}
-    return {
-        "losses": losses,
-        "seconds": seconds,
-        "history": history,
-        "switch_gap": switch_gap,
-        "parameters": parameters,
-    }
+    return Experiment(args, device).run()
 
 
 def summarize(args, result: dict) -> dict:
@@ -268,7 +335,7 @@ class UpcycleArguments:
 
 
 def main() -> None:
-    parser = loop_parser(
+    parser = nanogpt_parser(
         UpcycleArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama")
     )
     args = parser.parse_args()

@@ -1,6 +1,8 @@
-"""Text data: every SST-2 row read verbatim, encodings against direct tokenisation, bad arguments."""
+"""Text data: every SST-2 row read verbatim, encodings against direct tokenisation, bad arguments, a Hub
+dataset that cannot load fails at once naming what takes a local copy."""
 
 import csv
+import time
 
 import datasets
 import numpy as np
@@ -10,7 +12,14 @@ from datasets import ClassLabel, Dataset, DatasetDict
 from transformers import DataCollatorWithPadding, default_data_collator
 
 from geoformers.tokenization import train_wordpiece
-from geoformers.training.data import encode_dataset, load_sst2, load_tiny_shakespeare
+from geoformers.training import data
+from geoformers.training.data import (
+    HubDatasetUnavailable,
+    encode_dataset,
+    load_hub_dataset,
+    load_sst2,
+    load_tiny_shakespeare,
+)
 
 # ----------------------------------------------------------------------------------------------------- SST-2
 
@@ -65,6 +74,7 @@ def test_sst2_rejects_bad_directories(tmp_path):
 
 
 def test_sst2_falls_back_to_the_hub_only_without_a_path(monkeypatch):
+    monkeypatch.setattr(data, "hub_unreachable_reason", lambda: None)  # as if the Hub answered
     calls = []
     hub_split = Dataset.from_dict(
         {"sentence": ["good", "bad"], "label": [1, 0], "idx": [0, 1]},
@@ -88,6 +98,36 @@ def test_sst2_falls_back_to_the_hub_only_without_a_path(monkeypatch):
     assert raw["train"].column_names == ["sentence", "label"]
 
 
+def test_unreachable_hub_fails_at_once_naming_the_dataset_and_the_local_copy(monkeypatch):
+    """A Hub that refuses connections (a closed local port): no retries, no call to `load_dataset`."""
+    monkeypatch.setattr(data.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(data.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: pytest.fail("load_dataset called"))
+    start = time.perf_counter()
+    with pytest.raises(HubDatasetUnavailable, match=r"'karpathy/tiny_shakespeare' .*unreachable.*as path"):
+        load_tiny_shakespeare()
+    with pytest.raises(
+        HubDatasetUnavailable, match=r"'nyu-mll/glue' .*HF_HUB_OFFLINE=1.*as data_dir"
+    ) as error:
+        load_sst2()
+    assert error.value.dataset == "nyu-mll/glue" and isinstance(error.value, ConnectionError)
+    with pytest.raises(HubDatasetUnavailable, match="as --my_flag"):
+        load_hub_dataset("someone/corpus", local_copy="--my_flag")
+    assert time.perf_counter() - start < 5 * data.HUB_PROBE_SECONDS
+
+
+def test_offline_mode_without_a_cached_copy_names_it(monkeypatch):
+    """Offline mode skips the probe; `datasets` then refuses the uncached dataset, which becomes the error."""
+    monkeypatch.setattr(data.constants, "HF_HUB_OFFLINE", True)
+
+    def offline_load_dataset(*args, **kwargs):
+        raise ConnectionError(f"Couldn't reach {args[0]!r} on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline_load_dataset)
+    with pytest.raises(HubDatasetUnavailable, match="offline mode is on and it is not cached"):
+        load_tiny_shakespeare()
+
+
 def test_tiny_shakespeare_reads_the_local_file(shared_data):
     text = load_tiny_shakespeare(shared_data / "tinyshakespeare" / "input.txt")
     assert len(text) == 1_115_394  # char-rnn's input.txt
@@ -95,6 +135,7 @@ def test_tiny_shakespeare_reads_the_local_file(shared_data):
 
 
 def test_tiny_shakespeare_joins_the_hub_splits_in_file_order(monkeypatch):
+    monkeypatch.setattr(data, "hub_unreachable_reason", lambda: None)  # as if the Hub answered
     calls = []
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
     first, second = int(0.9 * len(text)), int(0.95 * len(text))

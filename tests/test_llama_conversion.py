@@ -2,20 +2,25 @@
 logits for any number of streams, on a random and on a trained Llama; the delta update approaches them as
 O(||h||^2 / eps^2); the converted point trains."""
 
-import argparse
-
 import pytest
 import torch
 from conftest import SHARED_DATA
 from script_modules import load_script
 from test_ddl_mhc import llama_reference
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
 from geoformers.modeling.ddl_mhc import HyperConnection
 from geoformers.tokenization import build_char_tokenizer
+from geoformers.training import parameter_groups
 
-from harness.causal_lm import make_trainer
+from harness.random_windows import get_batch
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -363,27 +368,76 @@ def test_conversion_rejects_bad_overrides_naming_them():
 
 def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
     """After the switch the upcycled arm takes the same step as Llama: same batch, same learning rate, same
-    AdamW moments for the copied weights, so its copied weights move exactly as Llama's do."""
+    AdamW moments for the copied weights (`inherit_training_state` over `make_optimizer`'s groups), so its
+    copied weights move exactly as Llama's do; the new maps start with fresh moments."""
     script = load_script("upcycle_llama.py")
-
-    args = argparse.Namespace(
-        learning_rate=1e-2, weight_decay=0.1, adam_beta2=0.99, warmup_steps=2, max_steps=10, min_lr_ratio=0.1,
-        seed=0, per_device_train_batch_size=2, block_size=8, max_grad_norm=1e9, torch_compile=False,
-    )  # fmt: skip
     corpus = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    batches = [get_batch(corpus, 2, 8, generator) for _ in range(4)]
+
+    def optimizer_and_schedule(model):
+        optimizer = torch.optim.AdamW(parameter_groups(model, 1e-2, 0.1, chart_lr_multiplier=1.0))
+        return optimizer, get_cosine_with_min_lr_schedule_with_warmup(optimizer, 2, 10, min_lr_rate=0.1)
+
+    def step(model, optimizer, schedule, batch) -> float:
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
     llama = random_llama()
-    device = torch.device("cpu")
-    step = make_trainer(llama, corpus, args, device)
-    for _ in range(3):
-        step()
+    optimizer, schedule = optimizer_and_schedule(llama)
+    for batch in batches[:3]:
+        step(llama, optimizer, schedule, batch)
     upcycled = convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")
-    branch = make_trainer(upcycled, corpus, args, device)
-    script.inherit_training_state(branch, step, upcycled, llama)
-    assert [g["lr"] for g in branch.optimizer.param_groups] == [g["lr"] for g in step.optimizer.param_groups]
-    loss, _ = step()
-    branch_loss, _ = branch()
+    branch_optimizer, branch_schedule = optimizer_and_schedule(upcycled)
+    script.inherit_training_state(branch_optimizer, branch_schedule, upcycled, optimizer, schedule, llama)
+    assert [g["lr"] for g in branch_optimizer.param_groups] == [g["lr"] for g in optimizer.param_groups]
+    assert branch_schedule.last_epoch == schedule.last_epoch == 3
+    loss = step(llama, optimizer, schedule, batches[3])
+    branch_loss = step(upcycled, branch_optimizer, branch_schedule, batches[3])
     assert branch_loss == pytest.approx(loss, abs=1e-5)  # same batch, same function
     weights = dict(upcycled.named_parameters())
     for name, param in llama.named_parameters():
         torch.testing.assert_close(weights[name], param, atol=1e-6, rtol=0)
-    assert branch.optimizer.state[weights["model.layers.0.attn_connection.write_bias"]]["step"] == 1
+    assert branch_optimizer.state[weights["model.layers.0.attn_connection.write_bias"]]["step"] == 1
+    assert branch_optimizer.state[weights["model.embed_tokens.weight"]]["step"] == 4
+
+
+def test_upcycling_script_branches_in_lockstep(tmp_path):
+    """`upcycle_llama.py`'s two Trainers: the upcycled run joins at the switch and both then see the same
+    batches; every evaluation after it finds both arms at the same step (the exact add conversion keeps
+    them together)."""
+    script = load_script("upcycle_llama.py")
+    text = tmp_path / "text.txt"
+    text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 60, encoding="utf-8")
+    argv = [
+        *("--data", str(text), "--max_steps", "6", "--switch_step", "2", "--eval_steps", "2"),
+        "--threads",
+    ]
+    argv += [
+        "1",
+        "--warmup_steps",
+        "1",
+        "--eval_batches",
+        "2",
+        "--block_size",
+        "16",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    parser = script.nanogpt_parser(script.UpcycleArguments)
+    result = script.run(parser.parse_args(argv), torch.device("cpu"))
+    assert [len(result["losses"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
+    assert [len(result["seconds"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
+    # then the new maps train and the arms drift apart slowly (3e-4 here), far less than a step moves the
+    # loss (about 0.06): a step out of line would show
+    assert result["losses"]["upcycled"] == pytest.approx(result["losses"]["llama"][2:], rel=2e-3)
+    assert result["losses"]["upcycled"][0] == pytest.approx(result["losses"]["llama"][2], abs=1e-5)
+    assert [entry["step"] for entry in result["history"]] == [0, 2, 4, 6]
+    assert result["switch_gap"] < 1e-5
+    for entry in result["history"][1:]:
+        for split in ("train", "val"):
+            assert entry["upcycled"][split] == pytest.approx(entry["llama"][split], rel=2e-3), entry["step"]

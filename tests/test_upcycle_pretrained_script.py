@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from geoformers import DDLmHCForCausalLM
 from geoformers.tokenization import build_char_tokenizer
+from geoformers.training import data
 
 from harness.results import portable_path
 
@@ -84,7 +85,8 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     monkeypatch.setattr(script, "evaluate", interrupt)
     with pytest.raises(KeyboardInterrupt):
         script.main(arguments(checkpoint, tmp_path / "resumed"))
-    assert (tmp_path / "resumed" / "checkpoint-add.pt").is_file()
+    saved = tmp_path / "resumed" / "checkpoints-add"
+    assert sorted(path.name for path in saved.glob("checkpoint-*")) == ["checkpoint-2"]  # the Trainer's
     monkeypatch.setattr(script, "evaluate", evaluate)
     resumed = script.main(arguments(checkpoint, tmp_path / "resumed"))
     whole = json.loads((tmp_path / "whole" / "arms.json").read_text())["runs"]
@@ -92,7 +94,7 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     for arm in arms:
         assert again[arm]["losses"] == whole[arm]["losses"], arm
         assert resumed["history"][arm] == record["history"][arm], arm
-    assert not (tmp_path / "resumed" / "checkpoint-add.pt").exists()
+    assert not saved.exists()
 
     # a subset of the arms is the same run for those arms
     pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add"))
@@ -100,14 +102,18 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     assert pair["history"] == {arm: record["history"][arm] for arm in ("llama", "add")}
 
 
-def test_bad_flags_are_named(checkpoint, tmp_path):
+def test_bad_flags_are_named_before_anything_loads(checkpoint, tmp_path, capsys):
+    """Each exits as argparse does (status 2, the flag named on the last line) before the model loads: a
+    folder that does not exist stands in for it."""
     script = load_script("exp_upcycle_pretrained.py")
-    for flag, value in (("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1")):
-        with pytest.raises(ValueError, match=flag):
-            script.main(arguments(checkpoint, tmp_path / "run", flag, value))
-    for arms in (["add", "delta"], ["llama", "llama"], ["llama", "gpt2"]):
-        with pytest.raises(ValueError, match="--arms"):
-            script.main(arguments(checkpoint, tmp_path / "run", "--arms", *arms))
+    bad = [("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1"), ("--learning_rate", "-1")]
+    bad += [("--threads", "-1"), *(("--arms", *arms) for arms in (["add", "delta"], ["llama", "llama"]))]
+    for flag, *values in bad:
+        argv = arguments(checkpoint, tmp_path / "run", flag, *values)
+        argv[argv.index("--model") + 1] = str(tmp_path / "no-such-model")
+        with pytest.raises(SystemExit) as error:
+            script.main(argv)
+        assert error.value.code == 2 and flag in capsys.readouterr().err.strip().splitlines()[-1]
     with pytest.raises(ValueError, match="--block_size"):
         script.main(arguments(checkpoint, tmp_path / "run", "--block_size", "200"))
 
@@ -165,6 +171,10 @@ def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest
     defaults = {
         key: portable_path(value) for key, value in dataclasses.asdict(script.UpcycleArguments()).items()
     }
+    # a flag added after the run defaults to the recipe the run had: the chart logits at lr x 1 are the
+    # hand-written loop's AdamW grouping (tests/test_lm_trainer.py)
+    assert set(defaults) - set(summary["settings"]) == {"chart_lr_multiplier"}
+    assert defaults.pop("chart_lr_multiplier") == 1.0
     differing = {key for key, value in defaults.items() if summary["settings"][key] != value}
     assert differing <= {"data", "output_dir", "device"}, differing
     assert summary["settings"]["device"] == "cpu"
@@ -173,3 +183,14 @@ def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest
     card = (root / "model_cards" / "ddl_mhc.md").read_text()
     assert f"lowest per token: **{summary['lowest_perplexity_at_equal_tokens']}**" in card
     assert f"lowest per second: **{summary['lowest_perplexity_at_equal_seconds']}**" in card
+
+
+def test_without_the_data_it_exits_naming_the_dataset_and_data(checkpoint, tmp_path, monkeypatch):
+    """The Hub made unreachable (a closed local port) and no --data: one line, before the model loads."""
+    monkeypatch.setattr(data.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(data.constants, "HF_HUB_OFFLINE", False)
+    argv = arguments(checkpoint, tmp_path / "run")
+    del argv[argv.index("--data") : argv.index("--data") + 2]
+    with pytest.raises(SystemExit) as error:
+        load_script("exp_upcycle_pretrained.py").main(argv)
+    assert "'karpathy/tiny_shakespeare'" in str(error.value.code) and "--data FILE" in str(error.value.code)

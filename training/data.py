@@ -2,6 +2,10 @@
 hub's, or a local text file), tokenise-and-encode for classification, and fixed-length blocks of a token
 stream for causal language modelling.
 
+Hub datasets load through `load_hub_dataset`: when the Hub is unreachable (or offline mode is on) and the
+dataset is not cached, it fails at once with a `HubDatasetUnavailable` naming the dataset, instead of
+retrying for half a minute.
+
 `encode_dataset` returns `datasets` objects with `input_ids`, `attention_mask` and integer `labels` columns,
 ready for a `Trainer`. The synthetic tasks of the experiments are in `synthetic_tasks.py`.
 """
@@ -14,6 +18,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
+from huggingface_hub import constants, get_session
 from transformers import PreTrainedTokenizerBase
 
 from geoformers.tokenization.arguments import require_int
@@ -23,6 +28,52 @@ SST2_FEATURES = Features({"sentence": Value("string"), "label": ClassLabel(names
 SST2_HUB_NAME = ("nyu-mll/glue", "sst2")
 TINY_SHAKESPEARE_HUB_NAME = "karpathy/tiny_shakespeare"
 TINY_SHAKESPEARE_SPLITS = ("train", "validation", "test")  # consecutive slices of char-rnn's input.txt
+HUB_PROBE_SECONDS = 5.0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Hub datasets
+# ----------------------------------------------------------------------------------------------------------
+
+
+class HubDatasetUnavailable(ConnectionError):
+    """A Hub dataset that cannot be loaded: the Hub is unreachable or offline mode is on, and no cached copy.
+    `dataset` is its id, `reason` why; the message names `local_copy`, what takes a local copy instead."""
+
+    def __init__(self, dataset: str, reason: str, local_copy: str):
+        self.dataset, self.reason = dataset, reason
+        super().__init__(
+            f"cannot load the Hub dataset {dataset!r} ({reason}); pass a local copy as {local_copy}"
+        )
+
+
+def hub_unreachable_reason() -> str | None:
+    """None when the Hub endpoint answers within `HUB_PROBE_SECONDS`, else why not. Offline mode
+    (`HF_HUB_OFFLINE=1`) is not probed: the cache alone decides then."""
+    if constants.is_offline_mode():
+        return None
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_SECONDS)
+    except Exception as error:  # DNS, refused, timeout, proxy: any failure means no Hub
+        return f"{constants.ENDPOINT} is unreachable: {type(error).__name__}"
+    return None
+
+
+def load_hub_dataset(
+    name: str, config_name: str | None = None, *, local_copy: str = "a local file", **load_kwargs
+):
+    """`datasets.load_dataset(name, config_name, **load_kwargs)`, failing at once with `HubDatasetUnavailable`
+    when the Hub is unreachable (a copy in the Hugging Face cache loads with `HF_HUB_OFFLINE=1`) or when
+    offline mode finds no cached copy. `local_copy` names what takes a local copy instead (an argument or a
+    script's flag), for the message."""
+    reason = hub_unreachable_reason()
+    if reason is not None:
+        raise HubDatasetUnavailable(name, f"{reason}; a cached copy loads with HF_HUB_OFFLINE=1", local_copy)
+    try:
+        return datasets.load_dataset(*(name,) if config_name is None else (name, config_name), **load_kwargs)
+    except ConnectionError as error:
+        offline = "offline mode is on and it is not cached" if constants.is_offline_mode() else str(error)
+        raise HubDatasetUnavailable(name, offline, local_copy) from error
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -30,17 +81,20 @@ TINY_SHAKESPEARE_SPLITS = ("train", "validation", "test")  # consecutive slices 
 # ----------------------------------------------------------------------------------------------------------
 
 
-def load_sst2(data_dir: str | os.PathLike | None = None) -> DatasetDict:
+def load_sst2(data_dir: str | os.PathLike | None = None, *, local_copy: str = "data_dir") -> DatasetDict:
     """SST-2 `train` (67,349) and `validation` (872, GLUE dev) with columns `sentence` (str), `label` (0/1).
 
     `data_dir` holds GLUE's `train.tsv` and `dev.tsv` (`sentence<TAB>label`, header line). They are read with
     `quoting=QUOTE_NONE` and no NA parsing, as GLUE's own reader does: sentences keep quote characters and
     words such as "null" verbatim. Only when `data_dir` is None is the hub's GLUE (`nyu-mll/glue`, `sst2`)
-    downloaded. From scratch: `tokenizer = train_wordpiece(raw["train"]["sentence"], 8000)`, then
+    downloaded (`load_hub_dataset`; `local_copy` names `data_dir` in its error, a script passes its flag).
+    From scratch: `tokenizer = train_wordpiece(raw["train"]["sentence"], 8000)`, then
     `encode_dataset(raw, tokenizer)`.
     """
     if data_dir is None:
-        hub = datasets.load_dataset(*SST2_HUB_NAME)
+        hub = load_hub_dataset(
+            *SST2_HUB_NAME, local_copy=f"{local_copy} (a folder with GLUE's SST-2 TSV files)"
+        )
         return DatasetDict({split: hub[split].select_columns(["sentence", "label"]) for split in SST2_FILES})
     if not isinstance(data_dir, (str, os.PathLike)):
         raise TypeError(f"data_dir must be a path or None, got {type(data_dir).__name__}")
@@ -63,15 +117,16 @@ def load_sst2(data_dir: str | os.PathLike | None = None) -> DatasetDict:
     )
 
 
-def load_tiny_shakespeare(path: str | os.PathLike | None = None) -> str:
+def load_tiny_shakespeare(path: str | os.PathLike | None = None, *, local_copy: str = "path") -> str:
     """The tiny-shakespeare corpus (char-rnn's `input.txt`, 1,115,394 characters) as one string.
 
     `path` is a local UTF-8 text file (any corpus); only when it is None is the hub's copy
     (`karpathy/tiny_shakespeare`) downloaded, whose train, validation and test rows are consecutive slices
     of the same file and are joined back in that order, so nanoGPT's split (first 90 % train) applies alike.
+    Offline without a cached copy it fails at once (`load_hub_dataset`; `local_copy` names `path` there).
     """
     if path is None:
-        hub = datasets.load_dataset(TINY_SHAKESPEARE_HUB_NAME)
+        hub = load_hub_dataset(TINY_SHAKESPEARE_HUB_NAME, local_copy=f"{local_copy} (a UTF-8 text file)")
         return "".join(text for split in TINY_SHAKESPEARE_SPLITS for text in hub[split]["text"])
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a text file path or None, got {type(path).__name__}")

@@ -8,7 +8,13 @@ one another (docs/experiments.md, 'Flags'):
 * `printing`: growth events as they happen;
 * `probes`: the exact gate spectrum, prototype probes, accuracy;
 * `analysis`: the head-count law, grow order, how growth ended, temperatures;
-* `causal_lm`: the causal-LM scripts' data, training loop, flags and benchmark models;
+* `causal_lm`: the causal-LM scripts' data, validation windows, nanoGPT's flags, their `Trainer` and the
+  benchmark models;
+* `lm_trainer`: the one builder of the DDL-mHC `Trainer` (`make_optimizer`), and the `TrainingArguments`
+  flags of `finetune_lora.py`;
+* `random_windows`, `window_loss`, `step_timer`, `round_robin`: nanoGPT's batches as a dataset, validation on
+  fixed windows, step times, and several `Trainer` runs in lockstep;
+* `flag_checks`: the flag policy (`CheckedParser`); `data_errors`: one line when a Hub dataset cannot load;
 * `step_profile`, `peer_mhc`: the step profiler and the `hyper-connections` peer of `bench_causal_lm.py`;
 * `threads`: `--threads` (default 1);
 * `results`: result files (`write_results`), the environment, the reproducing command, markdown tables.

@@ -1,27 +1,30 @@
-"""The causal-LM scripts' shared pieces (train_causal_lm.py, bench_causal_lm.py, exp_stream_scaling.py,
-upcycle_llama.py, finetune_lora.py): tiny-shakespeare as character ids, nanoGPT's random-window batches and
-training loop (AdamW, linear warm-up and cosine decay, gradient clipping), and the benchmark's models.
+"""The causal-LM scripts' shared pieces (bench_causal_lm.py, exp_stream_scaling.py, upcycle_llama.py,
+finetune_lora.py, exp_upcycle_pretrained.py): tiny-shakespeare as character ids, validation on fixed random
+windows, nanoGPT's flags (`NanoGPTArguments`) and their `Trainer` (`build_trainer`; round robin through
+`harness.round_robin`), and the benchmark's models (docs/experiments.md, 'Shared causal-LM recipe').
 """
 
 import argparse
 import copy
-import math
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import (
-    HfArgumentParser,
     LlamaConfig,
     LlamaForCausalLM,
-    get_cosine_with_min_lr_schedule_with_warmup,
+    TrainingArguments,
 )
 
 import geoformers
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import load_tiny_shakespeare
 
+from harness.data_errors import DATA_FLAG, exit_without_data
+from harness.flag_checks import CheckedParser
+from harness.lm_trainer import build_lm_trainer
+from harness.random_windows import RandomWindows, get_batch
+from harness.round_robin import RoundRobin
 from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 # nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64); SwiGLU width 344 (Llama's 2.69x).
@@ -56,7 +59,8 @@ EQUAL_TIME_VARIANTS = (LLAMA, "llama param-matched", "ddl-mhc n=1 delta", "ddl-m
 def load_corpus(path: str | None = None, train_fraction: float = 0.9):
     """(tokenizer, train ids, validation ids): char tokenizer over the whole text, nanoGPT split (first
     `train_fraction` train). `path`: a local UTF-8 text file; None: the hub's tiny-shakespeare."""
-    text = load_tiny_shakespeare(path)
+    with exit_without_data(DATA_FLAG):
+        text = load_tiny_shakespeare(path)
     tokenizer = build_char_tokenizer(text)
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False, verbose=False), dtype=torch.long)
     split = int(train_fraction * len(ids))
@@ -77,14 +81,6 @@ def split_ids(ids: torch.Tensor, train_fraction: float, block_size: int) -> tupl
     return train_ids, val_ids
 
 
-def get_batch(ids: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator):
-    """`batch_size` random windows of `block_size` tokens (the labels are the same tensor: HF shifts them)."""
-    if len(ids) <= block_size:
-        raise ValueError(f"the split has {len(ids)} tokens, fewer than block_size + 1 = {block_size + 1}")
-    starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
-    return torch.stack([ids[s : s + block_size] for s in starts.tolist()])
-
-
 @torch.no_grad()
 def estimate_loss(model, ids, batch_size, block_size, num_batches, seed, device) -> float:
     """Mean loss over `num_batches` fixed random windows (same windows for every model and call)."""
@@ -99,95 +95,76 @@ def estimate_loss(model, ids, batch_size, block_size, num_batches, seed, device)
     return sum(losses) / len(losses)
 
 
-def make_optimizer(model, lr, weight_decay, beta2, warmup_steps, steps, min_lr_ratio):
-    """AdamW (decay on matrices only, nanoGPT) with linear warm-up and cosine decay to min_lr_ratio * lr."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(0.9, beta2))
-    schedule = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, num_warmup_steps=warmup_steps, num_training_steps=steps, min_lr_rate=min_lr_ratio
+def training_arguments(args, device: torch.device) -> TrainingArguments:
+    """The `TrainingArguments` of `NanoGPTArguments` flags: the recipe through the `Trainer`
+    (`harness.lm_trainer`; foreach AdamW as the committed runs' loop, `cosine_with_min_lr`), logging every
+    step, saving and reporting nothing."""
+    return TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        adam_beta2=args.adam_beta2,
+        max_grad_norm=args.max_grad_norm,
+        warmup_steps=args.warmup_steps,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio},
+        optim="adamw_torch",
+        seed=args.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        torch_compile=args.torch_compile,
+        bf16=getattr(args, "bf16", False),
+        use_cpu=device.type == "cpu",
     )
-    return optimizer, schedule
 
 
-def make_trainer(model, train_ids, args, device):
-    """A `step()` closure: one optimisation step on the next batch, returning (loss, wall seconds). The
-    batches come from a generator seeded with `args.seed`, so every model sees the same batches. With
-    `args.torch_compile` the forward runs through `torch.compile` (the first step pays the compilation); with
-    `args.bf16` under bfloat16 autocast. The closure carries its `optimizer`, `schedule` and batch `generator`
-    as attributes, so a run can branch from it (`upcycle_llama.py`)."""
-    optimizer, schedule = make_optimizer(
-        model,
-        args.learning_rate,
-        args.weight_decay,
-        args.adam_beta2,
-        args.warmup_steps,
-        args.max_steps,
-        args.min_lr_ratio,
-    )
-    generator = torch.Generator().manual_seed(args.seed)
-    model.train()
-    forward = torch.compile(model) if args.torch_compile else model
-    bf16 = getattr(args, "bf16", False)
-
-    def step() -> tuple[float, float]:
-        batch = get_batch(train_ids, args.per_device_train_batch_size, args.block_size, generator).to(device)
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = forward(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"training loss became {loss.item()}")
-        return loss.item(), seconds
-
-    step.optimizer, step.schedule, step.generator = optimizer, schedule, generator
-    return step
+def build_trainer(model, train_ids, args, device, chart_lr_multiplier: float = 1.0, skip_batches: int = 0):
+    """The scripts' `Trainer` (`harness.lm_trainer.build_lm_trainer`) for `model` on nanoGPT's random windows
+    of `train_ids` from `args.seed` (after `skip_batches`), with the loop's flags: so every model of a
+    comparison sees the same batches. `chart_lr_multiplier=1`: the grouping of the loop that produced the
+    committed numbers."""
+    batch = args.per_device_train_batch_size
+    windows = RandomWindows(train_ids, batch, args.block_size, args.seed, skip_batches=skip_batches)
+    arguments = training_arguments(args, device)
+    return build_lm_trainer(model, arguments, windows, chart_lr_multiplier=chart_lr_multiplier)
 
 
-def train_round_robin(models: dict, trainers: dict, steps: dict, log_every: int) -> dict:
-    """Round robin until every model has done its `steps[name]`: each model's step times and losses."""
-    seconds = {name: [] for name in models}
-    losses = {name: [] for name in models}
-    for step in range(max(steps.values())):
-        for name in models:
-            if step < steps[name]:
-                loss, wall = trainers[name]()
-                seconds[name].append(wall)
-                losses[name].append(loss)
-        if (step + 1) % log_every == 0:
-            print(f"step {step + 1}/{max(steps.values())}", flush=True)
+def train_trainers_round_robin(trainers: dict) -> dict:
+    """`harness.round_robin.RoundRobin` over `trainers` (each runs its own `max_steps`): each one's step
+    seconds and logged losses."""
+    seconds = RoundRobin(trainers).train()
+    losses = {
+        name: [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        for name, trainer in trainers.items()
+    }
     return {"seconds": seconds, "losses": losses}
 
 
 def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) -> dict:
-    """Median step seconds of fresh copies of `models` trained round robin for `steps` steps of `args`'s
-    recipe (the first two, warm-up of the allocator and caches, left out)."""
+    """Median step seconds of fresh copies of `models` trained round robin through their `Trainer`s for
+    `steps` steps of `args`'s recipe (the first two, warm-up of the allocator and caches, left out)."""
     timing_args = copy.copy(args)
     timing_args.max_steps = steps
     trainers = {
-        name: make_trainer(copy.deepcopy(model), train_ids, timing_args, device)
+        name: build_trainer(copy.deepcopy(model), train_ids, timing_args, device)
         for name, model in models.items()
     }
-    run = train_round_robin(models, trainers, dict.fromkeys(models, steps), 10**9)
+    run = train_trainers_round_robin(trainers)
     return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
 
 
 @dataclass
-class LoopArguments:
-    """The loop's flags: nanoGPT's recipe, each setting `TrainingArguments` has under that class's name (the
-    loop is not a `Trainer`; docs/experiments.md, 'Flags')."""
+class NanoGPTArguments:
+    """nanoGPT's recipe as flags, each setting `TrainingArguments` has under that class's name, turned into
+    the `TrainingArguments` of the scripts' `Trainer`s by `training_arguments` (docs/experiments.md,
+    'Flags'). The comparisons keep these flags rather than all of `TrainingArguments` so that their
+    committed reports' settings (and the resumption of a committed grid) stay as they were."""
 
-    _argument_group_name = "training loop (TrainingArguments' names where it has the setting)"
+    _argument_group_name = "nanoGPT's recipe (TrainingArguments' names where it has the setting)"
 
     data: str | None = field(
         default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
@@ -210,11 +187,13 @@ class LoopArguments:
     bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
 
 
-def loop_parser(*own, description: str | None = None, **defaults) -> HfArgumentParser:
-    """`HfArgumentParser` over a script's dataclasses `own` and `LoopArguments`, with the script's defaults
+def nanogpt_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
+    """`CheckedParser` over a script's dataclasses `own` and `NanoGPTArguments`, with the script's defaults
     (`RawDescriptionHelpFormatter`: the script's docstring as written)."""
-    parser = HfArgumentParser(
-        (*own, LoopArguments), description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = CheckedParser(
+        (*own, NanoGPTArguments),
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(**defaults)
     return parser

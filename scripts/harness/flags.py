@@ -9,11 +9,12 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser, TrainingArguments, set_seed
+from transformers import TrainingArguments, set_seed
 
 from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 
+from harness.flag_checks import CheckedParser
 from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 TRAINING_FIELD_DEFAULTS = {
@@ -116,10 +117,10 @@ class TrainingFlags(TrainingArguments):
     _argument_group_name = "training (TrainingArguments' fields; the Trainer's documentation describes them)"
 
 
-def experiment_parser(*own, description: str | None = None, **defaults) -> HfArgumentParser:
+def experiment_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
     """The parser of a script's dataclasses `own`, the shared ones and `TrainingArguments`, with
     `TRAINING_DEFAULTS` and then `defaults` set. Its `parse_args` returns one flat namespace."""
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         (*own, ModelArguments, GrowthArguments, RecipeArguments, TrainingFlags),
         description=description,
         usage="%(prog)s [--FLAG VALUE ...]",

@@ -18,6 +18,7 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.tokenization import load_bert_tokenizer, train_wordpiece
 from geoformers.training.data import encode_dataset, load_sst2
 
+from harness.data_errors import DATA_DIR_FLAG, exit_without_data
 from harness.flags import check_experiment_arguments, experiment_parser, gate_choices
 from harness.probes import gate_spectrum
 from harness.recipe import run_growth_training
@@ -124,7 +125,8 @@ def parse_args(argv: list[str] | None, description: str | None = None) -> argpar
 
 def load_data(args: argparse.Namespace):
     """Raw SST-2 (train subset, dev subset), the tokenizer, and the encoded splits."""
-    raw = load_sst2(args.data_dir)
+    with exit_without_data(DATA_DIR_FLAG):
+        raw = load_sst2(args.data_dir)
     train, dev = raw["train"], raw["validation"]
     if args.max_train_samples is not None:
         train = train.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(train))))
