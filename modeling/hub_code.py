@@ -47,6 +47,11 @@ def flat_name(module_name: str) -> str:
     return module_name.removeprefix(PACKAGE + ".").replace(".", "_")
 
 
+# The supported transformers range, checked on import (docs/versions.md): every shipped file imports it first.
+RANGE_MODULE = f"{PACKAGE}.modeling.transformers_range"
+_RANGE_IMPORT = f"from .{flat_name(RANGE_MODULE)} import TRANSFORMERS_REQUIREMENT  # noqa: F401\n"
+
+
 def _spec(module_name: str):
     try:
         return importlib.util.find_spec(module_name)
@@ -71,7 +76,8 @@ def _rewritten(origin: str, mtime_ns: int, size: int) -> tuple[str, tuple[str, .
     source = Path(origin).read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
     imported = []
-    for node in ast.walk(ast.parse(source, origin)):
+    tree = ast.parse(source, origin)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(_is_internal(alias.name) for alias in node.names):
             where = f"{origin}:{node.lineno}"
             raise ValueError(
@@ -93,6 +99,12 @@ def _rewritten(origin: str, mtime_ns: int, size: int) -> tuple[str, tuple[str, .
         rest = lines[node.lineno - 1][match.end() :]
         lines[node.lineno - 1] = f"{match['indent']}from .{flat_name(node.module)} import {rest}"
         imported.append(node.module)
+    if Path(origin) != Path(_spec(RANGE_MODULE).origin):
+        imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+        first = next((node for node in imports if getattr(node, "module", None) != "__future__"), None)
+        if first is not None:  # the range check runs before any other import
+            lines.insert(first.lineno - 1, _RANGE_IMPORT)
+            imported.append(RANGE_MODULE)
     return "".join(lines), tuple(imported)
 
 
