@@ -6,7 +6,9 @@ geoformers is not installed.
 
 transformers' remote-code loader follows relative imports between the files of one folder, so each module is
 copied as it is, except its import lines: `from geoformers.<a>.<b> import <names>` becomes
-`from .<a>_<b> import <names>` (`flat_name`). Any other form of geoformers import is an error at save time.
+`from .<a>_<b> import <names>` (`flat_name`), and the supported transformers range (`transformers_range`) is
+imported before any other import, so a transformers outside it fails with its message (docs/versions.md,
+'Saved folders'). Any other form of geoformers import is an error at save time.
 Modules imported by name at run time (the Triton kernels, `ops.dispatch.kernels`) are not shipped: in a
 copy they do not import and the PyTorch path runs. A copy loaded as remote code re-saves through
 transformers' own `custom_object_save`, its files being flat already.

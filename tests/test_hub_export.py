@@ -427,6 +427,7 @@ def test_model_card_describes_the_exported_model_and_no_benchmark(tmp_path):
     assert "No evaluation results were recorded" in card
     assert "1.6656" not in card and "width 128" not in card  # the benchmark card's run, not this model
     assert "pipeline_tag: text-generation" in card and "library_name: transformers" in card
+    assert "The code supports `transformers>=5.24,<6`" in card  # the range its code checks (docs/versions.md)
 
 
 def test_model_card_lists_only_the_metrics_passed_in(tmp_path):
