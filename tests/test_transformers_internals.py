@@ -188,7 +188,6 @@ INTERNALS = {
             "**kwargs",
         ]
     },
-    ("transformers.utils.versions", "require_version"): {"parameters": ["requirement", "hint"]},
 }
 
 
