@@ -32,10 +32,12 @@ case "${1:-}" in
     test) shift; "$VENV/bin/ruff" check .; "$VENV/bin/ruff" format --check .
           exec "$VENV/bin/python" -m pytest -m "not slow" -n auto --maxprocesses 4 --dist loadfile -q "$@" ;;
     min) shift; MIN_VENV=${MIN_VENV:-.venv-min}
-         if [ ! -x "$MIN_VENV/bin/python" ] || ! "$MIN_VENV/bin/python" -c "import geoformers, pytest" 2>/dev/null
+         # made again when pyproject.toml's lower bounds change
+         if [ ! -x "$MIN_VENV/bin/python" ] || ! "$MIN_VENV/bin/python" -c "import geoformers, pytest" 2>/dev/null \
+             || ! python3 .ci/min_constraints.py pyproject.toml | cmp -s - "$MIN_VENV/constraints.txt"
          then
              echo "dev.sh: creating $MIN_VENV: each dependency at pyproject.toml's lower bound" >&2
-             python3 -m venv "$MIN_VENV"
+             python3 -m venv --clear "$MIN_VENV"
              python3 .ci/min_constraints.py pyproject.toml > "$MIN_VENV/constraints.txt"
              "$MIN_VENV/bin/pip" install -q --no-deps --retries 1 --index-url "$TORCH_INDEX" \
                  "$(grep '^torch==' "$MIN_VENV/constraints.txt")"
