@@ -46,14 +46,14 @@ case "${1:-}" in
              "$MIN_VENV/bin/pip" install -q --no-deps --target "$MIN_VENV/transformers-5.17" transformers==5.17.0
          fi
          # the smoke subset: import, forward, generate, save / from_pretrained, Trainer steps with growth, LoRA,
-         # the transformers internals and range, Hub folders (torch.compile: the fast suite); the range test's
-         # folders are saved by $VENV
+         # the transformers internals and range (torch.compile: the fast suite); the range test's folders are
+         # saved by $VENV
          GEOFORMERS_SAVING_PYTHON=$([ -x "$VENV/bin/python" ] && echo "$(cd "$VENV" && pwd)/bin/python") \
          GEOFORMERS_OUT_OF_RANGE_TRANSFORMERS="$(cd "$MIN_VENV" && pwd)/transformers-5.17" \
              exec "$MIN_VENV/bin/python" -m pytest -m "not slow" -k "not compile" -q -p no:cacheprovider "$@" \
              tests/test_package_imports.py tests/test_ddl_mhc.py tests/test_ddcl_incrt.py tests/test_peft.py \
              tests/test_growth_callback.py tests/test_ddl_mhc_trainer.py tests/test_transformers_internals.py \
-             tests/test_transformers_range.py tests/test_dependency_bounds.py tests/test_hub_export.py ;;
+             tests/test_transformers_range.py tests/test_dependency_bounds.py ;;
     setup) ;;
     *) echo "usage: bash scripts/dev.sh {main|test|min|setup}" >&2; exit 2 ;;
 esac
