@@ -10,6 +10,11 @@ from typing import TYPE_CHECKING
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+# first: a transformers release outside the supported range fails here, naming both (docs/versions.md)
+from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
+
+# isort: split
+
 # --- DDCL-INCRT encoder (docs/ddcl_incrt.md) and DDL-mHC causal LM (docs/ddl_mhc.md) ---
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.configuration.ddl_mhc import DDLmHCConfig

@@ -6,7 +6,9 @@ geoformers is not installed.
 
 transformers' remote-code loader follows relative imports between the files of one folder, so each module is
 copied as it is, except its import lines: `from geoformers.<a>.<b> import <names>` becomes
-`from .<a>_<b> import <names>` (`flat_name`). Any other form of geoformers import is an error at save time.
+`from .<a>_<b> import <names>` (`flat_name`), and the supported transformers range (`transformers_range`) is
+imported before any other import, so a transformers outside it fails with its message (docs/versions.md,
+'Saved folders'). Any other form of geoformers import is an error at save time.
 Modules imported by name at run time (the Triton kernels, `ops.dispatch.kernels`) are not shipped: in a
 copy they do not import and the PyTorch path runs. A copy loaded as remote code re-saves through
 transformers' own `custom_object_save`, its files being flat already.
@@ -47,6 +49,11 @@ def flat_name(module_name: str) -> str:
     return module_name.removeprefix(PACKAGE + ".").replace(".", "_")
 
 
+# The supported transformers range, checked on import (docs/versions.md): every shipped file imports it first.
+RANGE_MODULE = f"{PACKAGE}.modeling.transformers_range"
+_RANGE_IMPORT = f"from .{flat_name(RANGE_MODULE)} import TRANSFORMERS_REQUIREMENT  # noqa: F401\n"
+
+
 def _spec(module_name: str):
     try:
         return importlib.util.find_spec(module_name)
@@ -71,7 +78,8 @@ def _rewritten(origin: str, mtime_ns: int, size: int) -> tuple[str, tuple[str, .
     source = Path(origin).read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
     imported = []
-    for node in ast.walk(ast.parse(source, origin)):
+    tree = ast.parse(source, origin)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(_is_internal(alias.name) for alias in node.names):
             where = f"{origin}:{node.lineno}"
             raise ValueError(
@@ -93,6 +101,12 @@ def _rewritten(origin: str, mtime_ns: int, size: int) -> tuple[str, tuple[str, .
         rest = lines[node.lineno - 1][match.end() :]
         lines[node.lineno - 1] = f"{match['indent']}from .{flat_name(node.module)} import {rest}"
         imported.append(node.module)
+    if Path(origin) != Path(_spec(RANGE_MODULE).origin):
+        imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+        first = next((node for node in imports if getattr(node, "module", None) != "__future__"), None)
+        if first is not None:  # the range check runs before any other import
+            lines.insert(first.lineno - 1, _RANGE_IMPORT)
+            imported.append(RANGE_MODULE)
     return "".join(lines), tuple(imported)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from huggingface_hub import ModelCard, ModelCardData
 
 from geoformers.modeling.hub_code import TASK_AUTO_CLASSES
+from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT
 
 # Per model type: title, pipeline tag, one-line description and the config fields shown (field, meaning).
 _CARD_FACTS = {
@@ -119,7 +120,8 @@ def model_card(model, metrics: Mapping[str, float] | None = None) -> ModelCard:
         "## Use",
         "",
         "The modelling code ships in this repository (`configuration_*.py`, `modeling_*.py`); `geoformers` "
-        "need not be installed:",
+        f"need not be installed. The code supports `{TRANSFORMERS_REQUIREMENT}` and says so when loaded "
+        "under another transformers:",
         "",
         "```python",
         f"from transformers import {auto_class}",

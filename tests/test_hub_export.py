@@ -122,9 +122,17 @@ def test_shipped_files_are_the_modules_with_only_their_geoformers_import_lines_m
     } <= set(files)
     modules = [name for name in sys.modules if name.startswith("geoformers.")]
     loaded = {f"{hub_code.flat_name(name)}.py": sys.modules[name].__file__ for name in modules}
+    assert "modeling_transformers_range.py" in files
     for name, source in files.items():
         original = Path(loaded[name]).read_text().splitlines()
         shipped = source.splitlines()
+        range_import = hub_code._RANGE_IMPORT.rstrip("\n")
+        if range_import in shipped:  # the range check comes before every other import (docs/versions.md)
+            before = shipped[: shipped.index(range_import)]
+            assert not [
+                line for line in before if line.startswith(("import ", "from ")) and "__future__" not in line
+            ]
+            shipped.remove(range_import)
         assert len(shipped) == len(original), name
         changed = [(a, b) for a, b in zip(original, shipped, strict=True) if a != b]
         for before, after in changed:  # `from geoformers.<a>.<b> import` -> `from .<a>_<b> import`
@@ -419,6 +427,7 @@ def test_model_card_describes_the_exported_model_and_no_benchmark(tmp_path):
     assert "No evaluation results were recorded" in card
     assert "1.6656" not in card and "width 128" not in card  # the benchmark card's run, not this model
     assert "pipeline_tag: text-generation" in card and "library_name: transformers" in card
+    assert "The code supports `transformers>=5.24,<6`" in card  # the range its code checks (docs/versions.md)
 
 
 def test_model_card_lists_only_the_metrics_passed_in(tmp_path):
