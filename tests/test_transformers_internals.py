@@ -59,6 +59,12 @@ INTERNALS = {
             "**kwargs",
         ]
     },
+    # the forward accepts continuous batching's paged cache (isinstance, and its `update` through attention)
+    ("transformers.generation.continuous_batching", "PagedAttentionCache"): {"methods": ["update"]},
+    ("transformers.integrations.integration_utils", "INTEGRATION_TO_CALLBACK"): {"type": "dict"},
+    ("transformers.integrations.integration_utils", "get_reporting_integration_callbacks"): {
+        "parameters": ["report_to"]
+    },
     ("transformers.masking_utils", "create_bidirectional_mask"): {
         "parameters": [
             "config",
