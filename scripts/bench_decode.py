@@ -25,7 +25,6 @@ import torch
 from transformers import (
     ContinuousBatchingConfig,
     GenerationConfig,
-    HfArgumentParser,
     LlamaConfig,
     LlamaForCausalLM,
 )
@@ -33,6 +32,7 @@ from transformers.utils import logging
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
 
+from harness.flag_checks import CheckedParser, check_flag
 from harness.results import REPO_ROOT, write_results
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
@@ -58,15 +58,14 @@ class BenchDecodeArguments:
     threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
 
 
-def check(parser: HfArgumentParser, args: BenchDecodeArguments) -> None:
-    """Flag values, before any model is built."""
+def check(args: BenchDecodeArguments) -> None:
+    """This script's own flag values (docs/experiments.md, 'Flags'), before any model is built."""
     for name in ("layers", "hc_streams", "prompt_length", "new_tokens", "requests", "reps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+        check_flag(name, getattr(args, name), 1, integer=True)
     if not args.widths or any(width < 64 or width % 64 for width in args.widths):
-        parser.error(f"--widths must be multiples of 64 (64-wide heads), got {args.widths}")
+        raise ValueError(f"--widths must be multiples of 64 (64-wide heads), got {args.widths}")
     if args.residual not in ("delta", "add"):
-        parser.error(f"--residual must be delta or add, got {args.residual!r}")
+        raise ValueError(f"--residual must be delta or add, got {args.residual!r}")
 
 
 def models(args: BenchDecodeArguments, width: int) -> dict:
@@ -117,11 +116,11 @@ def continuous_batching(model, prompts: list[list[int]], new_tokens: int) -> tup
 
 
 def main() -> None:
-    parser = HfArgumentParser(
+    parser = CheckedParser(
         BenchDecodeArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     (args,) = parser.parse_args_into_dataclasses()
-    check(parser, args)
+    parser.checked(check, args)
     set_threads(args.threads)
     logging.disable_progress_bar()
     logging.set_verbosity_error()

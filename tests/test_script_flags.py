@@ -36,6 +36,8 @@ def test_every_script_takes_threads(name, monkeypatch, capsys):
         ("exp_upcycle_pretrained.py", ["--learning_rate", "-1"], "--learning_rate"),
         ("convert_llama.py", ["--output_dir", "out", "--threads", "-1"], "--threads"),
         ("bench_save.py", ["--threads", "-3"], "--threads"),
+        ("bench_decode.py", ["--widths", "100"], "--widths"),
+        ("bench_decode.py", ["--reps", "0"], "--reps"),
         ("bench_causal_lm.py", ["--weight_decay", "-0.1"], "--weight_decay"),
         ("exp_stream_scaling.py", ["--max_grad_norm", "-1"], "--max_grad_norm"),
         ("upcycle_llama.py", ["--per_device_train_batch_size", "0"], "--per_device_train_batch_size"),
