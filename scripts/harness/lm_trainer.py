@@ -5,11 +5,12 @@ groups, chart logits at lr/6, docs/hc_diagnostics.md, 'Optimizer groups'), rows 
 """
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import torch
 from transformers import Trainer, TrainingArguments, default_data_collator
 
-from geoformers.training import make_optimizer, parameter_groups
+from geoformers.training import make_optimizer, parameter_groups, report_callback_metrics
 from geoformers.training.evaluation import causal_lm_metrics
 
 from harness.flag_checks import CheckedParser
@@ -91,11 +92,15 @@ def build_lm_trainer(
     docs/experiments.md, 'Shared causal-LM recipe').
 
     The optimizer is handed over as a factory (`optimizer_cls_and_kwargs`), so the Trainer builds it when it
-    builds its own: after FSDP has wrapped the model (the Trainer refuses a ready optimizer under FSDP)."""
+    builds its own: after FSDP has wrapped the model (the Trainer refuses a ready optimizer under FSDP).
+    Metrics the callbacks log reach the `report_to` integrations (`report_callback_metrics`); without an
+    accelerator the batches are not pinned (there is no device memory to pin them for)."""
     if not isinstance(args, TrainingArguments):
         raise TypeError(f"`args` must be a transformers.TrainingArguments, got {type(args).__name__}")
     parameter_groups(model, args.learning_rate, args.weight_decay, **lr_multipliers)  # bad values fail here
-    return Trainer(
+    if args.dataloader_pin_memory and not torch.accelerator.is_available():
+        args = replace(args, dataloader_pin_memory=False)
+    trainer = Trainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
@@ -106,6 +111,7 @@ def build_lm_trainer(
         optimizer_cls_and_kwargs=(lambda: grouped_optimizer(args, lr_multipliers), {}),
         **(causal_lm_metrics() if eval_dataset is not None else {}),
     )
+    return report_callback_metrics(trainer)
 
 
 def grouped_optimizer(args: TrainingArguments, lr_multipliers: dict):
