@@ -37,6 +37,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, set_seed
 
 import geoformers
+from geoformers.tokenization import unknown_characters
 
 from harness.causal_lm import estimate_loss, split_ids
 from harness.flags import parsed_settings, training_arguments
@@ -90,10 +91,7 @@ def encode_text(path: str | Path, tokenizer, max_unk_fraction: float) -> tuple[t
     unk_id = tokenizer.unk_token_id
     num_unknown = 0 if unk_id is None else sum(token == unk_id for token in ids)
     if num_unknown > max_unk_fraction * len(ids):
-        unknown_chars = {
-            char for char in set(text) if tokenizer(char, add_special_tokens=False)["input_ids"] == [unk_id]
-        }
-        unknown = Counter(char for char in text if char in unknown_chars)
+        unknown = unknown_characters(tokenizer, text)
         shown = ", ".join(f"{char!r} x{count}" for char, count in unknown.most_common(10))
         raise ValueError(
             f"{num_unknown} of {len(ids)} tokens of --data are {tokenizer.unk_token!r} "
