@@ -38,14 +38,14 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
 from geoformers.training.data import load_tiny_shakespeare
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
-from harness.causal_lm import estimate_loss, get_batch, split_ids, training_memory_bytes
+from harness.causal_lm import estimate_loss, get_batch, split_ids, training_arguments, training_memory_bytes
 from harness.data_errors import DATA_FLAG, exit_without_data
 from harness.flag_checks import CheckedParser
 from harness.lm_trainer import build_lm_trainer
@@ -215,27 +215,11 @@ def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, ar
         record = json.loads((Path(newest) / RECORD_FILE).read_text())
     else:
         record["history"].append(evaluate(model, val_ids, args, device, 0))
-    training_args = TrainingArguments(
+    training_args = dataclasses.replace(
+        training_arguments(args, device),  # the scripts' recipe, with this arm's folder and checkpoints
         output_dir=str(arm_dir),
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        adam_beta2=args.adam_beta2,
-        max_grad_norm=args.max_grad_norm,
-        warmup_steps=args.warmup_steps,
-        lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio},
-        optim="adamw_torch",
-        seed=args.seed,
-        logging_steps=1,
         save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or args.max_steps,
-        report_to=[],
-        disable_tqdm=True,
-        bf16=args.bf16,
-        torch_compile=args.torch_compile,
-        use_cpu=device.type == "cpu",
     )
     windows = RandomWindows(train_ids, args.per_device_train_batch_size, args.block_size, args.seed)
     progress = ArmProgress(record, val_ids, args, device)
