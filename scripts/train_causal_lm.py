@@ -37,10 +37,11 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.utils import logging
 
 import geoformers
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.tokenization import build_char_tokenizer
+from geoformers.tokenization import build_char_tokenizer, unknown_characters
 from geoformers.training.data import TINY_SHAKESPEARE_HUB_NAME, load_hub_dataset
 
 from harness.data_errors import exit_without_data
@@ -51,6 +52,7 @@ from harness.pretrained import load_tokenizer as load_pretrained_tokenizer
 from harness.results import write_results
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads
 
+logger = logging.get_logger("transformers.train_causal_lm")  # shown at transformers' default (warning) level
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")
 NOT_FLAGS = (*TOKENIZER_FIELDS, "use_cache")  # use_cache: generation only, and a TrainingArguments flag too
@@ -229,6 +231,21 @@ def load_tokenizer(model_args: ModelArguments, raw, text_column: str):
     return build_char_tokenizer("".join(chain.from_iterable(split[text_column] for split in raw.values())))
 
 
+def report_unknown_characters(tokenizer, texts: list[str], ids: list[list[int]], split: str) -> None:
+    """A warning naming the characters of `split` that became the unknown token, with their counts and
+    share of the tokens (a tokenizer built on another text meets new characters here)."""
+    unk_id = tokenizer.unk_token_id
+    num_unknown = 0 if unk_id is None else sum(row.count(unk_id) for row in ids)
+    if num_unknown:
+        unknown = unknown_characters(tokenizer, "".join(texts))
+        shown = ", ".join(f"{character!r} x{count:,}" for character, count in unknown.most_common(10))
+        total = sum(len(row) for row in ids)
+        logger.warning(
+            f"{num_unknown:,} of the {total:,} tokens of the {split} split ({num_unknown / total:.2%}) are "
+            f"{tokenizer.unk_token!r}: characters the tokenizer does not know: {shown}"
+        )
+
+
 def pack_blocks(raw, tokenizer, data_args: DataTrainingArguments):
     """Tokenise (no special tokens: one continuous text) and pack into `block_size` blocks whose `labels`
     are their `input_ids` (run_clm's `group_texts`; the remainder shorter than a block is dropped)."""
@@ -250,6 +267,8 @@ def pack_blocks(raw, tokenizer, data_args: DataTrainingArguments):
         if column not in names:
             raise ValueError(f"--text_column {column!r} is not a column of {split}; columns are {names}")
         tokenized = rows.map(tokenize, batched=True, remove_columns=names)
+        if not data_args.streaming:
+            report_unknown_characters(tokenizer, rows[column], tokenized["input_ids"], split)
         packed[split] = tokenized.map(group_texts, batched=True)
         if not data_args.streaming and len(packed[split]) == 0:
             raise ValueError(f"the {split} split has less than one block of --block_size={block_size} tokens")

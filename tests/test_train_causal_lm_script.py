@@ -253,3 +253,21 @@ def test_model_from_a_saved_folder_or_converted_from_a_llama(texts, tmp_path, ca
     ids = torch.tensor([tokenizer("Speak, speak.")["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(converted(ids).logits, llama(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_characters_the_tokenizer_does_not_know_are_reported(texts, tmp_path, caplog):
+    """A tokenizer built on the training text meets new characters in the validation file: the run names
+    them with their counts, as many as the <unk> tokens."""
+    train, validation = texts
+    build_char_tokenizer(TRAIN_TEXT).save_pretrained(tmp_path / "tokenizer")
+    argv = [*("--train_file", str(train), "--validation_file", str(validation), "--max_steps", "1"), *TINY]
+    argv += ["--tokenizer_name", str(tmp_path / "tokenizer"), "--output_dir", str(tmp_path / "out")]
+    argv += ["--per_device_train_batch_size", "2", "--save_strategy", "no", "--eval_strategy", "no"]
+    with caplog.at_level("WARNING", logger="transformers.train_causal_lm"):
+        run(argv)
+    unknown = {c: VALIDATION_TEXT.count(c) for c in set(VALIDATION_TEXT) - set(TRAIN_TEXT)}
+    reports = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(reports) == 1 and "validation split" in reports[0]
+    assert f"{sum(unknown.values()):,} of the {len(VALIDATION_TEXT):,} tokens" in reports[0]
+    top = max(unknown, key=unknown.get)
+    assert f"{top!r} x{unknown[top]:,}" in reports[0]
