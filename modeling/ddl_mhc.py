@@ -259,9 +259,10 @@ class HyperConnection(nn.Module):
             return self._gated(None)
         return self._gated(map_terms(streams, self.maps_proj, self.eps))
 
-    def _gated(self, terms: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        """bias + gate * term per map from the dynamic terms (..., sum(map_sizes)), or the biases alone."""
-        biases = (self.pre_bias, self.res_bias, self.write_bias)
+    def _gated(self, terms: torch.Tensor | None, with_pre: bool = True) -> tuple[torch.Tensor | None, ...]:
+        """bias + gate * term per map from the dynamic terms (..., sum(map_sizes)), or the biases alone;
+        `with_pre=False` leaves out t_pre (None), which the fused read has already used."""
+        biases = (self.pre_bias if with_pre else None, self.res_bias, self.write_bias)
         if terms is None:
             return tuple(None if bias is None else upcast(bias) for bias in biases)
         gates = (self.pre_gate, self.res_gate, self.write_gate)
@@ -282,7 +283,7 @@ class HyperConnection(nn.Module):
         terms, hidden = stream_maps_read(
             streams, self.maps_proj, self.pre_bias, self.pre_gate, self.eps, self.implementation
         )
-        _, res_logit, write_logit = self._gated(terms)
+        _, res_logit, write_logit = self._gated(terms, with_pre=False)
         return hidden, StreamMaps(self._h_res(res_logit), write_logit)
 
     def _h_res(self, res_logit: torch.Tensor) -> torch.Tensor:

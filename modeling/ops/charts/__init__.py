@@ -30,7 +30,6 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
-from geoformers.modeling.ops.autocast import autocast_off
 from geoformers.modeling.ops.charts.inverse import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
@@ -57,6 +56,7 @@ from geoformers.modeling.ops.charts.naive import (
 from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
 from geoformers.modeling.ops.dispatch import kernels
+from geoformers.modeling.ops.precision import autocast_off, cast
 from geoformers.modeling.value_checks import checks_values
 
 __all__ = [
@@ -200,7 +200,7 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
         x = (logits.to(out_dtype).sum(-1) + 1)[..., None, None]
     else:
         with autocast_off(logits.device.type):
-            flat = logits.reshape(-1, logits.shape[-1]).to(out_dtype)
+            flat = cast(logits.reshape(-1, logits.shape[-1]), out_dtype)
             triton = kernels(TRITON_KERNELS, logits) if entry.triton and flat.shape[0] > 0 else None
             if triton is not None:  # CUDA tensors in eager mode (or CPU under the interpreter, forced)
                 x = triton.triton_chart(flat, n, method)
@@ -208,7 +208,7 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
                 x = sinkhorn(flat, n, iters)
             else:
                 x = entry.chart(flat, n)
-        x = x.to(out_dtype, memory_format=torch.contiguous_format).view(*batch_shape, n, n)
+        x = cast(x, out_dtype).contiguous().view(*batch_shape, n, n)
     if _observers and not torch.compiler.is_compiling():
         for observer in tuple(_observers.values()):
             observer(method, x.detach())

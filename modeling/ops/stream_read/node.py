@@ -11,7 +11,7 @@ in the streams' dtype. `run_node` and the stream sums serve the write nodes too.
 
 import torch
 
-from geoformers.modeling.ops.autocast import autocast_off
+from geoformers.modeling.ops.precision import autocast_off, cast
 from geoformers.modeling.ops.stream_read.naive import upcast
 
 # At most this many tokens, the weighted sum is one batched (1 x n) @ (n x d) product (a decoding step: one
@@ -21,7 +21,7 @@ SMALL_BATCH_TOKENS = 64
 
 def weighted_stream_sum(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
     """sum_j w_j X_j: weights (..., n), streams (..., n, d) -> (..., d), in the streams' dtype."""
-    weights = weights.to(streams.dtype)
+    weights = cast(weights, streams.dtype)
     if streams.numel() <= SMALL_BATCH_TOKENS * streams.shape[-2] * streams.shape[-1]:
         return torch.matmul(weights.unsqueeze(-2), streams).squeeze(-2)
     total = streams[..., 0, :] * weights[..., 0, None]
@@ -32,7 +32,7 @@ def weighted_stream_sum(weights: torch.Tensor, streams: torch.Tensor) -> torch.T
 
 def stream_dot(streams: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     """X_j . u for every stream: streams (..., n, d), vector (..., d) -> (..., n), at least float32."""
-    return upcast(torch.linalg.vecdot(streams, vector.to(streams.dtype).unsqueeze(-2)))
+    return upcast(torch.linalg.vecdot(streams, cast(vector, streams.dtype).unsqueeze(-2)))
 
 
 class _NoTape:
@@ -90,7 +90,7 @@ class StreamMapsRead(torch.autograd.Function):
         flat = streams.reshape(-1, n * d)
         with autocast_off(streams.device.type):
             inverse_rms = torch.rsqrt(upcast(torch.linalg.vecdot(flat, flat)) / (n * d) + eps).unsqueeze(-1)
-            terms = upcast(torch.matmul(flat, weight.to(dtype).t())) * inverse_rms
+            terms = upcast(torch.matmul(flat, cast(weight, dtype).t())) * inverse_rms
             weights = torch.softmax(upcast(pre_bias) + upcast(pre_gate) * terms[:, :n], -1)
             hidden = weighted_stream_sum(weights, flat.view(-1, n, d))
         ctx.save_for_backward(flat, weight, pre_gate, inverse_rms, terms, weights)

@@ -12,7 +12,7 @@ tensors stay in the streams' dtype.
 
 import torch
 
-from geoformers.modeling.ops.autocast import autocast_off
+from geoformers.modeling.ops.precision import autocast_off, cast
 from geoformers.modeling.ops.stream_read.naive import upcast
 from geoformers.modeling.ops.stream_read.node import stream_dot, weighted_stream_sum
 
@@ -28,8 +28,8 @@ class AddMixWrite(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_res, streams, amplitudes, direction):
         dtype = streams.dtype
-        h_res, streams = h_res.to(dtype).contiguous(), streams.contiguous()
-        amplitudes, direction = amplitudes.to(dtype), direction.to(dtype)
+        h_res, streams = cast(h_res, dtype).contiguous(), streams.contiguous()
+        amplitudes, direction = cast(amplitudes, dtype), cast(direction, dtype)
         ctx.save_for_backward(h_res, streams, amplitudes, direction)
         with autocast_off(streams.device.type):
             mixed = torch.matmul(h_res, streams)
@@ -65,13 +65,13 @@ class DeltaMixWrite(torch.autograd.Function):
         dtype = streams.dtype
         streams = streams.contiguous()
         if h_res is not None:
-            h_res = h_res.to(dtype).contiguous()
-        direction = direction.to(dtype)
+            h_res = cast(h_res, dtype).contiguous()
+        direction = cast(direction, dtype)
         with autocast_off(streams.device.type):
             mixed = streams.clone() if h_res is None else torch.matmul(h_res, streams)
             residual = upcast(value) - stream_dot(mixed, direction)
             amplitudes = upcast(beta) * residual
-            mixed.addcmul_(amplitudes.to(dtype).unsqueeze(-1), direction.unsqueeze(-2))
+            mixed.addcmul_(cast(amplitudes, dtype).unsqueeze(-1), direction.unsqueeze(-2))
         ctx.save_for_backward(h_res, streams, direction, beta, residual, amplitudes)
         ctx.value_dtype = value.dtype
         ctx.mark_non_differentiable(amplitudes)
