@@ -208,7 +208,9 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
                 x = sinkhorn(flat, n, iters)
             else:
                 x = entry.chart(flat, n)
-        x = cast(x, out_dtype).contiguous().view(*batch_shape, n, n)
+        if x.dtype != out_dtype or not x.is_contiguous():
+            x = x.to(out_dtype, memory_format=torch.contiguous_format)
+        x = x.view(*batch_shape, n, n)
     if _observers and not torch.compiler.is_compiling():
         for observer in tuple(_observers.values()):
             observer(method, x.detach())
