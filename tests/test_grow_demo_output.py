@@ -4,6 +4,7 @@ summary in words, and progress bars that printed lines do not break."""
 
 import pytest
 from script_modules import load_script
+from test_experiment_scripts import TINY_MODEL
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 
@@ -11,28 +12,9 @@ from harness.printing import describe_event
 
 GROW = {"step": 201, "layer": 0, "action": "grow", "lambda_max": 0.3505, "theta_w": 0.0526, "head": 1}
 TINY = [
-    "--hidden_size",
-    "16",
-    "--head_dim",
-    "4",
-    "--num_prototypes",
-    "4",
-    "--gate_batch_size",
-    "16",
-    "--per_device_train_batch_size",
-    "16",
-    "--gate_num_tokens",
-    "128",
-    "--max_steps",
-    "24",
-    "--pre_growth_steps",
-    "8",
-    "--num_train",
-    "128",
-    "--num_validation",
-    "64",
-    "--eval_steps",
-    "12",
+    *TINY_MODEL,
+    *("--max_steps", "24", "--pre_growth_steps", "8", "--num_train", "128", "--num_validation", "64"),
+    *("--eval_steps", "12"),
 ]
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
