@@ -22,7 +22,7 @@ from geoformers.training.data import load_tiny_shakespeare
 
 from harness.data_errors import DATA_FLAG, exit_without_data
 from harness.flag_checks import CheckedParser
-from harness.lm_trainer import build_lm_trainer
+from harness.lm_trainer import SCRIPT_TRAINING_DEFAULTS, build_lm_trainer
 from harness.random_windows import RandomWindows, get_batch
 from harness.round_robin import RoundRobin
 from harness.threads import DEFAULT_THREADS, THREADS_HELP
@@ -99,27 +99,25 @@ def training_arguments(args, device: torch.device) -> TrainingArguments:
     """The `TrainingArguments` of `NanoGPTArguments` flags: the recipe through the `Trainer`
     (`harness.lm_trainer`; foreach AdamW as the committed runs' loop, `cosine_with_min_lr`), logging every
     step, saving and reporting nothing."""
+    flags = {
+        "output_dir": args.output_dir,
+        "max_steps": args.max_steps,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "learning_rate": args.learning_rate,
+        "weight_decay": args.weight_decay,
+        "adam_beta2": args.adam_beta2,
+        "max_grad_norm": args.max_grad_norm,
+        "warmup_steps": args.warmup_steps,
+        "lr_scheduler_kwargs": {"min_lr_rate": args.min_lr_ratio},
+        "seed": args.seed,
+        "report_to": [],
+        "torch_compile": args.torch_compile,
+        "bf16": getattr(args, "bf16", False),
+        "use_cpu": device.type == "cpu",
+    }
     return TrainingArguments(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        adam_beta2=args.adam_beta2,
-        max_grad_norm=args.max_grad_norm,
-        warmup_steps=args.warmup_steps,
-        lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_ratio},
-        optim="adamw_torch",
-        seed=args.seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        torch_compile=args.torch_compile,
-        bf16=getattr(args, "bf16", False),
-        use_cpu=device.type == "cpu",
-    )
+        **{**SCRIPT_TRAINING_DEFAULTS, **flags}
+    )  # the recipe's fixed part, then the flags
 
 
 def build_trainer(model, train_ids, args, device, chart_lr_multiplier: float = 1.0, skip_batches: int = 0):
@@ -170,17 +168,28 @@ class NanoGPTArguments:
         default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
     )
     output_dir: str | None = field(default=None, metadata={"help": "where the results go"})
-    max_steps: int = 2000
-    per_device_train_batch_size: int = field(default=12, metadata={"help": "windows per step"})
+    max_steps: int = SCRIPT_TRAINING_DEFAULTS["max_steps"]
+    per_device_train_batch_size: int = field(
+        default=SCRIPT_TRAINING_DEFAULTS["per_device_train_batch_size"], metadata={"help": "windows per step"}
+    )
     block_size: int = field(default=64, metadata={"help": "tokens per window"})
-    learning_rate: float = 1e-3
-    min_lr_ratio: float = field(default=0.1, metadata={"help": "the cosine decays to this x learning_rate"})
-    warmup_steps: int = field(default=100, metadata={"help": "linear warm-up steps"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW's, on matrices only"})
-    adam_beta2: float = 0.99
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping"})
+    learning_rate: float = SCRIPT_TRAINING_DEFAULTS["learning_rate"]
+    min_lr_ratio: float = field(
+        default=SCRIPT_TRAINING_DEFAULTS["lr_scheduler_kwargs"]["min_lr_rate"],
+        metadata={"help": "the cosine decays to this x learning_rate"},
+    )
+    warmup_steps: int = field(
+        default=SCRIPT_TRAINING_DEFAULTS["warmup_steps"], metadata={"help": "linear warm-up steps"}
+    )
+    weight_decay: float = field(
+        default=SCRIPT_TRAINING_DEFAULTS["weight_decay"], metadata={"help": "AdamW's, on matrices only"}
+    )
+    adam_beta2: float = SCRIPT_TRAINING_DEFAULTS["adam_beta2"]
+    max_grad_norm: float = field(
+        default=SCRIPT_TRAINING_DEFAULTS["max_grad_norm"], metadata={"help": "gradient clipping"}
+    )
     eval_batches: int = field(default=20, metadata={"help": "validation batches per loss estimate"})
-    seed: int = 1337
+    seed: int = SCRIPT_TRAINING_DEFAULTS["seed"]
     device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
     threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
     torch_compile: bool = field(default=False, metadata={"help": "train through torch.compile (inductor)"})
