@@ -38,6 +38,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaC
 
 import geoformers
 from geoformers.tokenization import unknown_characters
+from geoformers.tokenization.encoding import listed
 
 from harness.causal_lm import estimate_loss, split_ids
 from harness.flags import parsed_settings, training_arguments
@@ -91,8 +92,7 @@ def encode_text(path: str | Path, tokenizer, max_unk_fraction: float) -> tuple[t
     unk_id = tokenizer.unk_token_id
     num_unknown = 0 if unk_id is None else sum(token == unk_id for token in ids)
     if num_unknown > max_unk_fraction * len(ids):
-        unknown = unknown_characters(tokenizer, text)
-        shown = ", ".join(f"{char!r} x{count}" for char, count in unknown.most_common(10))
+        shown = listed(unknown_characters(tokenizer, text))
         raise ValueError(
             f"{num_unknown} of {len(ids)} tokens of --data are {tokenizer.unk_token!r} "
             f"(> --max_unk_fraction={max_unk_fraction}); unknown characters: {shown}"

@@ -42,6 +42,7 @@ from transformers.utils import logging
 import geoformers
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.tokenization import build_char_tokenizer, unknown_characters
+from geoformers.tokenization.encoding import listed
 from geoformers.training.data import TINY_SHAKESPEARE_HUB_NAME, load_hub_dataset
 
 from harness.data_errors import exit_without_data
@@ -237,8 +238,7 @@ def report_unknown_characters(tokenizer, texts: list[str], ids: list[list[int]],
     unk_id = tokenizer.unk_token_id
     num_unknown = 0 if unk_id is None else sum(row.count(unk_id) for row in ids)
     if num_unknown:
-        unknown = unknown_characters(tokenizer, "".join(texts))
-        shown = ", ".join(f"{character!r} x{count:,}" for character, count in unknown.most_common(10))
+        shown = listed(unknown_characters(tokenizer, "".join(texts)))
         total = sum(len(row) for row in ids)
         logger.warning(
             f"{num_unknown:,} of the {total:,} tokens of the {split} split ({num_unknown / total:.2%}) are "

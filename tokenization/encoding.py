@@ -27,6 +27,12 @@ def unknown_characters(tokenizer: PreTrainedTokenizerBase, text: str) -> Counter
     return Counter({c: counts[c] for c, ids in zip(characters, encoded, strict=True) if ids == [unk_id]})
 
 
+def listed(unknown: Counter) -> str:
+    """The `SHOWN` most frequent unknown characters with their counts, e.g. "'x' x3, 'ñ' x1 and 2 more"."""
+    shown = ", ".join(f"{character!r} x{count:,}" for character, count in unknown.most_common(SHOWN))
+    return shown + (f" and {len(unknown) - SHOWN} more" if len(unknown) > SHOWN else "")
+
+
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, *, name: str = "the text") -> list[int]:
     """Token ids of `text` (no special tokens added, no length warning: a corpus is cut into blocks later);
     a warning names every character that became the unknown token, with its count and share of the
@@ -34,12 +40,10 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str, *, name: str = "t
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     unknown = unknown_characters(tokenizer, text)
     if unknown:
-        shown = ", ".join(f"{character!r} x{count:,}" for character, count in unknown.most_common(SHOWN))
-        more = f" and {len(unknown) - SHOWN} more" if len(unknown) > SHOWN else ""
         total = sum(unknown.values())
         logger.warning(
             f"{total:,} characters of {name} ({len(unknown)} distinct) are not in the tokenizer's "
             f"vocabulary and became {tokenizer.unk_token!r}, {total / max(len(ids), 1):.2%} of its "
-            f"{len(ids):,} tokens: {shown}{more}"
+            f"{len(ids):,} tokens: {listed(unknown)}"
         )
     return ids
