@@ -26,7 +26,9 @@ def _transformers_namespaces() -> list[ModuleType]:
     return list(found.values())
 
 
-def _name(name: str, cls: type) -> None:
+def _name(name: str, from_pretrained) -> None:
+    """`transformers.<name>`: a class whose `from_pretrained` is `from_pretrained`, in every namespace."""
+    cls = type(name, (), {"__module__": __name__, "from_pretrained": classmethod(from_pretrained)})
     for namespace in _transformers_namespaces():
         if name not in vars(namespace):  # an in-tree class, or this module imported twice
             setattr(namespace, name, cls)
@@ -39,7 +41,7 @@ def name_architecture(name: str, auto_class: type) -> None:
     def from_pretrained(cls, *args, **kwargs):
         return auto_class.from_pretrained(*args, **kwargs)
 
-    _name(name, type(name, (), {"__module__": __name__, "from_pretrained": classmethod(from_pretrained)}))
+    _name(name, from_pretrained)
 
 
 def name_non_generator(name: str, auto_class_name: str) -> None:
@@ -53,4 +55,4 @@ def name_non_generator(name: str, auto_class_name: str) -> None:
             ".from_pretrained(folder, trust_remote_code=True)` or serve a DDL-mHC causal LM"
         )
 
-    _name(name, type(name, (), {"__module__": __name__, "from_pretrained": classmethod(from_pretrained)}))
+    _name(name, from_pretrained)
