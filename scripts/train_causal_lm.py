@@ -45,6 +45,7 @@ from geoformers.tokenization import build_char_tokenizer, unknown_characters
 from geoformers.tokenization.encoding import listed
 from geoformers.training.data import TINY_SHAKESPEARE_HUB_NAME, load_hub_dataset
 
+from harness.causal_lm import SMALL_CPU_SHAPE  # nanoGPT's small CPU config
 from harness.data_errors import exit_without_data
 from harness.flag_checks import CheckedParser, check_flag
 from harness.flags import TRAINING_FIELD_DEFAULTS
@@ -57,13 +58,6 @@ logger = logging.get_logger("transformers.train_causal_lm")  # shown at transfor
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FIELDS = ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")
 NOT_FLAGS = (*TOKENIZER_FIELDS, "use_cache")  # use_cache: generation only, and a TrainingArguments flag too
-# nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64, batch 12); SwiGLU width 344 (2.69x)
-SMALL_CPU_SHAPE = {
-    "hidden_size": 128,
-    "intermediate_size": 344,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-}
 TRAINING_DEFAULTS = {
     **NANOGPT_TRAINING_DEFAULTS,
     "output_dir": str(REPO_ROOT / "outputs" / "ddl_mhc_char"),
