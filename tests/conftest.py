@@ -4,9 +4,9 @@
 scripts' shared `harness` package as the scripts do.
 
 Without a GPU, Triton kernels run only in Triton's interpreter, which `triton.jit` selects when a kernel
-is defined, i.e. when a kernel module (`modeling/triton_birkhoff.py`, `modeling/ops/*/triton.py`) is first
-imported; setting TRITON_INTERPRET=1 here, before any test module imports them, makes
-tests/test_triton_kernels.py run them on CPU tensors.
+is defined, i.e. when a kernel module (`modeling/ops/*/triton.py`) is first imported; setting
+TRITON_INTERPRET=1 here, before any test module imports them, makes tests/test_triton_kernels.py run them
+on CPU tensors.
 """
 
 import os
@@ -36,15 +36,6 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} is absent (only CI and developer machines have it)")
     return SHARED_DATA
-
-
-def pytest_ignore_collect(collection_path, config):
-    """transformers' common tests (`*_transformers_common.py`) import its sdist (downloaded on first use)
-    while being collected: leave those modules out when slow tests are deselected (`-m "not slow"`, the
-    default suite)."""
-    if collection_path.name.endswith("_transformers_common.py"):
-        return "not slow" in (config.getoption("markexpr") or "") or None
-    return None
 
 
 @pytest.fixture(scope="module")

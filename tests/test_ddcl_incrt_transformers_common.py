@@ -1,19 +1,21 @@
 """transformers' own common tests of the installed version, unmodified, against DDCL-INCRT, set up as
 transformers sets up BERT's: a `ModelTester`, the test class with `ModelTesterMixin` and
 `PipelineTesterMixin`, the config tests, and the model listed in the auto mappings the mixins consult (base
-model, sequence classification). The test files come from `transformers_common.py`; the mixins whose folders
-the sdist lacks skip with that reason, and tests/test_ddcl_incrt_contract.py covers what they check. Slow (a
-download and ~120 tests).
+model, sequence classification). The test files come from `transformers_common.py`; a mixin whose folder
+the sdist lacks is not inherited and `test_transformers_mixin` reports it skipped, naming the project tests
+that check what it would (`COVERED_BY`). An encoder does not generate: transformers' own
+`test_generation_tester_mixin_inheritance` checks that the class does not inherit `GenerationTesterMixin`.
+Part of the fast suite (about 170 tests, ~20 s).
 """
 
 import unittest
 
-import pytest
 import torch
 from transformers_common import (
     import_modeling_common,
     list_in_auto_mappings,
-    pipeline_tester_mixin,
+    mixin_test,
+    present_mixins,
     run_config_tests,
 )
 
@@ -21,15 +23,13 @@ import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
 
-pytestmark = pytest.mark.slow
-COVERED_BY = "tests/test_ddcl_incrt_contract.py"
-common = import_modeling_common(
-    generation_covered_by="nothing: an encoder does not generate",
-    export_covered_by=f"{COVERED_BY} (torch.export and full-graph compile give the eager logits)",
-)
-PipelineTesterMixin = pipeline_tester_mixin(
-    f"{COVERED_BY} (text-classification, feature-extraction and zero-shot pipelines, batched)"
-)
+CONTRACT = "tests/test_ddcl_incrt_contract.py"
+COVERED_BY = {
+    "ExportTesterMixin": f"{CONTRACT} (torch.export and full-graph compile give the eager logits)",
+    "PipelineTesterMixin": f"{CONTRACT} (text-classification, feature-extraction and zero-shot pipelines, "
+    "batched)",
+}
+common = import_modeling_common()
 
 
 class DDCLIncrtModelTester:
@@ -83,7 +83,7 @@ class DDCLIncrtModelTester:
         return self.get_config(), inputs
 
 
-class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.TestCase):
+class DDCLIncrtModelTest(common.ModelTesterMixin, *present_mixins("PipelineTesterMixin"), unittest.TestCase):
     all_model_classes = (DDCLIncrtModel, DDCLIncrtForSequenceClassification)
     pipeline_model_mapping = {
         "feature-extraction": DDCLIncrtModel,
@@ -118,3 +118,6 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, PipelineTesterMixin, unittest.
         """The model's one checkpoint conversion (`one_element_parameters`: a legacy 0-d `rho` loads as shape
         (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left out."""
         super().test_reverse_loading_mapping(check_keys_were_modified=False)
+
+
+test_transformers_mixin = mixin_test(DDCLIncrtModelTest, COVERED_BY)

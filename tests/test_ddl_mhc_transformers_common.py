@@ -1,38 +1,36 @@
 """transformers' own common tests of the installed version, unmodified, against the DDL-mHC causal LM, set up
 as transformers sets up Llama's: a `ModelTester` (tiny decoder, 4 streams, default chart), the test class
 with `ModelTesterMixin`, `GenerationTesterMixin` and `PipelineTesterMixin`, the config tests, and the model
-listed in the auto mappings the mixins consult. The test files come from `transformers_common.py`; the
-mixins whose folders the sdist lacks skip with that reason, and
-tests/test_ddl_mhc_contract.py covers what they check. Slow (a download and ~170 tests).
+listed in the auto mappings the mixins consult. The test files come from `transformers_common.py`; a mixin
+whose folder the sdist lacks is not inherited and `test_transformers_mixin` reports it skipped, naming the
+project tests that check what it would (`COVERED_BY`). Part of the fast suite (about 170 tests, ~20 s).
 """
 
 import unittest
 
-import pytest
 from transformers_common import (
-    generation_tester_mixin,
     import_modeling_common,
     list_in_auto_mappings,
-    pipeline_tester_mixin,
+    mixin_test,
+    present_mixins,
     run_config_tests,
+    skip_if_absent,
 )
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
 
-pytestmark = pytest.mark.slow
-COVERED_BY = "tests/test_ddl_mhc_contract.py"
-common = import_modeling_common(
-    generation_covered_by=f"{COVERED_BY} (generate from inputs_embeds with a static cache and "
+CONTRACT = "tests/test_ddl_mhc_contract.py"
+COVERED_BY = {
+    "GenerationTesterMixin": f"{CONTRACT} (generate from inputs_embeds with a static cache and "
     "eos_token_id=-1) and tests/test_ddl_mhc.py, tests/test_fused_streams.py (greedy, sampled, cached and "
     "compiled decoding)",
-    export_covered_by=f"{COVERED_BY} (torch.export of the causal LM gives the eager logits)",
-)
-GenerationTesterMixin = generation_tester_mixin()
-PipelineTesterMixin = pipeline_tester_mixin(
-    f"{COVERED_BY} (text-generation and feature-extraction pipelines past 512 positions)"
-)
+    "ExportTesterMixin": f"{CONTRACT} (torch.export of the causal LM gives the eager logits)",
+    "PipelineTesterMixin": f"{CONTRACT} (text-generation and feature-extraction pipelines past 512 "
+    "positions)",
+}
+common = import_modeling_common()
 
 
 class DDLmHCModelTester:
@@ -82,7 +80,11 @@ class DDLmHCModelTester:
         return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
-class DDLmHCModelTest(common.ModelTesterMixin, GenerationTesterMixin, PipelineTesterMixin, unittest.TestCase):
+class DDLmHCModelTest(
+    common.ModelTesterMixin,
+    *present_mixins("GenerationTesterMixin", "PipelineTesterMixin"),
+    unittest.TestCase,
+):
     all_model_classes = (DDLmHCModel, DDLmHCForCausalLM)
     pipeline_model_mapping = {"feature-extraction": DDLmHCModel, "text-generation": DDLmHCForCausalLM}
     # the mixin runs this test only for models whose config file has a copyright year >= 2023 (ours has no
@@ -101,8 +103,17 @@ class DDLmHCModelTest(common.ModelTesterMixin, GenerationTesterMixin, PipelineTe
     def test_config(self):
         run_config_tests(self, "tests/test_ddl_mhc_config.py", config_class=DDLmHCConfig, hidden_size=37)
 
+    def test_generation_tester_mixin_inheritance(self):
+        """transformers' check that a model able to generate runs `GenerationTesterMixin`: it needs the real
+        mixin, so it is skipped with the mixin's reason when the mixin is absent."""
+        skip_if_absent(self, "GenerationTesterMixin", COVERED_BY["GenerationTesterMixin"])
+        super().test_generation_tester_mixin_inheritance()
+
     def test_reverse_loading_mapping(self):
         """The model's one checkpoint conversion (`one_element_parameters`: legacy 0-d gates and chart weight
         load as shape (1,)) reshapes in place and renames no key, so only the key-renaming assertion is left
         out."""
         super().test_reverse_loading_mapping(check_keys_were_modified=False)
+
+
+test_transformers_mixin = mixin_test(DDLmHCModelTest, COVERED_BY)

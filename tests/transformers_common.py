@@ -1,21 +1,26 @@
-"""transformers' own common tests (`tests/test_modeling_common.py`, `tests/test_configuration_common.py`,
-`tests/test_pipeline_mixin.py` of the installed version), for the test modules that run them, unmodified,
-against the geoformers models.
+"""transformers' own common tests (`tests/test_modeling_common.py`, `tests/test_configuration_common.py` of
+the installed version), for the test modules that run them, unmodified, against the geoformers models.
 
 The test files are not in the transformers wheel. `GEOFORMERS_TRANSFORMERS_TESTS` may name a `tests/`
 folder of a transformers checkout at the installed version; otherwise the top level of `tests/` is taken
-from the source distribution (`pip download transformers==<version> --no-binary :all:`) into a cache folder
-at test time. Nothing of it is copied into this repository.
+from the source distribution (`pip download transformers==<version> --no-binary :all:`, from the package
+index) into a cache folder, once, by the first test process that needs it. Nothing of it is copied into
+this repository.
 
 The sdist ships only the top level of `tests/`: it lacks `tests/generation`, `tests/exporters`,
-`tests/pipelines` and `tests/utils`. Each mixin that lives there (or imports from there) is then replaced by
-`absent_mixin`: a mixin with one test that is skipped, naming the missing folder and the project tests that
-cover what the mixin checks. With a checkout's `tests/` folder the real mixins run.
+`tests/pipelines` and `tests/utils`, so transformers' `GenerationTesterMixin`, `ExportTesterMixin` and
+`PipelineTesterMixin` (`MIXINS`) cannot run. `test_modeling_common` imports the first two by name: for each
+missing one its module is registered holding an empty class named `Absent<mixin>`, which no test class
+inherits as the mixin. The test modules inherit the real mixins that are there (`present_mixins`) and report
+each missing one as a skipped test naming the missing folder (`mixin_test`); transformers' own tests that
+check for a mixin are skipped with the same reason (`skip_if_absent`). With a checkout's `tests/` folder
+the real mixins run.
 """
 
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -28,6 +33,15 @@ import pytest
 import transformers
 
 PACKAGE = "transformers_common_tests"  # the tests/ folder, imported under this name
+
+# transformers' test mixins outside the top level of tests/: (module, what of tests/ it needs)
+MIXINS = {
+    "GenerationTesterMixin": ("generation.test_utils", ("generation/test_utils.py",)),
+    "ExportTesterMixin": ("exporters.test_export", ("exporters/test_export.py",)),
+    # its module is at the top level, but it reads utils/tiny_model_summary.json when imported and runs
+    # the task tests of pipelines/
+    "PipelineTesterMixin": ("test_pipeline_mixin", ("pipelines/", "utils/tiny_model_summary.json")),
+}
 
 
 def _common_tests_folder() -> Path:
@@ -44,8 +58,16 @@ def _common_tests_folder() -> Path:
         return folder
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     folder = cache / "geoformers" / f"transformers-{version}-tests"
-    if (folder / "test_modeling_common.py").is_file():
-        return folder
+    if not (folder / "test_modeling_common.py").is_file():
+        _extract_sdist_tests(version, folder)
+    return folder
+
+
+def _extract_sdist_tests(version: str, folder: Path) -> None:
+    """Download the transformers `version` sdist and extract the top level of its tests/ as `folder`, or
+    skip. pytest-xdist workers collect at the same time: each extracts into a folder of its own and renames
+    it into place; the first rename wins and the others remove theirs."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as download:
         command = [
             sys.executable,
@@ -69,29 +91,18 @@ def _common_tests_folder() -> Path:
             )
         (archive,) = Path(download).glob("transformers-*.tar.gz")
         prefix = f"transformers-{version}/tests/"
+        partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=folder.parent))
         with tarfile.open(archive) as sdist:
             members = [m for m in sdist.getmembers() if m.name.startswith(prefix) and m.name.count("/") == 2]
             for member in members:
                 member.name = member.name[len(prefix) :]
-            partial = folder.with_name(folder.name + ".partial")
             sdist.extractall(partial, members=members, filter="data")
+    try:
         partial.rename(folder)
-    return folder
-
-
-def absent_mixin(name: str, missing: str, covered_by: str) -> type:
-    """A stand-in for transformers' test mixin `name`, which lives in (or imports) `missing`, a part of
-    transformers' tests/ that the folder in use lacks: its one test is skipped with that reason."""
-
-    def test_mixin_is_absent(self):
-        self.skipTest(
-            f"transformers' {name} needs tests/{missing}, which the transformers "
-            f"{transformers.__version__} sdist does not ship (set GEOFORMERS_TRANSFORMERS_TESTS to "
-            f"a checkout's tests/ folder to run it); covered here by {covered_by}"
-        )
-
-    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
-    return type(name, (), {f"test_{snake}_is_absent": test_mixin_is_absent, "__module__": __name__})
+    except OSError:
+        if not (folder / "test_modeling_common.py").is_file():
+            raise
+        shutil.rmtree(partial)
 
 
 def _package() -> Path:
@@ -108,39 +119,74 @@ def _package() -> Path:
     return Path(sys.modules[PACKAGE].__path__[0])
 
 
-def _mixin_module(module: str, mixin: str, covered_by: str) -> None:
-    """Make `PACKAGE.module` importable: the real file when the folder has it, else a module holding
-    `absent_mixin(mixin, ...)`."""
+def missing(mixin: str) -> list[str]:
+    """The parts of tests/ that transformers' `mixin` needs and the folder in use lacks."""
     folder = _package()
-    full = f"{PACKAGE}.{module}"
-    if full in sys.modules or (folder / f"{module.replace('.', '/')}.py").is_file():
+    return [part for part in MIXINS[mixin][1] if not (folder / part).exists()]
+
+
+def absent_reason(mixin: str, covered_by: str) -> str:
+    """Why transformers' `mixin` does not run here, and which project tests check what it would."""
+    lacking = " and ".join(f"tests/{part}" for part in missing(mixin))
+    return (
+        f"transformers' {mixin} is not run: it needs {lacking}, which {_package()} lacks (the transformers "
+        f"{transformers.__version__} sdist ships only the top level of tests/; set "
+        "GEOFORMERS_TRANSFORMERS_TESTS to a checkout's tests/ folder to run it); covered here by "
+        f"{covered_by}"
+    )
+
+
+def _register_absent(mixin: str) -> None:
+    """Make `PACKAGE.<module of mixin>` importable when its file is missing: a module holding an empty class
+    `Absent<mixin>` under the mixin's name, for `test_modeling_common`'s import; no test class inherits it as
+    the mixin (`present_mixins` leaves it out)."""
+    module = f"{PACKAGE}.{MIXINS[mixin][0]}"
+    if module in sys.modules or not missing(mixin):
         return
     parent = module.rpartition(".")[0]
-    sys.modules.setdefault(f"{PACKAGE}.{parent}", types.ModuleType(f"{PACKAGE}.{parent}"))
-    stand_in = types.ModuleType(full)
-    setattr(stand_in, mixin, absent_mixin(mixin, f"{parent}/", covered_by))
-    sys.modules[full] = stand_in
+    sys.modules.setdefault(parent, types.ModuleType(parent))
+    stand_in = types.ModuleType(module)
+    doc = f"transformers' {mixin} is absent ({', '.join(missing(mixin))} missing): no test of it runs."
+    setattr(stand_in, mixin, type(f"Absent{mixin}", (), {"__doc__": doc, "__module__": module}))
+    sys.modules[module] = stand_in
 
 
-def import_modeling_common(generation_covered_by: str, export_covered_by: str) -> types.ModuleType:
-    """transformers' `test_modeling_common` module (`ModelTesterMixin`, `ids_tensor`, ...), or skip. Its
-    imports `GenerationTesterMixin` and `ExportTesterMixin` are the real ones or `absent_mixin`s naming the
-    project tests given."""
-    _mixin_module("generation.test_utils", "GenerationTesterMixin", generation_covered_by)
-    _mixin_module("exporters.test_export", "ExportTesterMixin", export_covered_by)
+def import_modeling_common() -> types.ModuleType:
+    """transformers' `test_modeling_common` module (`ModelTesterMixin`, `ids_tensor`, ...), or skip."""
+    _register_absent("GenerationTesterMixin")
+    _register_absent("ExportTesterMixin")
     return importlib.import_module(f"{PACKAGE}.test_modeling_common")
 
 
-def generation_tester_mixin() -> type:
-    return importlib.import_module(f"{PACKAGE}.generation.test_utils").GenerationTesterMixin
+def present_mixins(*mixins: str) -> tuple[type, ...]:
+    """transformers' real test mixins among `mixins` whose files the folder in use has, for a test class's
+    bases."""
+    return tuple(
+        getattr(importlib.import_module(f"{PACKAGE}.{MIXINS[name][0]}"), name)
+        for name in mixins
+        if not missing(name)
+    )
 
 
-def pipeline_tester_mixin(covered_by: str) -> type:
-    """transformers' `PipelineTesterMixin` when `tests/pipelines` is there (its tests live in that folder),
-    else an `absent_mixin`."""
-    if (_package() / "pipelines").is_dir():
-        return importlib.import_module(f"{PACKAGE}.test_pipeline_mixin").PipelineTesterMixin
-    return absent_mixin("PipelineTesterMixin", "pipelines/", covered_by)
+def skip_if_absent(testcase: unittest.TestCase, mixin: str, covered_by: str) -> None:
+    """Skip a transformers test that checks for `mixin` (its inheritance) when the mixin is absent."""
+    if missing(mixin):
+        testcase.skipTest(absent_reason(mixin, covered_by))
+
+
+def mixin_test(test_class: type, covered_by: dict[str, str]):
+    """A test, one case per transformers mixin in `covered_by` (mixin -> the project tests that check what
+    it checks): `test_class` inherits the real mixin, so its tests run; skipped with `absent_reason` when the
+    folder in use lacks the mixin's files."""
+
+    @pytest.mark.parametrize("mixin", sorted(covered_by))
+    def test_transformers_mixin(mixin):
+        if missing(mixin):
+            pytest.skip(absent_reason(mixin, covered_by[mixin]))
+        (real,) = present_mixins(mixin)
+        assert issubclass(test_class, real), f"{test_class.__name__} does not inherit transformers' {mixin}"
+
+    return test_transformers_mixin
 
 
 def run_config_tests(testcase: unittest.TestCase, covered_by: str, **tester_kwargs) -> None:
