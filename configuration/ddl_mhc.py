@@ -59,8 +59,9 @@ class DDLmHCConfig(ValidatedConfig):
         DDL's identity-initialised causal depthwise convolution (`"conv"`, EC).
     stream_conv_kernel (`int`, defaults to 4): kernel size of the `"conv"` expansion.
     hc_implementation (`str`, defaults to `"fused"`): how the stream read/mix/write runs. `"fused"`: one
-        autograd node per step with a hand-written backward (`fused_streams.py`); `"reference"`: the plain
-        PyTorch autograd formulas. Both compute the same function (tests compare them); read at build time.
+        autograd node per step with a hand-written backward (`modeling/ops/stream_*/node.py`); `"reference"`:
+        the plain PyTorch autograd formulas. Both compute the same function (tests compare them); read at
+        build time.
 
     Validation (docs/reliability.md, 'Configs'): each field's type and range when it is set (an invalid value
     is not stored), the fields that must agree (`hidden_size` and the head counts, `hc_chart` and

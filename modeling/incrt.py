@@ -188,7 +188,7 @@ def seeded_unit_vector(dim: int, seed: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The bidirectional rule (docs/growth_gate.md, "The bidirectional rule")
+# The bidirectional rule (docs/growth_gate.md, "The rules")
 # ---------------------------------------------------------------------------------------------------------
 
 # Buffers of `IncrtGate` that only this rule reads: saved in checkpoints only when gate_rule="bidirectional".

@@ -1,5 +1,5 @@
 """Checks of a causal LM's forward arguments: a `ValueError`/`TypeError` naming the argument instead of an
-index or shape error deep inside torch, or a silently different answer (README, "Using the models").
+index or shape error deep inside torch, or a silently different answer (docs/reliability.md, 'Arguments').
 
 Policies: integer `input_ids`/`labels` of any width are converted to int64 (bool is refused: it is a mask,
 not token ids); floating `inputs_embeds` are converted to the model's dtype, as `embed_tokens(input_ids)`

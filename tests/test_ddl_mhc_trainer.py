@@ -1,8 +1,9 @@
 """DDL-mHC fine-tuned with the stock `Trainer` (docs/experiments.md, 'train_causal_lm.py'): character blocks
-from `causal_lm_blocks`, `DataCollatorForLanguageModeling(mlm=False)`, metrics through the shipped `evaluate`
-modules. Checked against hand computations: eval_loss and perplexity against the fp64 mean token cross-entropy
-of the eval-mode model, LoRA moves only adapter tensors, a saved model reloads with identical logits and its
-mixing is still exactly doubly stochastic and non-expansive, gradient accumulation equals the large batch.
+from `causal_lm_blocks`, `DataCollatorForLanguageModeling(mlm=False)`, metrics from `causal_lm_metrics`
+(training/evaluation.py). Checked against hand computations: eval_loss and perplexity against the fp64 mean
+token cross-entropy of the eval-mode model, LoRA moves only adapter tensors, a saved model reloads with
+identical logits and its mixing is still exactly doubly stochastic and non-expansive, gradient accumulation
+equals the large batch.
 
 Model: n = 4 streams, delta residual, rtbp chart, dynamic maps (so `maps_proj` and `value_proj` exist).
 The corpus is inline (two Shakespeare sonnets), so the tests run the same with or without ../shared/data.

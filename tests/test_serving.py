@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 # A small paged cache: the default sizes its tensors by the machine's memory, which on a CPU host means
-# tens of seconds of filling (docs/serving.md, 'Continuous batching').
+# tens of seconds of filling (docs/serving.md, 'What runs').
 SMALL_PAGED_CACHE = dict(num_blocks=32, max_batch_tokens=256)
 SERVER_START_TIMEOUT = 180  # seconds; loading a model in the server's worker process adds ~10 s per model
 REQUEST_TIMEOUT = 180

@@ -3,7 +3,7 @@ cubin (the interpreter does not lower kernels, so this catches what only a GPU b
 
 Run in a fresh process with TRITON_INTERPRET unset (it must be unset when the kernels are defined);
 prints one line per kernel with its registers and stack bytes and exits non-zero on the first failure.
-Used by tests/test_chart_kernels.py::test_kernels_compile_for_a_gpu.
+Used by tests/test_triton_kernels.py::test_kernels_compile_for_a_gpu.
 """
 
 import os

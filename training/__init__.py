@@ -1,6 +1,6 @@
 """geoformers.training: Trainer callbacks (INCRT head growth, hyper-connection diagnostics, complete
 checkpoints), optimizer groups, data builders, metrics. The names load on first access (PEP 562): importing a
-callback does not load `datasets` or `evaluate`."""
+callback does not load `datasets`."""
 
 import importlib
 from typing import TYPE_CHECKING

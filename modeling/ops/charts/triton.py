@@ -1,4 +1,4 @@
-"""Triton kernels for the exact charts "tbp" and "rtbp" (docs/ddl_mhc.md, 'Triton kernels'); the dispatcher
+"""Triton kernels for the exact charts "tbp" and "rtbp" (docs/ddl_mhc.md, 'GPU path'); the dispatcher
 imports this module lazily, only when triton is installed and the kernels should run.
 
 Both charts run their `schedule.chart_schedule`: (n-1)^2 interval points, one per logit t_k,
