@@ -4,8 +4,7 @@ the installed version), for the test modules that run them, unmodified, against 
 The test files are not in the transformers wheel. `GEOFORMERS_TRANSFORMERS_TESTS` may name a `tests/`
 folder of a transformers checkout at the installed version; otherwise the top level of `tests/` is taken
 from the source distribution (`pip download transformers==<version> --no-binary :all:`, from the package
-index) into a cache folder, once, by the first test process that needs it. Nothing of it is copied into
-this repository.
+index) into a cache folder on first use. Nothing of it is copied into this repository.
 
 The sdist ships only the top level of `tests/`: it lacks `tests/generation`, `tests/exporters`,
 `tests/pipelines` and `tests/utils`, so transformers' `GenerationTesterMixin`, `ExportTesterMixin` and
