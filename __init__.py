@@ -22,7 +22,7 @@ from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, D
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
 
 if TYPE_CHECKING:
-    from geoformers.modeling.hub_export import export_for_hub
+    from geoformers.model_io.hub_export import export_for_hub
     from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc, load_llama
 
 __version__ = "0.1.0"
@@ -41,7 +41,7 @@ AutoModelForCausalLM.register(DDLmHCConfig, DDLmHCForCausalLM)
 _LAZY = {
     "convert_llama_to_ddl_mhc": "geoformers.modeling.llama_conversion",
     "load_llama": "geoformers.modeling.llama_conversion",
-    "export_for_hub": "geoformers.modeling.hub_export",
+    "export_for_hub": "geoformers.model_io.hub_export",
 }
 _SUBPACKAGES = ("tokenization", "training")
 

@@ -1,6 +1,11 @@
 """Configuration of the DDCL-INCRT encoder (docs/ddcl_incrt.md): grown heads, prototype blocks, spectral
 gate."""
 
+# first: a transformers outside the supported range fails here, naming both (docs/versions.md)
+from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
+
+# isort: split
+
 from typing import Literal, get_args
 
 from huggingface_hub.dataclasses import as_validated_field

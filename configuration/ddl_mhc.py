@@ -2,6 +2,11 @@
 `hc_streams` hyper-connection streams mixed by an exactly doubly-stochastic matrix and updated by the
 Deep Delta rule. Validated as both configurations are (`configuration/validation.py`)."""
 
+# first: a transformers outside the supported range fails here, naming both (docs/versions.md)
+from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
+
+# isort: split
+
 import math
 from typing import Literal, get_args
 

@@ -19,6 +19,11 @@ Checks that read tensor values run on CPU tensors only (`_checks_values`).
 
 from __future__ import annotations
 
+# first: a transformers outside the supported range fails here, naming both (docs/versions.md)
+from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
+
+# isort: split
+
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +42,8 @@ from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.atomic_save import AtomicSaveMixin
-from geoformers.modeling.hub_code import HubCodeMixin
 from geoformers.modeling.incrt import HeadGrowthMixin, IncrtGate
-from geoformers.modeling.one_element_parameters import OneElementParametersMixin
+from geoformers.modeling.one_element_parameters import register_one_element_parameters
 from geoformers.modeling.prototypes import (
     PrototypeBank,
     PrototypeOutput,
@@ -50,7 +53,16 @@ from geoformers.modeling.prototypes import (
     rho_for_temperature,
     temperature_from_rho,
 )
-from geoformers.modeling.strict_loading import StrictLoadingMixin
+
+ONE_ELEMENT_PARAMETERS = ("prototype_bank.rho",)  # stored 0-d before
+
+
+try:  # saving, Hub code and strict loading (model_io); a Hub copy of this file loads without them
+    from geoformers.model_io.io_mixin import PretrainedIOMixin
+except ImportError:  # remote code where geoformers is not installed: transformers' own saving and loading
+
+    class PretrainedIOMixin:
+        """Nothing added to transformers' `PreTrainedModel`."""
 
 
 @dataclass
@@ -349,10 +361,7 @@ def _integer_ids(name: str, ids) -> torch.Tensor:
 
 class DDCLIncrtPreTrainedModel(
     HeadGrowthMixin,
-    StrictLoadingMixin,
-    OneElementParametersMixin,
-    AtomicSaveMixin,
-    HubCodeMixin,
+    PretrainedIOMixin,
     PreTrainedModel,
 ):
     """Weight initialisation, and the growth API (`incrt.HeadGrowthMixin`: grow_head, prune_head,
@@ -367,10 +376,10 @@ class DDCLIncrtPreTrainedModel(
     _can_compile_fullgraph = True
     _can_record_outputs = {"hidden_states": DDCLIncrtLayer, "attentions": DDCLIncrtAttention}
     _no_split_modules = ["DDCLIncrtLayer"]
-    one_element_parameters = ("prototype_bank.rho",)
 
     def __init__(self, config: DDCLIncrtConfig, *inputs, **kwargs):
         config.validate()  # fields assigned after the config was constructed are checked before any module
+        register_one_element_parameters(config.model_type, ONE_ELEMENT_PARAMETERS)
         super().__init__(config, *inputs, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:

@@ -33,6 +33,11 @@ H_pre/H_res (both are 1), and with n = 1 and "add" no map at all: x' = x + F(RMS
 with n = 1 and "delta" it is DDL with d_v = 1: x' = x + beta (v - k . x) k (DDL eq. 3.7).
 """
 
+# first: a transformers outside the supported range fails here, naming both (docs/versions.md)
+from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
+
+# isort: split
+
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -60,9 +65,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.modeling.atomic_save import AtomicSaveMixin
 from geoformers.modeling.causal_lm_loss import causal_lm_loss
-from geoformers.modeling.hub_code import HubCodeMixin
 from geoformers.modeling.input_checks import (
     check_attention_mask,
     check_cache,
@@ -74,14 +77,24 @@ from geoformers.modeling.input_checks import (
     check_token_ids,
     embeds_bound,
 )
-from geoformers.modeling.one_element_parameters import OneElementParametersMixin, reshape_scalars_on_load
+from geoformers.modeling.one_element_parameters import (
+    register_one_element_parameters,
+    reshape_scalars_on_load,
+)
 from geoformers.modeling.ops.charts import birkhoff, num_logits
 from geoformers.modeling.ops.stream_read import map_terms, read_streams, stream_maps_read, upcast
 from geoformers.modeling.ops.stream_write import delta_write, mix_and_write
-from geoformers.modeling.strict_loading import StrictLoadingMixin
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
 ONE_ELEMENT_PARAMETERS = ("res_mix_logit", "pre_gate", "res_gate", "write_gate")  # stored 0-d before
+
+
+try:  # saving, Hub code and strict loading (model_io); a Hub copy of this file loads without them
+    from geoformers.model_io.io_mixin import PretrainedIOMixin
+except ImportError:  # remote code where geoformers is not installed: transformers' own saving and loading
+
+    class PretrainedIOMixin:
+        """Nothing added to transformers' `PreTrainedModel`."""
 
 
 class DDLmHCRMSNorm(LlamaRMSNorm):
@@ -394,14 +407,11 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
         return streams
 
 
-class DDLmHCPreTrainedModel(
-    StrictLoadingMixin, OneElementParametersMixin, AtomicSaveMixin, HubCodeMixin, PreTrainedModel
-):
+class DDLmHCPreTrainedModel(PretrainedIOMixin, PreTrainedModel):
     config: DDLmHCConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["DDLmHCDecoderLayer"]
-    one_element_parameters = ONE_ELEMENT_PARAMETERS
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -415,6 +425,7 @@ class DDLmHCPreTrainedModel(
 
     def __init__(self, config: DDLmHCConfig, *inputs, **kwargs):
         config.validate()  # fields that must agree, assigned one at a time since construction
+        register_one_element_parameters(config.model_type, ONE_ELEMENT_PARAMETERS)
         super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()

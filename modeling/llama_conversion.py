@@ -24,8 +24,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from transformers.utils import logging
 
 from geoformers.configuration.ddl_mhc import DDLmHCConfig
+from geoformers.model_io.strict_loading import DOWNLOAD_KWARGS
 from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, HyperConnection
-from geoformers.modeling.strict_loading import DOWNLOAD_KWARGS
 
 logger = logging.get_logger(__name__)
 

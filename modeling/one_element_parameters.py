@@ -1,6 +1,6 @@
 """Scalar parameters are stored as 1-element 1-D tensors (docs/multi_process.md, 'Why no 0-d parameters'):
 FSDP2's `fully_shard` shards every parameter along dim 0 and refuses 0-d ones. Checkpoints written before,
-with shape (), still load: `OneElementParametersMixin` registers, when the first model is built, a
+with shape (), still load: each model's `__init__` registers, when the first model is built, a
 transformers weight converter for the named parameters that reshapes a stored () tensor to (1,) (saving is
 unchanged), and `reshape_scalars_on_load` does the same for `nn.Module.load_state_dict`. The registration
 waits for a model because it builds transformers' table of every model's conversions (about 1 s), which
@@ -46,18 +46,6 @@ def register_one_element_parameters(model_type: str, names: tuple[str, ...]) -> 
         for name in names
     ]
     register_checkpoint_conversion_mapping(model_type, converters)
-
-
-class OneElementParametersMixin:
-    """`from_pretrained` loads 0-d checkpoint tensors of the parameters whose names end in
-    `one_element_parameters` into their (1,) shape; the converters are registered when the first model is
-    built, so that transformers' loading and saving (and its tests) see them."""
-
-    one_element_parameters: tuple[str, ...] = ()
-
-    def __init__(self, config, *args, **kwargs):
-        register_one_element_parameters(config.model_type, self.one_element_parameters)
-        super().__init__(config, *args, **kwargs)
 
 
 def reshape_scalars_on_load(module: nn.Module, names: tuple[str, ...]) -> None:

@@ -11,8 +11,8 @@ import torch
 from transformers.utils import logging
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling import atomic_save
-from geoformers.modeling.hub_code import remote_code_files
+from geoformers.model_io import atomic_save
+from geoformers.model_io.remote_code import remote_code_files
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the kill tests fork a saving process")
 
@@ -80,7 +80,7 @@ def kill_during_saves(target, models, delays) -> list[str]:
         os.waitpid(pid, 0)
         try:
             outcomes.append(which(DDLmHCForCausalLM.from_pretrained(target), models))
-        except (OSError, ValueError) as error:  # a clear failure, allowed only without an atomic swap
+        except (OSError, ValueError) as error:  # a clear failure: killed between the two renames
             outcomes.append(f"{type(error).__name__}: {error}")
     return outcomes
 
@@ -101,34 +101,25 @@ def run_kill_trials(tmp_path, models, count, seed=0) -> list[str]:
     return outcomes
 
 
-def test_a_save_killed_at_random_points_loads_as_the_old_or_the_new_model(tmp_path, two_models):
+def whole_or_absent(outcomes: list[str]) -> list[str]:
+    """The outcomes that are neither a whole model nor the not-found error of a kill between the two
+    renames (the folder briefly absent, docs/reliability.md, 'Saving')."""
+    return [o for o in outcomes if o not in ("old", "new") and not ("config.json" in o and "not" in o)]
+
+
+def test_a_save_killed_at_random_points_loads_as_the_old_or_the_new_model_or_not_at_all(tmp_path, two_models):
     outcomes = run_kill_trials(tmp_path, two_models, count=8)
-    assert set(outcomes) <= {"old", "new"}, outcomes
+    assert whole_or_absent(outcomes) == [], outcomes
 
 
 @pytest.mark.slow
 def test_a_save_killed_at_many_random_points_loads_as_the_old_or_the_new_model(tmp_path, two_models):
     outcomes = run_kill_trials(tmp_path, two_models, count=120, seed=1)
-    assert set(outcomes) == {"old", "new"}, outcomes  # both sides of the swap were hit
+    assert whole_or_absent(outcomes) == [], outcomes
+    assert {"old", "new"} <= set(outcomes), outcomes  # both sides of the swap were hit
 
 
-def test_without_an_atomic_exchange_a_killed_save_loads_whole_or_fails_clearly(
-    tmp_path, two_models, monkeypatch
-):
-    """Two renames instead of one exchange: between them the folder is absent and loading fails with a
-    not-found error; it never loads a mix."""
-    monkeypatch.setattr(atomic_save, "_exchange_paths", lambda first, second: False)
-    outcomes = run_kill_trials(tmp_path, two_models, count=6, seed=2)
-    mixed = [o for o in outcomes if o not in ("old", "new") and "config.json" not in o and "not" not in o]
-    assert mixed == [], outcomes
-
-
-@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2 exchange", "two renames"])
-def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shards(
-    tmp_path, two_models, monkeypatch, exchange
-):
-    if not exchange:
-        monkeypatch.setattr(atomic_save, "_exchange_paths", lambda first, second: False)
+def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shards(tmp_path, two_models):
     target = tmp_path / "run"
     two_models["old"].save_pretrained(target, max_shard_size="20KB")
     shards = sorted(p.name for p in target.glob("model-*-of-*.safetensors"))

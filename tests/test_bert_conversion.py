@@ -10,10 +10,10 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertMod
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.model_io.remote_code import remote_code_files
 from geoformers.modeling import wrap_bert_embeddings
 from geoformers.modeling.bert_conversion import bert_parts, freeze_bert_parts, load_bert
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.modeling.hub_code import remote_code_files
 from geoformers.tokenization import load_bert_tokenizer
 
 # SST-2 validation sentences (GLUE dev.tsv), real text for the real tokenizer.

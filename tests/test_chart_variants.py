@@ -12,8 +12,8 @@ from chart_references import rtbp_reference, tbp_reference
 from test_birkhoff import random_interior_ds
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+from geoformers.model_io.remote_code import remote_code_files
 from geoformers.modeling.ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
-from geoformers.modeling.hub_code import remote_code_files
 from geoformers.modeling.ops.charts import (
     ATBP_ORDERINGS,
     MARGIN_RHO,

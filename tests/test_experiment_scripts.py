@@ -19,8 +19,8 @@ from transformers import HfArgumentParser
 
 import geoformers  # noqa: F401  (registers the Auto classes)
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.model_io.remote_code import remote_code_files
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.modeling.hub_code import remote_code_files
 from geoformers.training.checkpoints import write_json_atomically
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,

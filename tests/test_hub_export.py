@@ -2,7 +2,6 @@
 written by `export_for_hub` and by the stock `save_pretrained` / `push_to_hub`; cards made from the model."""
 
 import ast
-import importlib.util
 import json
 import os
 import re
@@ -18,9 +17,9 @@ from transformers import AutoModelForSequenceClassification
 
 import geoformers  # registers the Auto classes
 from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification, DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling import hub_code
-from geoformers.modeling.hub_code import remote_code_files, shipped_source
-from geoformers.modeling.hub_export import export_for_hub
+from geoformers.model_io import remote_code
+from geoformers.model_io.hub_export import export_for_hub
+from geoformers.model_io.remote_code import remote_code_files, shipped_source
 from geoformers.tokenization import build_char_tokenizer
 
 # Runs in a fresh interpreter with every `geoformers` import refused, so only the exported files can work.
@@ -111,7 +110,7 @@ def grown_incrt_model() -> DDCLIncrtForSequenceClassification:
     return model.eval()
 
 
-def test_shipped_files_are_the_modules_with_only_their_geoformers_import_lines_made_relative():
+def test_shipped_files_are_the_modules_with_only_their_top_level_geoformers_import_lines_made_relative():
     files = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
     assert {
         "modeling_ddcl_incrt.py",
@@ -119,30 +118,29 @@ def test_shipped_files_are_the_modules_with_only_their_geoformers_import_lines_m
         "modeling_incrt.py",
         "modeling_prototypes.py",
         "configuration_validation.py",
+        "modeling_transformers_range.py",
     } <= set(files)
-    modules = [name for name in sys.modules if name.startswith("geoformers.")]
-    loaded = {f"{hub_code.flat_name(name)}.py": sys.modules[name].__file__ for name in modules}
-    assert "modeling_transformers_range.py" in files
+    assert not [name for name in files if name.startswith("model_io")]  # saving and loading stay home
     for name, source in files.items():
-        original = Path(loaded[name]).read_text().splitlines()
+        module = next(
+            m for m in sys.modules if m.startswith("geoformers.") and remote_code.flat_name(m) == name[:-3]
+        )
+        original = Path(sys.modules[module].__file__).read_text().splitlines()
         shipped = source.splitlines()
-        range_import = hub_code._RANGE_IMPORT.rstrip("\n")
-        if range_import in shipped:  # the range check comes before every other import (docs/versions.md)
-            before = shipped[: shipped.index(range_import)]
-            assert not [
-                line for line in before if line.startswith(("import ", "from ")) and "__future__" not in line
-            ]
-            shipped.remove(range_import)
         assert len(shipped) == len(original), name
-        changed = [(a, b) for a, b in zip(original, shipped, strict=True) if a != b]
-        for before, after in changed:  # `from geoformers.<a>.<b> import` -> `from .<a>_<b> import`
-            module = before.split()[1].removeprefix("geoformers.")
-            flat = hub_code.flat_name(f"geoformers.{module}")
-            assert after == before.replace(f"from geoformers.{module} import", f"from .{flat} import")
+        for before, after in zip(original, shipped, strict=True):
+            if before.startswith(
+                "from geoformers."
+            ):  # `from geoformers.<a>.<b> import` -> `from .<a>_<b> import`
+                imported = before.split()[1]
+                flat = remote_code.flat_name(imported)
+                assert after == before.replace(f"from {imported} import", f"from .{flat} import")
+            else:
+                assert after == before, name
         tree = ast.parse(source)
-        for node in ast.walk(tree):
+        for node in tree.body:  # every top-level relative import is shipped; no top-level geoformers import
             if isinstance(node, ast.ImportFrom) and node.level:
-                assert f"{node.module}.py" in files, (name, node.module)  # every relative import is shipped
+                assert f"{node.module}.py" in files, (name, node.module)
             elif isinstance(node, ast.ImportFrom | ast.Import):
                 modules = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 assert not any(m.startswith("geoformers") for m in modules), name
@@ -154,7 +152,7 @@ def test_a_package_ships_as_its_flat_name_and_two_modules_of_one_flat_name_are_r
     assert "from .configuration_ddl_mhc import DDLmHCConfig" in files["configuration.py"]
     assert {"configuration_ddl_mhc.py", "configuration_ddcl_incrt.py"} <= set(files)
     fake = {"geoformers.a_b.c": ("", ("geoformers.a.b_c",)), "geoformers.a.b_c": ("", ())}
-    monkeypatch.setattr(hub_code, "shipped_source", fake.__getitem__)
+    monkeypatch.setattr(remote_code, "shipped_source", fake.__getitem__)
     with pytest.raises(
         ValueError, match="geoformers.a_b.c and geoformers.a.b_c would both be shipped as a_b_c.py"
     ):
@@ -169,33 +167,41 @@ def test_the_triton_kernels_imported_by_name_are_not_shipped():
 
 
 @pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ("import geoformers.modeling.ddl_mhc", "cannot be shipped"),
-        ("from . import delta", "only `from geoformers.<module> import <names>`"),
-        ("from geoformers import DDLmHCConfig", "only `from geoformers.<module> import <names>`"),
-        ("x = 1; from geoformers.modeling.ddl_mhc import unit_direction", "at the start of a line"),
-        ("from  geoformers.modeling.ddl_mhc import unit_direction", "at the start of a line"),
-        ("from geoformers.modeling import ddl_mhc", "imports the module geoformers.modeling.ddl_mhc"),
-    ],
-    ids=["import", "relative", "package root", "after a statement", "two spaces", "a module as a name"],
+    "line",
+    ["import geoformers.modeling.ddl_mhc", "from geoformers import DDLmHCConfig", "    import geoformers"],
+    ids=["import", "package root", "indented"],
 )
-def test_any_other_form_of_geoformers_import_fails_the_save_loudly(tmp_path, monkeypatch, line, message):
+def test_a_geoformers_import_that_cannot_be_made_relative_fails_the_save_loudly(tmp_path, monkeypatch, line):
     module = tmp_path / "odd_module.py"
-    module.write_text(f'"""A module."""\n\nimport torch\n\n\ndef f():\n    {line}\n    return torch\n')
-    real_spec = hub_code._spec
+    module.write_text(f'"""A module."""\n\nimport torch\n\nif torch:\n{line}\n')
+    real_source_file = remote_code.source_file
     monkeypatch.setattr(
-        hub_code,
-        "_spec",
-        lambda name: (
-            importlib.util.spec_from_file_location(name, module)
-            if name == "geoformers.odd_module"
-            else real_spec(name)
-        ),
+        remote_code,
+        "source_file",
+        lambda name: str(module) if name == "geoformers.odd_module" else real_source_file(name),
     )
-    with pytest.raises(ValueError, match=re.escape(message)) as error:
+    with pytest.raises(
+        ValueError, match=re.escape("only `from geoformers.<module> import <names>`")
+    ) as error:
         shipped_source("geoformers.odd_module")
-    assert "odd_module.py:7" in str(error.value)
+    assert "odd_module.py:6" in str(error.value)
+
+
+def test_an_indented_geoformers_import_is_left_for_its_except_branch(tmp_path, monkeypatch):
+    """A `try` block's import (what the forward does not need, e.g. `model_io`) is neither rewritten nor
+    shipped; in a copy loaded without geoformers its `except ImportError` branch runs."""
+    module = tmp_path / "optional_module.py"
+    guarded = "try:\n    from geoformers.model_io.io_mixin import Mixin\nexcept ImportError:\n    pass\n"
+    module.write_text(f"from geoformers.modeling.value_checks import checks_values\n\n{guarded}")
+    real_source_file = remote_code.source_file
+    monkeypatch.setattr(
+        remote_code,
+        "source_file",
+        lambda name: str(module) if name == "geoformers.optional_module" else real_source_file(name),
+    )
+    source, imported = shipped_source("geoformers.optional_module")
+    assert source == f"from .modeling_value_checks import checks_values\n\n{guarded}"
+    assert imported == ("geoformers.modeling.value_checks",)
 
 
 def test_grown_ddcl_incrt_loads_anywhere_with_identical_logits(tmp_path):

@@ -23,7 +23,7 @@ NOT_AT_IMPORT = (
     "geoformers.tokenization",
     "geoformers.modeling.bert_conversion",
     "geoformers.modeling.llama_conversion",
-    "geoformers.modeling.hub_export",
+    "geoformers.model_io.hub_export",
 )
 PROBE = f"""
 import json, sys

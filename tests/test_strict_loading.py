@@ -1,6 +1,6 @@
 """`from_pretrained` of both models with transformers' semantics (missing weights initialised and reported,
 shape mismatches an error unless `ignore_mismatched_sizes`, another task head's weights left unused), and
-the two refusals of `modeling/strict_loading.py`: base-model weights the config does not build (from every
+the two refusals of `model_io/strict_loading.py`: base-model weights the config does not build (from every
 class and Auto class) and a checkpoint of the other model type."""
 
 import json

@@ -21,7 +21,8 @@ import pytest
 import torch
 from packaging.requirements import Requirement
 
-from geoformers.modeling.hub_code import RANGE_MODULE, flat_name
+from geoformers.model_io.remote_code import flat_name
+from geoformers.modeling import transformers_range
 from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT
 
 INPUTS = [[1, 5, 7, 3, 2]]
@@ -96,29 +97,30 @@ def saved(tmp_path_factory) -> tuple[Path, dict]:
     return tmp_path / "folders", run(python, SAVE, tmp_path / "folders", tmp_path)
 
 
-def test_every_shipped_code_file_checks_the_range_before_its_other_imports(saved):
+def test_the_files_a_folder_loads_first_check_the_range_before_their_other_imports(saved):
+    """transformers imports the files `auto_map` names (the configuration, then the model) before any other
+    code file of the folder; each checks the range first, so no other file is imported outside it."""
     folders, _ = saved
-    range_file = f"{flat_name(RANGE_MODULE)}.py"
+    range_file = f"{flat_name(transformers_range.__name__)}.py"
     for folder in (folders / "lm", folders / "encoder"):
-        files = sorted(folder.glob("*.py"))
-        assert len(files) > 5 and range_file in {path.name for path in files}
-        for path in files:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert TRANSFORMERS_REQUIREMENT in (folder / range_file).read_text(encoding="utf-8")
+        auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+        entries = {reference.split(".")[0] + ".py" for reference in auto_map.values()}
+        assert len(entries) == 2, auto_map
+        for name in entries:
+            tree = ast.parse((folder / name).read_text(encoding="utf-8"))
             imports = [
                 node
                 for node in tree.body
                 if isinstance(node, ast.Import | ast.ImportFrom)
                 and getattr(node, "module", "") != "__future__"
             ]
-            if path.name == range_file:
-                assert TRANSFORMERS_REQUIREMENT in path.read_text(encoding="utf-8")
-            elif imports:
-                first = imports[0]
-                assert isinstance(first, ast.ImportFrom) and first.level == 1, path.name
-                assert (first.module, [a.name for a in first.names]) == (
-                    flat_name(RANGE_MODULE),
-                    ["TRANSFORMERS_REQUIREMENT"],
-                ), path.name
+            first = imports[0]
+            assert isinstance(first, ast.ImportFrom) and first.level == 1, name
+            assert (first.module, [a.name for a in first.names]) == (
+                flat_name(transformers_range.__name__),
+                ["TRANSFORMERS_REQUIREMENT"],
+            ), name
 
 
 def test_a_transformers_inside_the_range_loads_the_folders_with_the_saved_logits(saved, tmp_path):

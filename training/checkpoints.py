@@ -39,7 +39,7 @@ from transformers.trainer_callback import TrainerControl, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from geoformers.modeling.atomic_save import link_or_copy, staging_folder
+from geoformers.model_io.atomic_save import link_or_copy, staging_folder
 
 logger = logging.get_logger(__name__)
 

@@ -10,9 +10,9 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from geoformers.modeling.atomic_save import replace_folder, staging_folder
-from geoformers.modeling.hub_code import _is_internal
-from geoformers.modeling.model_card import model_card
+from geoformers.model_io.atomic_save import replace_folder, staging_folder
+from geoformers.model_io.model_card import model_card
+from geoformers.model_io.remote_code import is_internal
 
 
 def export_for_hub(
@@ -25,7 +25,7 @@ def export_for_hub(
     (`atomic_save.replace_folder`): an interrupted export leaves the previous folder as it was.
     """
     config = getattr(model, "config", None)
-    if not _is_internal(type(model).__module__) or not _is_internal(type(config).__module__):
+    if not is_internal(type(model).__module__) or not is_internal(type(config).__module__):
         raise TypeError(f"export_for_hub expects a geoformers model, got {type(model).__name__}")
     card = model_card(model, metrics)
     folder = Path(folder)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from geoformers.modeling.hub_code import TASK_AUTO_CLASSES
+from geoformers.model_io.remote_code import TASK_AUTO_CLASSES
 from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT
 
 # Per model type: title, pipeline tag, one-line description and the config fields shown (field, meaning).
