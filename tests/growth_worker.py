@@ -93,14 +93,17 @@ def training_args(output_dir, **overrides) -> TrainingArguments:
     return TrainingArguments(**settings)
 
 
-def growth_trainer(model, args, train_dataset, check_every: int = 5) -> Trainer:
-    """The documented set-up: prototype parameter groups and the growth callback."""
+def growth_trainer(
+    model, args, train_dataset, check_every: int = 5, gate_num_tokens: int | None = GATE_TOKENS
+) -> Trainer:
+    """The documented set-up: prototype parameter groups and the growth callback (`gate_num_tokens` None:
+    the callback's default)."""
     return Trainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         optimizers=(make_optimizer(model, args), None),
-        callbacks=[IncrtGrowthCallback(check_every=check_every, gate_num_tokens=GATE_TOKENS)],
+        callbacks=[IncrtGrowthCallback(check_every=check_every, gate_num_tokens=gate_num_tokens)],
     )
 
 
