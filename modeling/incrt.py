@@ -364,7 +364,7 @@ def bidirectional_action(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Gate rules: a layer's state and its decision (docs/growth_gate.md, 'The rules')
+# Gate rules: a layer's state and its decision (docs/growth_gate.md, 'Rules as objects')
 # ---------------------------------------------------------------------------------------------------------
 
 # Cadence defaults (docs/growth_gate.md, 'Cadence'): tokens of C per check and tracker iterations per check.
@@ -399,9 +399,7 @@ class GateDecision:
 class Observation(NamedTuple):
     """What `IncrtGate.observe` measured at one check: the input of `IncrtGate.decide`."""
 
-    residual: torch.Tensor  # A_res
     residual_norm: float  # ||A_res||_F
-    spectral_bound: float  # b = ||A_res A_res||_F^(1/2) >= max |lambda_i(A_res)|
     theta_w: float
     top: TrackedEigenpair  # u+ and lambda_max
     minor: TrackedEigenpair  # u- and lambda_min
@@ -486,9 +484,7 @@ class IncrtGate(nn.Module):
             self.u_plus.copy_(top.vector)
             self.u_minus.copy_(minor.vector)
         return Observation(
-            residual,
             residual_norm,
-            spectral_bound,
             float(self.theta_w),
             top,
             minor,
@@ -779,7 +775,7 @@ class BidirectionalGate(IncrtGate):
         self.last_growth_check.fill_(int(self.num_checks))
 
 
-# `gate_rule` -> its gate class (docs/growth_gate.md, 'Adding a rule').
+# `gate_rule` -> its gate class (docs/growth_gate.md, 'Rules as objects').
 GATE_RULE_CLASSES: dict[str, type[IncrtGate]] = {"max_only": MaxOnlyGate, "bidirectional": BidirectionalGate}
 
 
