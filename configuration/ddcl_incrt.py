@@ -66,6 +66,12 @@ class DDCLIncrtConfig(ValidatedConfig):
     build and at `save_pretrained`, so coupled fields can change one at a time. Sizes are at most 2^24,
     layers 2^14.
 
+    The `gate_*` fields choose the growth rule and hold its parameters; the cadence (optimizer steps between
+    checks, tokens and tracker iterations per check) is `IncrtGrowthCallback`'s (docs/growth_gate.md,
+    'Cadence'). A config.json that still carries the former fields `gate_check_every`, `gate_num_tokens` or
+    `gate_tracker_steps` loads with them as plain attributes, which the callback reads as the defaults of its
+    `check_every`, `gate_num_tokens` and `tracker_steps`.
+
     Args:
         vocab_size, hidden_size, num_hidden_layers, max_position_embeddings, type_vocab_size (0 = no
             token-type embedding), layer_norm_eps (at least 1e-30), hidden_dropout_prob, pad_token_id,
@@ -108,11 +114,8 @@ class DDCLIncrtConfig(ValidatedConfig):
         gate_prune_patience (`int`): consecutive checks below phi_g before a head is pruned.
         gate_oja_step, gate_mca_step (`float`): Oja / MCA EXIN step sizes in (0, 1], relative to a bound on
             the spectral radius of A_res.
-        gate_tracker_steps (`int`): most tracker iterations per check (warm-started from the last check).
         gate_tracker_tolerance (`float`): a tracker has converged when ||A u - rho u|| <= tol * max(|rho|,
             theta_w), rho = u^T A u.
-        gate_num_tokens (`int`): tokens sampled (evenly spaced over non-padding tokens) per check.
-        gate_check_every (`int`): default number of optimizer steps between gate checks (growth callback).
         gate_use_exact_eigh (`bool`): use the exact `eigh` reference instead of the trackers.
         bert_config (`dict | None`): a `BertConfig.to_dict()`; when set, a BERT encoder of that shape runs
             between the embeddings and the DDCL-INCRT layers (`wrap_bert_embeddings` with
@@ -167,10 +170,7 @@ class DDCLIncrtConfig(ValidatedConfig):
     gate_prune_patience: int = size(default=3)
     gate_oja_step: int | float = step(default=0.9)
     gate_mca_step: int | float = step(default=0.9)
-    gate_tracker_steps: int = size(default=200)
     gate_tracker_tolerance: int | float = step(default=0.02)
-    gate_num_tokens: int = number(2, 2**24, integer=True)(default=512)
-    gate_check_every: int = size(default=100)
     gate_use_exact_eigh: bool = False
     bert_config: dict | None = bert_config_dict(default=None)
 

@@ -42,7 +42,7 @@ from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.incrt import HeadGrowthMixin, IncrtGate
+from geoformers.modeling.incrt import HeadGrowthMixin, IncrtGate, build_gate
 from geoformers.modeling.one_element_parameters import register_one_element_parameters
 from geoformers.modeling.prototypes import (
     PrototypeBank,
@@ -210,7 +210,7 @@ class DDCLIncrtAttention(nn.Module):
         self.scaling = config.head_dim**-0.5
         self.is_causal = False  # an encoder: "sdpa" must not read a missing mask as causal
         self.heads = nn.ModuleList([DDCLIncrtHead(config) for _ in range(config.num_heads[layer_index])])
-        self.gate = IncrtGate(config, layer_index)
+        self.gate = build_gate(config, layer_index)
 
     def new_head(self) -> DDCLIncrtHead:
         """A new head for this layer (not yet initialised), on the device and dtype of its heads."""

@@ -22,15 +22,16 @@ The bidirectional rule (`gate_rule="bidirectional"`, the author's) lets both tra
 
 Its quantities are dimensionless in the spectral-radius bound b of A_res (`spectral_radius_bound`): the
 trackers step by eta = step / b, so eta * Delta^2 in T_d is read as step * (Delta / b)^2 and the gaps are
-stored as Delta / b. Each gate check runs up to `gate_tracker_steps` tracker iterations, so T_d iterations
-are ceil(T_d / gate_tracker_steps) checks (`dwell_checks`).
+stored as Delta / b. Each gate check runs up to `tracker_steps` tracker iterations (the callback's cadence),
+so T_d iterations are ceil(T_d / tracker_steps) checks (`dwell_checks`).
 
 C is X^T X divided by N (a project choice: theta_w then does not depend on how many tokens are sampled).
 W_Q^h here is the (d x D) matrix with q = x W_Q^h, i.e. the transpose of the head's `nn.Linear` weight.
-The functions below are pure tensor code (tested on planted spectra without a model); `IncrtGate.check`
-applies one rule to one layer and keeps the state as fixed-shape buffers so checkpoints and resumed runs
-carry it; `HeadGrowthMixin` gives the model `gate_check` (every layer's gate on a batch) and the edits
-(`grow_head`, `prune_head`, `resize_heads`).
+The functions below are pure tensor code (tested on planted spectra without a model). A rule is an object:
+`IncrtGate` keeps a layer's state as fixed-shape buffers (so checkpoints and resumed runs carry it),
+`observe` measures one check and `decide` gives the verdict, one subclass per `gate_rule` (`MaxOnlyGate`,
+`BidirectionalGate`). `HeadGrowthMixin` gives the model `gate_check` (every layer's gate on a batch) and the
+edits (`grow_head`, `prune_head`, `resize_heads`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from geoformers.configuration.validation import MAX_SIZE, check_number
 
 EPS = 1e-12
 RESTART_NORM = 1e-3  # a warm start shorter than this after deflation is replaced by a seeded vector
@@ -191,8 +194,6 @@ def seeded_unit_vector(dim: int, seed: int) -> torch.Tensor:
 # The bidirectional rule (docs/growth_gate.md, "The rules")
 # ---------------------------------------------------------------------------------------------------------
 
-# Buffers of `IncrtGate` that only this rule reads: saved in checkpoints only when gate_rule="bidirectional".
-DWELL_STATE = ("last_growth_check", "spectral_gaps")
 NO_GROWTH_YET = -1  # `last_growth_check` of a layer that has not grown: no dwell applies
 # The author's notebook: a gap below 1e-8 (a degenerate top eigenvalue) gives a dwell of 10000 iterations.
 DEGENERATE_GAP, DEGENERATE_DWELL = 1e-8, 10000
@@ -363,16 +364,22 @@ def bidirectional_action(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Gate state and decisions
+# Gate rules: a layer's state and its decision (docs/growth_gate.md, 'Rules as objects')
 # ---------------------------------------------------------------------------------------------------------
+
+# Cadence defaults (docs/growth_gate.md, 'Cadence'): tokens of C per check and tracker iterations per check.
+# `IncrtGrowthCallback` owns the cadence and passes both; these are the defaults of the model's methods.
+DEFAULT_GATE_TOKENS = 512
+DEFAULT_TRACKER_STEPS = 200
 
 
 @dataclass
 class GateDecision:
     """One layer's gate verdict (INCRT gate).
 
-    action: "calibrating" (theta_w not set yet), "pending" (top tracker not converged, check again),
-    "grow" (lambda_max > theta_w), "full" (would grow but the layer has `max_heads`), "stop".
+    action: "calibrating" (theta_w not set yet), "pending" (a tracker the rule reads has not converged: check
+    again), "grow" (lambda_max > theta_w), "full" (would grow but the layer has `max_heads`), "stop", and
+    under the bidirectional rule "dwell" (would grow, but within T_d checks of the last growth).
     lambda_max / lambda_min: Rayleigh quotients of u+ / u- on A_res (lambda_max is a lower bound of the
     true top eigenvalue, tight once converged). prune: heads to remove, in decreasing index order so they
     can be pruned one after another.
@@ -389,27 +396,39 @@ class GateDecision:
     prune: list[int]
 
 
-class IncrtGate(nn.Module):
-    """Per-layer INCRT gate state, as persistent buffers of fixed shape (hidden size d, cap m = max_heads):
+class Observation(NamedTuple):
+    """What `IncrtGate.observe` measured at one check: the input of `IncrtGate.decide`."""
 
-    u_plus, u_minus (d): Oja / MCA EXIN vectors, warm starts of the next check; basis (m x d) with
-    basis_owner (m, head index or -1) and basis_size: the deflation basis Q, one row per head grown along
-    a direction; theta_w (the latest one under the "relative" threshold) and calibrated (0 or 1, uint8: a
-    bool buffer breaks transformers' state-dict tests; the bool one of an older checkpoint loads cast to
-    uint8); calibration_norms (||A_res||_F of the first checks) and num_checks; prune_counters (m):
-    consecutive checks each head spent below phi_g = gate_prune_factor * theta_w. Under
-    `gate_rule="bidirectional"` also last_growth_check (the check that grew the layer last) and spectral_gaps
-    (Delta+ / b, Delta- / b of the last check), saved in checkpoints only under that rule
-    (docs/growth_gate.md).
+    residual_norm: float  # ||A_res||_F
+    theta_w: float
+    top: TrackedEigenpair  # u+ and lambda_max
+    minor: TrackedEigenpair  # u- and lambda_min
+    head_energies: torch.Tensor  # ||C M_a^h||_F per head
+    tracker_steps: int  # most tracker iterations this check ran (the cadence's)
+
+
+class IncrtGate(nn.Module):
+    """A layer's INCRT gate: the state every rule keeps, `observe` (one check's measurements) and `decide`
+    (the verdict of the rule, one subclass per `gate_rule`: `GATE_RULE_CLASSES`; `build_gate` picks it).
+
+    The state is persistent buffers of fixed shape (hidden size d, cap m = max_heads), so checkpoints and
+    resumed runs carry it: u_plus, u_minus (d): Oja / MCA EXIN vectors, warm starts of the next check; basis
+    (m x d) with basis_owner (m, head index or -1) and basis_size: the deflation basis Q, one row per head
+    grown along a direction; theta_w (the latest one under the "relative" threshold) and calibrated (0 or 1,
+    uint8: a bool buffer breaks transformers' state-dict tests; the bool one of an older checkpoint loads
+    cast to uint8); calibration_norms (||A_res||_F of the first checks) and num_checks; prune_counters (m):
+    consecutive checks each head spent below phi_g = gate_prune_factor * theta_w. A rule adds its own
+    buffers in `initial_state`.
+
+    The threshold (`gate_theta_w`, `gate_threshold`) and pruning are the same under every rule.
     """
 
     def __init__(self, config, layer_index: int):
         super().__init__()
         self.config = config
         self.layer_index = layer_index
-        bidirectional = config.gate_rule == "bidirectional"
         for name, value in self.initial_state().items():
-            self.register_buffer(name, value, persistent=bidirectional or name not in DWELL_STATE)
+            self.register_buffer(name, value)
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         """Buffer values of a fresh gate (used by the constructor and by `_init_weights`)."""
@@ -428,12 +447,83 @@ class IncrtGate(nn.Module):
             "calibration_norms": torch.zeros(config.gate_calibration_checks),
             "num_checks": torch.tensor(0, dtype=torch.long),
             "prune_counters": torch.zeros(capacity, dtype=torch.long),
-            "last_growth_check": torch.tensor(NO_GROWTH_YET, dtype=torch.long),
-            "spectral_gaps": torch.zeros(2),
         }
 
     def active_basis(self) -> torch.Tensor:
         return self.basis[: int(self.basis_size)]
+
+    # ------------------------------------------------------------------------------------ observe
+
+    @torch.no_grad()
+    def observe(
+        self,
+        second_moment: torch.Tensor,
+        directional: torch.Tensor,
+        head_energies: torch.Tensor,
+        *,
+        tracker_steps: int = DEFAULT_TRACKER_STEPS,
+    ) -> Observation:
+        """One check's measurements (INCRT gate): A_res, theta_w (or a calibration step), u+ and u- by at
+        most `tracker_steps` tracker iterations; updates the state they live in. Raises ValueError, the
+        state unchanged, when the matrices overflow float32."""
+        check_number("tracker_steps", tracker_steps, 1, MAX_SIZE, integer=True)
+        with torch.autocast(device_type=second_moment.device.type, enabled=False):
+            symmetric = interaction_matrix(second_moment.float(), directional.float())
+            residual = deflate(symmetric, self.active_basis())
+            residual_norm = float(torch.linalg.matrix_norm(residual))
+            scale = float(torch.linalg.matrix_norm(symmetric))
+            spectral_bound = float(spectral_radius_bound(residual))
+            if not all(math.isfinite(value) for value in (residual_norm, scale, spectral_bound)):
+                raise ValueError(
+                    "the gate's matrices A_sym / A_res overflow float32 (C = X^T X / N or the "
+                    "query/key weights are too large); the gate state is left unchanged"
+                )
+            self.num_checks += 1
+            self._update_threshold(scale, residual_norm)
+            top, minor = self._track(residual, spectral_bound, tracker_steps)
+            self.u_plus.copy_(top.vector)
+            self.u_minus.copy_(minor.vector)
+        return Observation(
+            residual_norm,
+            float(self.theta_w),
+            top,
+            minor,
+            head_energies.float(),
+            tracker_steps,
+        )
+
+    def _update_threshold(self, scale: float, residual_norm: float) -> None:
+        """theta_w: fixed (`gate_theta_w`), factor * ||A_sym||_F at every check ("relative"), or calibrated
+        once ("calibrated")."""
+        config = self.config
+        if config.gate_theta_w is None and config.gate_threshold == "relative":
+            self.theta_w.fill_(config.gate_calibration_factor * scale)
+        elif not bool(self.calibrated):
+            self._calibrate(residual_norm)
+
+    def _calibrate(self, residual_norm: float) -> None:
+        """theta_w = gate_calibration_factor * median ||A_res||_F over the first checks (author's code)."""
+        index = int(self.num_checks) - 1
+        self.calibration_norms[index] = residual_norm
+        if index + 1 == self.calibration_norms.shape[0]:
+            median = float(torch.quantile(self.calibration_norms, 0.5))
+            self.theta_w.fill_(self.config.gate_calibration_factor * median)
+            self.calibrated.fill_(1)
+
+    def _track(
+        self, residual: torch.Tensor, spectral_bound: float, tracker_steps: int
+    ) -> tuple[TrackedEigenpair, TrackedEigenpair]:
+        """u+ and u- of A_res: `eigh` with `gate_use_exact_eigh`, else the rule's trackers (`_iterate`) from
+        the previous check's vectors."""
+        if self.config.gate_use_exact_eigh:
+            exact = exact_extreme_eigenpairs(residual)
+            return (
+                TrackedEigenpair(exact.top, exact.lambda_max, 0.0, 0),
+                TrackedEigenpair(exact.minor, exact.lambda_min, 0.0, 0),
+            )
+        seed = 1000 * (self.layer_index + 1) + int(self.basis_size)
+        starts = (self._warm_start(self.u_plus, seed), self._warm_start(self.u_minus, seed + 500))
+        return self._iterate(residual, starts, spectral_bound, tracker_steps)
 
     def _warm_start(self, vector: torch.Tensor, seed: int) -> torch.Tensor:
         """Previous tracker vector with the deflated directions removed; a seeded one if nothing is left."""
@@ -443,15 +533,56 @@ class IncrtGate(nn.Module):
             start = project_out(seeded_unit_vector(vector.shape[0], seed).to(vector.device), basis)
         return start
 
-    def _calibrate(self, residual_norm: float) -> None:
-        """theta_w = gate_calibration_factor * median ||A_res||_F over the first checks (author's code; the
-        "relative" `gate_threshold` sets theta_w = factor * ||A_sym||_F at every check in `check`)."""
-        index = int(self.num_checks) - 1
-        self.calibration_norms[index] = residual_norm
-        if index + 1 == self.calibration_norms.shape[0]:
-            median = float(torch.quantile(self.calibration_norms, 0.5))
-            self.theta_w.fill_(self.config.gate_calibration_factor * median)
-            self.calibrated.fill_(1)
+    def _iterate(
+        self, residual: torch.Tensor, starts: tuple, spectral_bound: float, tracker_steps: int
+    ) -> tuple[TrackedEigenpair, TrackedEigenpair]:
+        """Independent trackers: Oja's rule for u+, MCA EXIN for u-."""
+        config = self.config
+        tracker = {
+            "max_steps": tracker_steps,
+            "tolerance": config.gate_tracker_tolerance,
+            "floor": float(self.theta_w),
+            "spectral_bound": spectral_bound,
+        }
+        top = track_eigenvector(residual, starts[0], step=config.gate_oja_step, **tracker)
+        minor = track_eigenvector(residual, starts[1], step=config.gate_mca_step, minor=True, **tracker)
+        return top, minor
+
+    # ------------------------------------------------------------------------------------- decide
+
+    @torch.no_grad()
+    def decide(self, observation: Observation) -> GateDecision:
+        """The verdict on an observation: "calibrating" until theta_w is set, else the prune list (the
+        counters advance) and "pending" until the trackers the rule reads have converged, else the rule's
+        `_verdict`."""
+        prune: list[int] = []
+        if not bool(self.calibrated):
+            action = "calibrating"
+        else:
+            prune = self._update_prune_counters(observation.head_energies)
+            action = self._verdict(observation) if self._settled(observation) else "pending"
+        return GateDecision(
+            layer=self.layer_index,
+            action=action,
+            lambda_max=observation.top.eigenvalue,
+            lambda_min=observation.minor.eigenvalue,
+            theta_w=observation.theta_w,
+            residual_norm=observation.residual_norm,
+            direction=observation.top.vector.clone(),
+            head_energies=observation.head_energies.tolist(),
+            prune=prune,
+        )
+
+    def _settled(self, observation: Observation) -> bool:
+        """The top tracker has converged (relative residual <= `gate_tracker_tolerance`)."""
+        return observation.top.residual <= self.config.gate_tracker_tolerance
+
+    def _verdict(self, observation: Observation) -> str:
+        """The rule's verdict on settled trackers: "grow", "full", "stop" or one of its own."""
+        raise NotImplementedError(f"{type(self).__name__} must define the rule's `_verdict`")
+
+    def _is_full(self, observation: Observation) -> bool:
+        return observation.head_energies.shape[0] >= self.config.max_heads
 
     def _update_prune_counters(self, head_energies: torch.Tensor) -> list[int]:
         """Count consecutive checks below phi_g per head; heads at `gate_prune_patience` are to be pruned
@@ -468,159 +599,13 @@ class IncrtGate(nn.Module):
             candidates.remove(int(head_energies.argmax()))
         return sorted(candidates, reverse=True)
 
-    @torch.no_grad()
-    def check(
-        self, second_moment: torch.Tensor, directional: torch.Tensor, head_energies: torch.Tensor
-    ) -> GateDecision:
-        """One gate check (INCRT gate): A_res, calibration, trackers, prune counters, decision; under
-        `gate_rule="bidirectional"` the bidirectional rule above (docs/growth_gate.md)."""
-        config = self.config
-        bidirectional = config.gate_rule == "bidirectional"
-        with torch.autocast(device_type=second_moment.device.type, enabled=False):
-            symmetric = interaction_matrix(second_moment.float(), directional.float())
-            residual = deflate(symmetric, self.active_basis())
-            residual_norm = float(torch.linalg.matrix_norm(residual))
-            scale = float(torch.linalg.matrix_norm(symmetric))
-            spectral_bound = float(spectral_radius_bound(residual))
-            if not all(math.isfinite(value) for value in (residual_norm, scale, spectral_bound)):
-                raise ValueError(
-                    "the gate's matrices A_sym / A_res overflow float32 (C = X^T X / N or the "
-                    "query/key weights are too large); the gate state is left unchanged"
-                )
-            self.num_checks += 1
-            if config.gate_theta_w is None and config.gate_threshold == "relative":
-                self.theta_w.fill_(config.gate_calibration_factor * scale)
-            elif not bool(self.calibrated):
-                self._calibrate(residual_norm)
-            if config.gate_use_exact_eigh:
-                exact = exact_extreme_eigenpairs(residual)
-                top = TrackedEigenpair(exact.top, exact.lambda_max, 0.0, 0)
-                minor = TrackedEigenpair(exact.minor, exact.lambda_min, 0.0, 0)
-            else:
-                seed = 1000 * (self.layer_index + 1) + int(self.basis_size)
-                rates = (
-                    config.gate_oja_step / max(spectral_bound, EPS),
-                    config.gate_mca_step / max(spectral_bound, EPS),
-                )
-                tracker = {
-                    "max_steps": config.gate_tracker_steps,
-                    "tolerance": config.gate_tracker_tolerance,
-                    "floor": float(self.theta_w),
-                    "spectral_bound": spectral_bound,
-                }
-                starts = (self._warm_start(self.u_plus, seed), self._warm_start(self.u_minus, seed + 500))
-                if bidirectional and config.gate_couple_trackers:
-                    pair = track_coupled_pair(
-                        residual,
-                        *starts,
-                        rates=rates,
-                        gamma=coupling_weight(*self.spectral_gaps.tolist()),
-                        max_steps=tracker["max_steps"],
-                        tolerance=tracker["tolerance"],
-                        floor=tracker["floor"],
-                    )
-                    top = TrackedEigenpair(pair.top, pair.lambda_max, pair.top_residual, pair.steps)
-                    minor = TrackedEigenpair(pair.minor, pair.lambda_min, pair.minor_residual, pair.steps)
-                else:
-                    top = track_eigenvector(residual, starts[0], step=config.gate_oja_step, **tracker)
-                    minor = track_eigenvector(
-                        residual, starts[1], step=config.gate_mca_step, minor=True, **tracker
-                    )
-            if bidirectional:
-                gaps = self._spectral_gaps(residual, top, minor, spectral_bound)
-                self.spectral_gaps.copy_(torch.tensor(gaps))
-            self.u_plus.copy_(top.vector)
-            self.u_minus.copy_(minor.vector)
-        theta_w = float(self.theta_w)
-        prune: list[int] = []
-        if not bool(self.calibrated):
-            action = "calibrating"
-        else:
-            prune = self._update_prune_counters(head_energies.float())
-            phi_w = config.gate_phi_w_factor * theta_w
-            # u-'s Rayleigh quotient bounds lambda_min from above: rho- < phi_w settles the test unconverged
-            minor_unsettled = (
-                bidirectional
-                and config.gate_use_lambda_min_test
-                and minor.eigenvalue >= phi_w
-                and minor.residual > config.gate_tracker_tolerance
-            )
-            if top.residual > config.gate_tracker_tolerance or minor_unsettled:
-                action = "pending"
-            elif bidirectional:
-                action = bidirectional_action(
-                    top.eigenvalue,
-                    minor.eigenvalue,
-                    theta_w=theta_w,
-                    phi_w=phi_w,
-                    use_lambda_min=config.gate_use_lambda_min_test,
-                    in_dwell=self._in_dwell(),
-                    full=head_energies.shape[0] >= config.max_heads,
-                )
-            elif top.eigenvalue > theta_w:
-                action = "full" if head_energies.shape[0] >= config.max_heads else "grow"
-            else:
-                action = "stop"
-        return GateDecision(
-            layer=self.layer_index,
-            action=action,
-            lambda_max=top.eigenvalue,
-            lambda_min=minor.eigenvalue,
-            theta_w=theta_w,
-            residual_norm=residual_norm,
-            direction=top.vector.clone(),
-            head_energies=head_energies.tolist(),
-            prune=prune,
-        )
-
-    def _spectral_gaps(
-        self, residual: torch.Tensor, top: TrackedEigenpair, minor: TrackedEigenpair, bound: float
-    ) -> tuple[float, float]:
-        """(Delta+, Delta-) / b of A_res: exact with `gate_use_exact_eigh`, else from the trackers."""
-        if self.config.gate_use_exact_eigh:
-            return exact_spectral_gaps(residual, bound)
-        config = self.config
-        seed = 1000 * (self.layer_index + 1) + int(self.basis_size) + 250
-        starts = tuple(
-            project_out(seeded_unit_vector(residual.shape[0], seed + k).to(residual), self.active_basis())
-            for k in (0, 1)
-        )
-        pair = TrackedPair(
-            top.vector,
-            top.eigenvalue,
-            top.residual,
-            minor.vector,
-            minor.eigenvalue,
-            minor.residual,
-            top.steps,
-        )
-        rates = (config.gate_oja_step / max(bound, EPS), config.gate_mca_step / max(bound, EPS))
-        return tracked_spectral_gaps(
-            residual, pair, starts, bound=bound, rates=rates, max_steps=config.gate_tracker_steps
-        )
-
-    def _in_dwell(self) -> bool:
-        """Fewer than T_d checks since the layer's last growth (`gate_use_dwell`; docs/growth_gate.md)."""
-        last = int(self.last_growth_check)
-        if not self.config.gate_use_dwell or last == NO_GROWTH_YET:
-            return False
-        config = self.config
-        dwell = dwell_checks(
-            config.gate_oja_step,
-            float(self.spectral_gaps[0]),
-            kappa_t=config.gate_dwell_kappa,
-            eps=config.gate_dwell_eps,
-            iterations_per_check=config.gate_tracker_steps,
-        )
-        return int(self.num_checks) - last < dwell
+    # -------------------------------------------------------------------------- growth and pruning
 
     @torch.no_grad()
     def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:
         """A head was appended at `head_index`; a direction it was given joins the deflation basis Q
-        (Gram-Schmidt, twice for stability; a direction already inside span(Q) adds no row). The dwell of
-        the bidirectional rule counts from the current check."""
+        (Gram-Schmidt, twice for stability; a direction already inside span(Q) adds no row)."""
         self.prune_counters[head_index] = 0
-        self.last_growth_check.fill_(int(self.num_checks))
         if direction is None:
             return
         basis = self.active_basis()
@@ -649,6 +634,154 @@ class IncrtGate(nn.Module):
         counters = self.prune_counters.clone()
         self.prune_counters[head_index:-1] = counters[head_index + 1 :]
         self.prune_counters[-1] = 0
+
+
+class MaxOnlyGate(IncrtGate):
+    """`gate_rule="max_only"`: grow while lambda_max(A_res) > theta_w, along u+; lambda_min is tracked and
+    reported but does not decide (docs/growth_gate.md, '"max_only"')."""
+
+    def _verdict(self, observation: Observation) -> str:
+        if observation.top.eigenvalue > observation.theta_w:
+            return "full" if self._is_full(observation) else "grow"
+        return "stop"
+
+
+class BidirectionalGate(IncrtGate):
+    """`gate_rule="bidirectional"` (the author's rule, docs/growth_gate.md): grow when lambda_max(A_res) >
+    theta_w and lambda_min(A_res) < phi_w, at least T_d checks after the layer's last growth, with coupled
+    trackers. Its own state: last_growth_check (the check that grew the layer last) and spectral_gaps
+    (Delta+ / b, Delta- / b of the last check). Ablations: `gate_use_lambda_min_test`, `gate_use_dwell`,
+    `gate_couple_trackers`."""
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return {
+            **super().initial_state(),
+            "last_growth_check": torch.tensor(NO_GROWTH_YET, dtype=torch.long),
+            "spectral_gaps": torch.zeros(2),
+        }
+
+    def _track(
+        self, residual: torch.Tensor, spectral_bound: float, tracker_steps: int
+    ) -> tuple[TrackedEigenpair, TrackedEigenpair]:
+        """u+ and u-, then the gaps of A_res (for T_d now and gamma* at the next check)."""
+        top, minor = super()._track(residual, spectral_bound, tracker_steps)
+        gaps = self._spectral_gaps(residual, top, minor, spectral_bound, tracker_steps)
+        self.spectral_gaps.copy_(torch.tensor(gaps))
+        return top, minor
+
+    def _iterate(
+        self, residual: torch.Tensor, starts: tuple, spectral_bound: float, tracker_steps: int
+    ) -> tuple[TrackedEigenpair, TrackedEigenpair]:
+        """The coupled trackers with gamma* of the previous check's gaps (independent ones when
+        `gate_couple_trackers` is False)."""
+        config = self.config
+        if not config.gate_couple_trackers:
+            return super()._iterate(residual, starts, spectral_bound, tracker_steps)
+        rates = (
+            config.gate_oja_step / max(spectral_bound, EPS),
+            config.gate_mca_step / max(spectral_bound, EPS),
+        )
+        pair = track_coupled_pair(
+            residual,
+            *starts,
+            rates=rates,
+            gamma=coupling_weight(*self.spectral_gaps.tolist()),
+            max_steps=tracker_steps,
+            tolerance=config.gate_tracker_tolerance,
+            floor=float(self.theta_w),
+        )
+        return (
+            TrackedEigenpair(pair.top, pair.lambda_max, pair.top_residual, pair.steps),
+            TrackedEigenpair(pair.minor, pair.lambda_min, pair.minor_residual, pair.steps),
+        )
+
+    def _spectral_gaps(
+        self,
+        residual: torch.Tensor,
+        top: TrackedEigenpair,
+        minor: TrackedEigenpair,
+        bound: float,
+        tracker_steps: int,
+    ) -> SpectralGaps:
+        """(Delta+, Delta-) / b of A_res: exact with `gate_use_exact_eigh`, else from the trackers."""
+        if self.config.gate_use_exact_eigh:
+            return exact_spectral_gaps(residual, bound)
+        config = self.config
+        seed = 1000 * (self.layer_index + 1) + int(self.basis_size) + 250
+        starts = tuple(
+            project_out(seeded_unit_vector(residual.shape[0], seed + k).to(residual), self.active_basis())
+            for k in (0, 1)
+        )
+        pair = TrackedPair(
+            top.vector,
+            top.eigenvalue,
+            top.residual,
+            minor.vector,
+            minor.eigenvalue,
+            minor.residual,
+            top.steps,
+        )
+        rates = (config.gate_oja_step / max(bound, EPS), config.gate_mca_step / max(bound, EPS))
+        return tracked_spectral_gaps(
+            residual, pair, starts, bound=bound, rates=rates, max_steps=tracker_steps
+        )
+
+    def _phi_w(self, observation: Observation) -> float:
+        return self.config.gate_phi_w_factor * observation.theta_w
+
+    def _settled(self, observation: Observation) -> bool:
+        """u+ has converged, and so has u- unless its Rayleigh quotient (an upper bound of lambda_min)
+        already settles the lambda_min test (rho- < phi_w)."""
+        config = self.config
+        minor = observation.minor
+        minor_unsettled = (
+            config.gate_use_lambda_min_test
+            and minor.eigenvalue >= self._phi_w(observation)
+            and minor.residual > config.gate_tracker_tolerance
+        )
+        return super()._settled(observation) and not minor_unsettled
+
+    def _verdict(self, observation: Observation) -> str:
+        return bidirectional_action(
+            observation.top.eigenvalue,
+            observation.minor.eigenvalue,
+            theta_w=observation.theta_w,
+            phi_w=self._phi_w(observation),
+            use_lambda_min=self.config.gate_use_lambda_min_test,
+            in_dwell=self._in_dwell(observation.tracker_steps),
+            full=self._is_full(observation),
+        )
+
+    def _in_dwell(self, tracker_steps: int) -> bool:
+        """Fewer than T_d checks since the layer's last growth (`gate_use_dwell`), T_d in checks of
+        `tracker_steps` iterations (docs/growth_gate.md)."""
+        last = int(self.last_growth_check)
+        if not self.config.gate_use_dwell or last == NO_GROWTH_YET:
+            return False
+        config = self.config
+        dwell = dwell_checks(
+            config.gate_oja_step,
+            float(self.spectral_gaps[0]),
+            kappa_t=config.gate_dwell_kappa,
+            eps=config.gate_dwell_eps,
+            iterations_per_check=tracker_steps,
+        )
+        return int(self.num_checks) - last < dwell
+
+    @torch.no_grad()
+    def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:
+        """As `IncrtGate.record_growth`; the dwell counts from the current check."""
+        super().record_growth(head_index, direction)
+        self.last_growth_check.fill_(int(self.num_checks))
+
+
+# `gate_rule` -> its gate class (docs/growth_gate.md, 'Rules as objects').
+GATE_RULE_CLASSES: dict[str, type[IncrtGate]] = {"max_only": MaxOnlyGate, "bidirectional": BidirectionalGate}
+
+
+def build_gate(config, layer_index: int) -> IncrtGate:
+    """The gate of layer `layer_index` under `config.gate_rule`."""
+    return GATE_RULE_CLASSES[config.gate_rule](config, layer_index)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -746,9 +879,13 @@ class HeadGrowthMixin:
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        *,
+        num_tokens: int = DEFAULT_GATE_TOKENS,
     ) -> list[torch.Tensor]:
-        """C_l = X_l^T X_l / N for every layer's input X_l (eval mode, no dropout), on N = gate_num_tokens
-        real tokens evenly spaced over the batch. Several processes can average these before `gate_check`."""
+        """C_l = X_l^T X_l / N for every layer's input X_l (eval mode, no dropout), on N = `num_tokens` (at
+        most: the batch's) real tokens evenly spaced over the batch. Several processes can average these
+        before `gate_check`."""
+        check_number("num_tokens", num_tokens, 2, MAX_SIZE, integer=True)
         was_training = self.training
         self.eval()
         try:
@@ -770,7 +907,7 @@ class HeadGrowthMixin:
         positions = token_mask.flatten().nonzero().squeeze(1)
         if positions.shape[0] == 0:
             raise ValueError("a gate check needs at least one real token: the batch is empty or fully padded")
-        count = min(self.config.gate_num_tokens, positions.shape[0])
+        count = min(num_tokens, positions.shape[0])
         spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
         chosen = positions[spaced]
         moments = []
@@ -788,14 +925,20 @@ class HeadGrowthMixin:
         token_type_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         second_moments: list[torch.Tensor] | None = None,
+        *,
+        num_tokens: int = DEFAULT_GATE_TOKENS,
+        tracker_steps: int = DEFAULT_TRACKER_STEPS,
     ) -> list[GateDecision]:
-        """One INCRT gate check per layer, on a batch or on precomputed `second_moments` (one d x d matrix
-        per layer, e.g. averaged over processes). Updates the gate buffers and applies nothing: act on the
-        decisions with `grow_head(layer, decision.direction)` and `prune_head`. An empty batch or non-finite
-        matrices raise ValueError and leave every layer's gate as it was."""
+        """One INCRT gate check per layer, on a batch (`num_tokens` of its tokens: `gate_second_moments`) or
+        on precomputed `second_moments` (one d x d matrix per layer, e.g. averaged over processes): each
+        layer's gate observes its matrices with at most `tracker_steps` tracker iterations and decides.
+        Updates the gate state and applies nothing: act on the decisions with
+        `grow_head(layer, decision.direction)` and `prune_head`. An empty batch or non-finite matrices raise
+        ValueError and leave every layer's gate as it was."""
+        check_number("tracker_steps", tracker_steps, 1, MAX_SIZE, integer=True)
         if second_moments is None:
             second_moments = self.gate_second_moments(
-                input_ids, attention_mask, token_type_ids, inputs_embeds
+                input_ids, attention_mask, token_type_ids, inputs_embeds, num_tokens=num_tokens
             )
         layers = self.base_model.layers
         hidden = self.config.hidden_size
@@ -810,25 +953,31 @@ class HeadGrowthMixin:
         gates = [layer.attention.gate for layer in layers]
         saved = [{name: buffer.clone() for name, buffer in gate.named_buffers()} for gate in gates]
         try:
-            return [
-                _layer_gate_check(layer.attention, moment)
-                for layer, moment in zip(layers, second_moments, strict=True)
-            ]
+            decisions = []
+            for layer, moment in zip(layers, second_moments, strict=True):
+                gate = layer.attention.gate
+                observation = gate.observe(
+                    *_gate_inputs(layer.attention, moment), tracker_steps=tracker_steps
+                )
+                decisions.append(gate.decide(observation))
+            return decisions
         except ValueError:  # a later layer's check failed: no layer keeps a half-done check
             for gate, state in zip(gates, saved, strict=True):
-                for name, buffer in gate.named_buffers():  # non-persistent ones too (`IncrtGate`)
+                for name, buffer in gate.named_buffers():
                     buffer.copy_(state[name])
             raise
 
 
-def _layer_gate_check(attention: nn.Module, second_moment: torch.Tensor) -> GateDecision:
-    """One layer's gate on C = X^T X / N of its input, with M_a and the per-head energies of its heads, in
-    float32 even under autocast."""
+def _gate_inputs(
+    attention: nn.Module, second_moment: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a layer's gate observes: C = X^T X / N of its input, M_a and the per-head energies of its heads,
+    in float32 even under autocast."""
     with torch.autocast(second_moment.device.type, enabled=False):
         query_weights = attention.stacked("q_proj").float()
         key_weights = attention.stacked("k_proj").float()
         second_moment = second_moment.float()
-        return attention.gate.check(
+        return (
             second_moment,
             directional_matrix(query_weights, key_weights),
             head_directional_energy(second_moment, query_weights, key_weights),

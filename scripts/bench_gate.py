@@ -7,7 +7,7 @@ so a noisy, shared CPU slows every variant alike. Reported per k: the run-time o
 against the median run without checks; needs a quiet machine), the time spent in checks over the time
 spent in steps within the same runs (median over runs; robust to load drift between runs), and the
 expected overhead t_check / (k * t_step) from the median per-check and per-step times. The target is
-<= 5 % at the default interval `gate_check_every`.
+<= 5 % at `IncrtGrowthCallback`'s default interval `check_every` (100).
 
 Part 2: one gate check's spectral work on A_res (hidden d x d; 2 or 8 random heads) with the trackers
 (Oja + MCA EXIN with their spectral bound; cold start from a seeded vector, and warm start from a slightly
@@ -32,6 +32,8 @@ import torch
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.modeling.incrt import (
+    DEFAULT_GATE_TOKENS,
+    DEFAULT_TRACKER_STEPS,
     TrackedEigenpair,
     deflate,
     directional_matrix,
@@ -41,6 +43,7 @@ from geoformers.modeling.incrt import (
     spectral_radius_bound,
     track_eigenvector,
 )
+from geoformers.training.growth import CADENCE_DEFAULTS
 
 from harness.flag_checks import CheckedParser
 from harness.results import write_results
@@ -134,14 +137,14 @@ def bench_training(intervals: list[int], steps: int, reps: int, batch: int, leng
             "num_prototypes": config.num_prototypes,
             "batch": batch,
             "sequence_length": length,
-            "gate_num_tokens": config.gate_num_tokens,
+            "gate_num_tokens": DEFAULT_GATE_TOKENS,
         },
         "steps_per_run": steps,
         "reps": reps,
         "seconds_per_run_without_checks": baseline,
         "seconds_per_step": t_step,
         "seconds_per_check": t_check,
-        "default_check_every": config.gate_check_every,
+        "default_check_every": CADENCE_DEFAULTS["check_every"],
         "intervals": rows,
     }
 
@@ -174,7 +177,7 @@ def run_trackers(
 ) -> tuple[TrackedEigenpair, TrackedEigenpair]:
     """The gate's spectral work: one spectral bound, then Oja (top) and MCA EXIN (minor)."""
     tracker = {
-        "max_steps": config.gate_tracker_steps,
+        "max_steps": DEFAULT_TRACKER_STEPS,
         "tolerance": config.gate_tracker_tolerance,
         "spectral_bound": float(spectral_radius_bound(matrix)),
     }

@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
     def at_growth_start(start: int, end: int) -> None:
         if start == args.pre_growth_steps:
             spectrum["eigenvalues"] = gate_spectrum(
-                model, {key: gate_rows[key] for key in ("input_ids", "attention_mask")}
+                model,
+                {key: gate_rows[key] for key in ("input_ids", "attention_mask")},
+                num_tokens=args.gate_num_tokens,
             )
 
     run = run_growth_training(

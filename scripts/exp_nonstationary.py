@@ -46,6 +46,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from geoformers.modeling.incrt import DEFAULT_GATE_TOKENS  # noqa: E402
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
 
 from harness.flags import (  # noqa: E402
@@ -129,8 +130,8 @@ class SwitchProbe(PrototypeProbe):
     head's prune criterion ||C M_a^h||_F on the held-out rows of the step before and of the switch step: the
     same weights on the two phases' data, so the ratio is what the data shift alone does to the criterion."""
 
-    def __init__(self, batch, every: int, switch_step: int):
-        super().__init__(batch, every)
+    def __init__(self, batch, every: int, switch_step: int, num_tokens: int = DEFAULT_GATE_TOKENS):
+        super().__init__(batch, every, num_tokens)
         self.switch_step = switch_step
         self.at_switch: dict | None = None
 
@@ -138,7 +139,7 @@ class SwitchProbe(PrototypeProbe):
         super().on_step_end(args, state, control, model=model, **kwargs)
         if state.global_step + self.step_offset == self.switch_step:
             before, after = (
-                head_energies(model, self.batch(step))  # eval mode inside, mode restored
+                head_energies(model, self.batch(step), self.num_tokens)  # eval mode inside, mode restored
                 for step in (self.switch_step - 1, self.switch_step)
             )
             ratio = [
@@ -375,7 +376,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict:
         first = min(step * args.per_device_train_batch_size, len(heldout) - args.heldout_rows)
         return rows_as_batch(heldout, range(first, first + args.heldout_rows))
 
-    probe = SwitchProbe(heldout_rows, args.probe_every, args.switch_step)
+    probe = SwitchProbe(heldout_rows, args.probe_every, args.switch_step, args.gate_num_tokens)
     windows = {("gate_window_steps" if args.continuous else "window_steps"): args.window_steps}
     print(
         f"stream of {args.max_steps} steps, switch at {args.switch_step}; "

@@ -91,13 +91,13 @@ def run_one(args: argparse.Namespace, task, name: str, seed: int, pre_growth_ste
         num_labels=2,
     )
     probe_batch = rows_as_batch(task["validation"], range(args.probe_rows))
-    probe = PrototypeProbe(probe_batch, args.probe_every)
+    probe = PrototypeProbe(probe_batch, args.probe_every, args.gate_num_tokens)
     inputs = {key: probe_batch[key] for key in ("input_ids", "attention_mask")}
     spectrum = {}
 
     def at_growth_start(start: int, end: int) -> None:
         if start == pre_growth_steps:
-            spectrum["eigenvalues"] = gate_spectrum(model, inputs)
+            spectrum["eigenvalues"] = gate_spectrum(model, inputs, num_tokens=args.gate_num_tokens)
 
     run = run_growth_training(
         model,

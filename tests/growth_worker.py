@@ -31,6 +31,7 @@ from geoformers.training.resume import resume_growth_training
 from geoformers.training.synthetic_tasks import build_spectral_task
 
 SEQ_LEN = 24
+GATE_TOKENS = 256  # tokens per gate check (the callback's `gate_num_tokens`)
 
 
 def spectral_task(num_train: int = 512):
@@ -68,7 +69,6 @@ def tiny_model(seed: int = 0, **overrides) -> DDCLIncrtForSequenceClassification
         "hidden_dropout_prob": 0.0,
         "classifier_dropout": 0.0,
         "pooling": "mean",
-        "gate_num_tokens": 256,
     }
     settings.update(overrides)
     torch.manual_seed(seed)
@@ -93,14 +93,17 @@ def training_args(output_dir, **overrides) -> TrainingArguments:
     return TrainingArguments(**settings)
 
 
-def growth_trainer(model, args, train_dataset, check_every: int = 5) -> Trainer:
-    """The documented set-up: prototype parameter groups and the growth callback."""
+def growth_trainer(
+    model, args, train_dataset, check_every: int = 5, gate_num_tokens: int | None = GATE_TOKENS
+) -> Trainer:
+    """The documented set-up: prototype parameter groups and the growth callback (`gate_num_tokens` None:
+    the callback's default)."""
     return Trainer(
         model=model,
         args=args,
         train_dataset=train_dataset,
         optimizers=(make_optimizer(model, args), None),
-        callbacks=[IncrtGrowthCallback(check_every=check_every)],
+        callbacks=[IncrtGrowthCallback(check_every=check_every, gate_num_tokens=gate_num_tokens)],
     )
 
 

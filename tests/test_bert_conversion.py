@@ -84,14 +84,14 @@ def test_embeddings_equal_bert_embedding_output_on_real_text(minilm_path, minilm
 
 
 def test_encoder_outputs_equal_bert_last_hidden_state_and_feed_the_gate(minilm_path, minilm, real_batch):
-    model = wrap_bert_embeddings(minilm_path, use_encoder_outputs=True, gate_num_tokens=4096).eval()
+    model = wrap_bert_embeddings(minilm_path, use_encoder_outputs=True).eval()
     assert model.config.bert_config["num_hidden_layers"] == 6
     assert model.config.bert_config["hidden_dropout_prob"] == 0.0  # frozen: a fixed feature map
     real = real_batch["attention_mask"].bool()
     with torch.no_grad():
         expected = minilm(**real_batch).last_hidden_state
         actual = model.model(**real_batch, output_hidden_states=True).hidden_states[0]
-        moment = model.gate_second_moments(**real_batch)[0]
+        moment = model.gate_second_moments(**real_batch, num_tokens=4096)[0]
     torch.testing.assert_close(actual[real], expected[real], atol=2e-5, rtol=0)
     tokens = expected[real].double()
     torch.testing.assert_close(moment.double(), tokens.T @ tokens / tokens.shape[0], atol=1e-5, rtol=1e-5)

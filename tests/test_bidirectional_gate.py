@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
-from test_incrt_gate import DIM, planted_problem
+from test_incrt_gate import DIM, check, planted_problem
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.incrt import (
-    IncrtGate,
     bidirectional_action,
+    build_gate,
     coupled_mca_step,
     coupled_oja_step,
     coupling_weight,
@@ -143,7 +143,7 @@ def run_checks(gate, second_moment, directional, checks):
     record = []
     heads = 1
     for _ in range(checks):
-        decision = gate.check(second_moment, directional, torch.ones(heads))
+        decision = check(gate, second_moment, directional, torch.ones(heads))
         if decision.action == "grow":
             gate.record_growth(heads, decision.direction)
             heads += 1
@@ -154,7 +154,7 @@ def run_checks(gate, second_moment, directional, checks):
 @pytest.mark.parametrize("exact", [True, False])
 def test_grows_the_planted_directions_in_decreasing_order_then_stops(exact):
     second_moment, directional, top_vectors = planted_problem([8.0, 6.0, 4.0, 1.0])
-    gate = IncrtGate(bidirectional_config(gate_use_exact_eigh=exact), 0)
+    gate = build_gate(bidirectional_config(gate_use_exact_eigh=exact), 0)
     record = run_checks(gate, second_moment, directional, 8)
     grown = [(value, direction) for action, value, direction in record if action == "grow"]
     accuracy = 1e-4 if exact else 0.02  # the trackers stop at a relative residual of 0.02
@@ -170,8 +170,8 @@ def test_no_growth_within_the_dwell_of_the_last_one():
     """Eigenvalues 8, 5, 4.8: after the head along 8 the residual's top gap is 0.2, so T_d is long."""
     second_moment, directional, _ = planted_problem([8.0, 5.0, 4.8])
     config = bidirectional_config(gate_use_exact_eigh=True, gate_dwell_kappa=0.1)
-    gate = IncrtGate(config, 0)
-    first = gate.check(second_moment, directional, torch.ones(1))
+    gate = build_gate(config, 0)
+    first = check(gate, second_moment, directional, torch.ones(1))
     assert first.action == "grow" and first.lambda_max == pytest.approx(8.0, rel=1e-4)
     gate.record_growth(1, first.direction)
     basis = gate.active_basis()
@@ -184,7 +184,7 @@ def test_no_growth_within_the_dwell_of_the_last_one():
     expected_gap = 0.2 / float(spectral_radius_bound(residual))
     assert float(gate.spectral_gaps[0]) == pytest.approx(expected_gap, rel=1e-3)
     # without the dwell the same gate grows at consecutive checks
-    ablated = IncrtGate(
+    ablated = build_gate(
         bidirectional_config(gate_use_exact_eigh=True, gate_dwell_kappa=0.1, gate_use_dwell=False), 0
     )
     actions = [action for action, _, _ in run_checks(ablated, second_moment, directional, 4)]
@@ -193,13 +193,13 @@ def test_no_growth_within_the_dwell_of_the_last_one():
 
 def test_max_only_ignores_the_dwell_state_and_keeps_it_out_of_checkpoints():
     second_moment, directional, _ = planted_problem([8.0, 5.0, 4.8])
-    max_only = IncrtGate(
+    max_only = build_gate(
         bidirectional_config(gate_rule="max_only", gate_use_exact_eigh=True, gate_dwell_kappa=0.1), 0
     )
     actions = [action for action, _, _ in run_checks(max_only, second_moment, directional, 4)]
     assert actions == ["grow", "grow", "grow", "stop"]
     assert "last_growth_check" not in max_only.state_dict() and "spectral_gaps" not in max_only.state_dict()
-    bidirectional = IncrtGate(bidirectional_config(), 0)
+    bidirectional = build_gate(bidirectional_config(), 0)
     assert {"last_growth_check", "spectral_gaps"} <= set(bidirectional.state_dict())
 
 
@@ -210,22 +210,22 @@ def test_the_lambda_min_test_stops_growth_when_no_direction_lies_below_phi_w(use
     config = bidirectional_config(
         gate_use_exact_eigh=True, gate_phi_w_factor=-4.0, gate_use_lambda_min_test=use_lambda_min
     )
-    decision = IncrtGate(config, 0).check(second_moment, directional, torch.ones(1))
+    decision = check(build_gate(config, 0), second_moment, directional, torch.ones(1))
     assert decision.lambda_min == pytest.approx(-8.0, rel=1e-4) and decision.action == expected
     # phi_w = -2 theta_w = -5: lambda_min = -8 lies below it, both variants grow
     config = bidirectional_config(gate_use_exact_eigh=True, gate_phi_w_factor=-2.0)
-    assert IncrtGate(config, 0).check(second_moment, directional, torch.ones(1)).action == "grow"
+    assert check(build_gate(config, 0), second_moment, directional, torch.ones(1)).action == "grow"
 
 
 @pytest.mark.parametrize("coupled", [True, False])
 def test_coupling_keeps_the_trackers_orthogonal_and_converges_to_the_same_pair(coupled):
     second_moment, directional, top_vectors = planted_problem([8.0, 6.0])
-    few = IncrtGate(bidirectional_config(gate_couple_trackers=coupled, gate_tracker_steps=3), 0)
-    few.check(second_moment, directional, torch.ones(1))
+    few = build_gate(bidirectional_config(gate_couple_trackers=coupled), 0)
+    check(few, second_moment, directional, torch.ones(1), tracker_steps=3)
     overlap = abs(float(few.u_plus @ few.u_minus))
     assert (overlap < 1e-6) if coupled else (overlap > 1e-4), overlap  # the coupled MCA step orthogonalises
-    gate = IncrtGate(bidirectional_config(gate_couple_trackers=coupled), 0)
-    decision = gate.check(second_moment, directional, torch.ones(1))
+    gate = build_gate(bidirectional_config(gate_couple_trackers=coupled), 0)
+    decision = check(gate, second_moment, directional, torch.ones(1))
     assert decision.action == "grow" and decision.lambda_max == pytest.approx(8.0, rel=0.05)
     assert decision.lambda_min == pytest.approx(-8.0, rel=0.05)
     assert abs(float(decision.direction @ top_vectors[0])) == pytest.approx(1.0, abs=0.05)
@@ -234,10 +234,10 @@ def test_coupling_keeps_the_trackers_orthogonal_and_converges_to_the_same_pair(c
 def test_author_pruning_needs_t_prune_consecutive_checks_below_phi_g():
     """phi_g = 0.01 theta_w = 0.025; T_prune = 4 here (100 in the notebook): a check above resets it."""
     second_moment, directional, _ = planted_problem([8.0])
-    gate = IncrtGate(bidirectional_config(gate_prune_factor=0.01, gate_prune_patience=4), 0)
+    gate = build_gate(bidirectional_config(gate_prune_factor=0.01, gate_prune_patience=4), 0)
     low, high = torch.tensor([2.0, 0.01]), torch.tensor([2.0, 0.03])
     prunes = [
-        gate.check(second_moment, directional, energies).prune
+        check(gate, second_moment, directional, energies).prune
         for energies in (low, low, low, high, low, low, low, low)
     ]
     assert prunes == [[], [], [], [], [], [], [], [1]]

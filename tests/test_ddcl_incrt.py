@@ -112,7 +112,6 @@ def reference_forward(model, input_ids, attention_mask):
         ({"gate_mca_step": 0.0}, "gate_mca_step", ValueError),
         ({"gate_prune_patience": 0}, "gate_prune_patience", ValueError),
         ({"gate_calibration_factor": float("nan")}, "gate_calibration_factor", ValueError),
-        ({"gate_num_tokens": 1}, "gate_num_tokens", ValueError),
         ({"num_labels": 0}, "num_labels", ValueError),
         ({"problem_type": "ranking"}, "problem_type", TypeError),
         ({"num_labels": 1, "problem_type": "single_label_classification"}, "single_label", ValueError),
@@ -693,9 +692,9 @@ def test_checkpoint_with_the_old_bool_calibrated_flag_loads_into_the_uint8_buffe
 
 
 def test_gate_second_moments_are_those_of_the_layer_inputs():
-    model = small_model(gate_num_tokens=1000)
+    model = small_model()
     input_ids, attention_mask = batch()
-    moments = model.gate_second_moments(input_ids, attention_mask)
+    moments = model.gate_second_moments(input_ids, attention_mask, num_tokens=1000)
     outputs = model.model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
     hidden_states = outputs.hidden_states
     keep = attention_mask.bool().flatten()

@@ -149,6 +149,8 @@ def assert_unchanged(before, model):
             "`second_moments` must be finite",
         ),
         (lambda m: m.gate_check(second_moments=[torch.eye(HIDDEN), HUGE_MOMENT]), "overflow"),
+        (lambda m: m.gate_check(ids(), num_tokens=1), "`num_tokens` must be an int in [2, "),
+        (lambda m: m.gate_check(ids(), tracker_steps=0), "`tracker_steps` must be an int in [1, "),
     ],
 )
 def test_gate_check_refuses_empty_or_non_finite_batches_and_keeps_its_state(call, message):
@@ -384,7 +386,6 @@ FIELDS = {
     "gate_threshold": st.sampled_from(["calibrated", "relative", "fixed"]),
     "gate_theta_w": st.one_of(st.none(), st.floats(allow_nan=True)),
     "gate_oja_step": st.floats(-1, 2),
-    "gate_num_tokens": SMALL_INTS,
     "pad_token_id": st.one_of(st.none(), SMALL_INTS),
     "eos_token_id": st.one_of(SMALL_INTS, st.lists(SMALL_INTS, max_size=2)),
     "problem_type": st.sampled_from(

@@ -538,7 +538,7 @@ def test_gate_spectrum_matches_a_float64_reference():
     batch.pop("labels")
     with torch.no_grad():
         hidden = model.model.embeddings(batch["input_ids"], None, None).double().reshape(-1, 16)
-    chosen = torch.linspace(0, hidden.shape[0] - 1, 128).round().long()  # gate_num_tokens evenly spaced
+    chosen = torch.linspace(0, hidden.shape[0] - 1, 128).round().long()  # --gate_num_tokens evenly spaced
     second_moment = hidden[chosen].T @ hidden[chosen] / 128
     attention = model.model.layers[0].attention
     directional = sum(
@@ -547,7 +547,7 @@ def test_gate_spectrum_matches_a_float64_reference():
     directional = (directional - directional.T) / 2
     interaction = second_moment @ directional
     reference = torch.linalg.eigvalsh((interaction + interaction.T) / 2).flip(0)
-    spectrum = gate_spectrum(model, batch)[0]
+    spectrum = gate_spectrum(model, batch, num_tokens=args.gate_num_tokens)[0]
     scale = float(reference.abs().max())
     assert spectrum == pytest.approx(reference.tolist(), abs=1e-4 * scale)
     assert sum(spectrum) == pytest.approx(0.0, abs=1e-4 * scale)  # A_sym = sym(C M_a) is traceless

@@ -46,7 +46,7 @@ def test_default_gate_stops_growing_below_the_cap_on_the_planted_task(task, tmp_
     growth ends with a "stop" verdict, with fewer heads than max_heads = 32 // 4 = 8."""
     model = default_gate_model(task)
     args = training_args(tmp_path, max_steps=120, logging_steps=120)
-    trainer = growth_trainer(model, args, task["train"], check_every=20)
+    trainer = growth_trainer(model, args, task["train"], check_every=20, gate_num_tokens=None)
     trainer.train()
     history = growth_callback(trainer).history
     endings = [e for e in history["events"] if e["action"] in ("stop", "full")]
@@ -76,7 +76,7 @@ def test_bidirectional_dwell_state_survives_a_checkpoint_and_the_resumed_run_mat
     args = training_args(
         tmp_path / "full", max_steps=16, save_steps=8, save_strategy="steps", logging_steps=16
     )
-    trainer = growth_trainer(model, args, task["train"], check_every=2)
+    trainer = growth_trainer(model, args, task["train"], check_every=2, gate_num_tokens=None)
     recorder = RecordGateAt(8)
     trainer.add_callback(recorder)
     trainer.train()
@@ -96,6 +96,7 @@ def test_bidirectional_dwell_state_survives_a_checkpoint_and_the_resumed_run_mat
         training_args(output_dir, max_steps=16, logging_steps=16),
         task["train"],
         check_every=2,
+        gate_num_tokens=None,
     )
     resume_growth_training(resumed)
     resumed_history = growth_callback(resumed).history

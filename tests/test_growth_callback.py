@@ -8,6 +8,7 @@ from functools import partial
 import pytest
 import torch
 from growth_worker import (
+    GATE_TOKENS,
     growth_callback,
     growth_trainer,
     sign_rows,
@@ -42,8 +43,9 @@ def symmetric_interaction(moment: torch.Tensor, head) -> torch.Tensor:
 def test_planted_spectrum_grows_exactly_the_heads_above_theta_then_stops(task, tmp_path):
     """Head 0 plants M_a with sym(C M_a) eigenvalues +-8, +-6, +-1 for the data's C; theta_w = 3 and frozen
     weights (lr 0): the Trainer run must grow two heads, along lambda 8 then 6, then record the stop."""
-    model = tiny_model(head_dim=4, max_heads=6, gate_theta_w=3.0, gate_num_tokens=2048, gate_prune_factor=0.0)
-    moment = model.gate_second_moments(torch.tensor(task["train"]["input_ids"][:256]))[0].double()
+    model = tiny_model(head_dim=4, max_heads=6, gate_theta_w=3.0, gate_prune_factor=0.0)
+    moment = model.gate_second_moments(torch.tensor(task["train"]["input_ids"][:256]), num_tokens=2048)
+    moment = moment[0].double()
     spectrum, basis = torch.linalg.eigh(moment)
     head = model.model.layers[0].attention.heads[0]
     with torch.no_grad():
@@ -61,7 +63,7 @@ def test_planted_spectrum_grows_exactly_the_heads_above_theta_then_stops(task, t
         model=model,
         args=args,
         train_dataset=task["train"],
-        callbacks=[IncrtGrowthCallback(check_every=2, gate_batch_size=64)],
+        callbacks=[IncrtGrowthCallback(check_every=2, gate_batch_size=64, gate_num_tokens=2048)],
     )
     trainer.train()
     history = growth_callback(trainer).history
@@ -100,8 +102,9 @@ class PlantAtStep(TrainerCallback):
 def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task, tmp_path, regrow):
     """Frozen weights, theta_w = 3: heads along 8 and 6, stop at step 6; at step 7 a coupling of 10 appears.
     Without `regrow` the stop is final; with it the next check (step 8) grows a head along the new 10."""
-    model = tiny_model(head_dim=4, max_heads=6, gate_theta_w=3.0, gate_num_tokens=2048, gate_prune_factor=0.0)
-    moment = model.gate_second_moments(torch.tensor(task["train"]["input_ids"][:256]))[0].double()
+    model = tiny_model(head_dim=4, max_heads=6, gate_theta_w=3.0, gate_prune_factor=0.0)
+    moment = model.gate_second_moments(torch.tensor(task["train"]["input_ids"][:256]), num_tokens=2048)
+    moment = moment[0].double()
     head = model.model.layers[0].attention.heads[0]
     with torch.no_grad():
         head.q_proj.weight.zero_()
@@ -109,7 +112,7 @@ def test_regrow_lets_a_stopped_layer_grow_again_when_new_structure_appears(task,
     for row, value in enumerate([8.0, 6.0]):
         plant_coupling(head, moment, row, value)
     args = training_args(tmp_path, max_steps=14, learning_rate=0.0)
-    growth = IncrtGrowthCallback(check_every=2, gate_batch_size=64, regrow=regrow)
+    growth = IncrtGrowthCallback(check_every=2, gate_batch_size=64, gate_num_tokens=2048, regrow=regrow)
     trainer = Trainer(
         model=model, args=args, train_dataset=task["train"], callbacks=[growth, PlantAtStep(moment, step=7)]
     )
@@ -278,7 +281,7 @@ def test_start_step_makes_warm_up_and_growth_one_trainer_run(task, tmp_path, mon
     checks every 2 steps after it; the weights before step 6 move as without the callback."""
     model = tiny_model(gate_threshold="calibrated", gate_calibration_checks=2, gate_prune_factor=0.05)
     reference = tiny_model()
-    callback = IncrtGrowthCallback(check_every=2, start_step=6)
+    callback = IncrtGrowthCallback(check_every=2, start_step=6, gate_num_tokens=GATE_TOKENS)
     constant = {"lr_scheduler_type": "constant"}  # the same learning rates up to step 6 in both runs
     trainer = Trainer(
         model=model,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from growth_worker import (
+    GATE_TOKENS,
     growth_callback,
     growth_trainer,
     parameter_checksum,
@@ -412,7 +413,7 @@ def test_with_save_total_limit_1_the_last_complete_checkpoint_survives_until_the
         args=args,
         train_dataset=task["train"],
         optimizers=(make_optimizer(model, args), None),
-        callbacks=[CrashAt(10), IncrtGrowthCallback(check_every=5)],
+        callbacks=[CrashAt(10), IncrtGrowthCallback(check_every=5, gate_num_tokens=GATE_TOKENS)],
     )
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
@@ -539,7 +540,7 @@ def test_with_save_total_limit_1_a_kill_at_random_points_always_leaves_a_complet
             args=args,
             train_dataset=task["train"],
             optimizers=(make_optimizer(model, args), None),
-            callbacks=[SlowDisk(), IncrtGrowthCallback(check_every=5)],
+            callbacks=[SlowDisk(), IncrtGrowthCallback(check_every=5, gate_num_tokens=GATE_TOKENS)],
         )
         marked = partial(lambda folder: any(folder.glob(f"checkpoint-*/{MARKER_FILE}")), output_dir)
         train_and_get_killed(trainer.train, marked, generator.uniform(0.0, 2.0))

@@ -7,7 +7,7 @@ import torch
 
 from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.modeling.incrt import (
-    IncrtGate,
+    build_gate,
     deflate,
     directional_matrix,
     exact_extreme_eigenpairs,
@@ -45,6 +45,11 @@ def planted_problem(pair_values, dim=DIM, seed=0):
     second_moment = x.T @ x / num_tokens
     directional = basis @ coupling @ basis.T
     return second_moment.float(), directional.float(), [v.float() for v in top_vectors]
+
+
+def check(gate, second_moment, directional, head_energies, **cadence):
+    """One gate check of one layer: what the model's `gate_check` does per layer."""
+    return gate.decide(gate.observe(second_moment, directional, head_energies, **cadence))
 
 
 def gate_config(**overrides):
@@ -144,10 +149,10 @@ def test_deflation_removes_the_captured_eigenvalue():
 def test_repeated_check_and_grow_adds_exactly_k_heads_in_decreasing_order(theta_w, expected_heads):
     pair_values = [8.0, 6.0, 4.0, 3.0, 1.0, 0.5, 0.3, 0.2]
     second_moment, directional, top_vectors = planted_problem(pair_values)
-    gate = IncrtGate(gate_config(gate_theta_w=theta_w), layer_index=0)
+    gate = build_gate(gate_config(gate_theta_w=theta_w), layer_index=0)
     num_heads, grown = 1, []
     for _ in range(30):
-        decision = gate.check(second_moment, directional, torch.ones(num_heads))
+        decision = check(gate, second_moment, directional, torch.ones(num_heads))
         if decision.action == "grow":
             grown.append((decision.lambda_max, decision.direction))
             gate.record_growth(num_heads, decision.direction)
@@ -168,8 +173,8 @@ def test_repeated_check_and_grow_adds_exactly_k_heads_in_decreasing_order(theta_
 
 def test_exact_eigh_path_gives_the_planted_eigenvalues():
     second_moment, directional, top_vectors = planted_problem([8.0, 6.0, 4.0])
-    gate = IncrtGate(gate_config(gate_use_exact_eigh=True), layer_index=0)
-    decision = gate.check(second_moment, directional, torch.ones(1))
+    gate = build_gate(gate_config(gate_use_exact_eigh=True), layer_index=0)
+    decision = check(gate, second_moment, directional, torch.ones(1))
     assert decision.action == "grow"
     assert decision.lambda_max == pytest.approx(8.0, rel=1e-5)
     assert decision.lambda_min == pytest.approx(-8.0, rel=1e-5)
@@ -180,40 +185,40 @@ def test_theta_w_is_calibrated_from_the_median_residual_norm():
     config = gate_config(
         gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=3, gate_calibration_factor=0.1
     )
-    gate = IncrtGate(config, 0)
+    gate = build_gate(config, 0)
     assert not bool(gate.calibrated)
     norms = []
     for scale in (1.0, 3.0, 2.0):
         second_moment, directional, _ = planted_problem([8.0 * scale, 6.0 * scale])
         residual = interaction_matrix(second_moment, directional)
         norms.append(float(torch.linalg.matrix_norm(residual)))
-        decision = gate.check(second_moment, directional, torch.ones(1))
+        decision = check(gate, second_moment, directional, torch.ones(1))
     assert decision.theta_w == pytest.approx(0.1 * sorted(norms)[1], rel=1e-6)
     assert bool(gate.calibrated)
     assert decision.action in ("grow", "pending")  # the third check already decides
-    fresh = IncrtGate(
+    fresh = build_gate(
         gate_config(gate_theta_w=None, gate_threshold="calibrated", gate_calibration_checks=2), 0
     )
-    assert fresh.check(second_moment, directional, torch.ones(1)).action == "calibrating"
+    assert check(fresh, second_moment, directional, torch.ones(1)).action == "calibrating"
 
 
 def test_pruning_needs_patience_and_never_removes_every_head():
     second_moment, directional, _ = planted_problem([8.0])
-    gate = IncrtGate(gate_config(gate_theta_w=1.0, gate_prune_factor=0.5, gate_prune_patience=2), 0)
+    gate = build_gate(gate_config(gate_theta_w=1.0, gate_prune_factor=0.5, gate_prune_patience=2), 0)
     energies = torch.tensor([2.0, 0.1, 0.2])  # phi_g = 0.5: heads 1 and 2 are below
-    assert gate.check(second_moment, directional, energies).prune == []
-    assert gate.check(second_moment, directional, energies).prune == [2, 1]
+    assert check(gate, second_moment, directional, energies).prune == []
+    assert check(gate, second_moment, directional, energies).prune == [2, 1]
     # a check above the threshold resets the count
-    gate.check(second_moment, directional, torch.tensor([2.0, 0.1, 0.9]))
-    assert gate.check(second_moment, directional, energies).prune == [1]
+    check(gate, second_moment, directional, torch.tensor([2.0, 0.1, 0.9]))
+    assert check(gate, second_moment, directional, energies).prune == [1]
     # all heads below: the strongest one stays
     weak = torch.tensor([0.1, 0.3, 0.2])
-    gate.check(second_moment, directional, weak)
-    assert gate.check(second_moment, directional, weak).prune == [2, 0]
+    check(gate, second_moment, directional, weak)
+    assert check(gate, second_moment, directional, weak).prune == [2, 0]
 
 
 def test_growth_and_pruning_bookkeeping_of_the_deflation_basis():
-    gate = IncrtGate(gate_config(), 0)
+    gate = build_gate(gate_config(), 0)
     e = torch.eye(DIM)
     gate.record_growth(1, e[0])
     gate.record_growth(2, None)  # grown without a direction: no basis row
@@ -231,13 +236,13 @@ def test_growth_and_pruning_bookkeeping_of_the_deflation_basis():
 
 def test_full_when_the_layer_has_max_heads():
     second_moment, directional, _ = planted_problem([8.0])
-    gate = IncrtGate(gate_config(max_heads=2), 0)
-    assert gate.check(second_moment, directional, torch.ones(2)).action == "full"
+    gate = build_gate(gate_config(max_heads=2), 0)
+    assert check(gate, second_moment, directional, torch.ones(2)).action == "full"
 
 
 def test_no_signal_means_stop():
-    gate = IncrtGate(gate_config(), 0)
-    decision = gate.check(torch.eye(DIM), torch.zeros(DIM, DIM), torch.ones(1))
+    gate = build_gate(gate_config(), 0)
+    decision = check(gate, torch.eye(DIM), torch.zeros(DIM, DIM), torch.ones(1))
     assert decision.action == "stop" and decision.lambda_max == 0.0 and decision.residual_norm == 0.0
 
 
@@ -245,7 +250,7 @@ def grow_until_stop(gate, second_moment, directional, max_checks=30):
     """Check and grow (a planted problem, heads with unit energy) until the gate stops; the grown lambdas."""
     grown = []
     for _ in range(max_checks):
-        decision = gate.check(second_moment, directional, torch.ones(1 + len(grown)))
+        decision = check(gate, second_moment, directional, torch.ones(1 + len(grown)))
         if decision.action == "grow":
             gate.record_growth(1 + len(grown), decision.direction)
             grown.append(decision.lambda_max)
@@ -263,7 +268,7 @@ def test_relative_threshold_grows_the_eigenvalues_above_a_fraction_of_the_froben
     second_moment, directional, _ = planted_problem(pair_values)
     # A_sym has eigenvalues +-a: ||A_sym||_F = sqrt(2 sum a^2) = 15.90; theta_w = 3.18 (0.2) or 4.77 (0.3).
     frobenius = math.sqrt(2 * sum(a * a for a in pair_values))
-    gate = IncrtGate(
+    gate = build_gate(
         gate_config(gate_theta_w=None, gate_threshold="relative", gate_calibration_factor=factor), 0
     )
     assert bool(gate.calibrated)  # no calibration checks: the first check already decides
@@ -278,10 +283,10 @@ def test_calibrated_threshold_cascades_when_the_spectrum_grows_and_relative_does
     pair_values = [8.0, 6.0, 4.0, 3.0, 1.0, 0.5, 0.3, 0.2]
     second_moment, directional, _ = planted_problem(pair_values)
     settings = {"gate_theta_w": None, "gate_calibration_factor": 0.2, "gate_calibration_checks": 1}
-    calibrated = IncrtGate(gate_config(**settings, gate_threshold="calibrated"), 0)
-    relative = IncrtGate(gate_config(**settings, gate_threshold="relative"), 0)
+    calibrated = build_gate(gate_config(**settings, gate_threshold="calibrated"), 0)
+    relative = build_gate(gate_config(**settings, gate_threshold="relative"), 0)
     # calibrated on the first check: theta_w = 0.2 ||A_sym||_F = 0.2 sqrt(2 sum a^2) = 3.18, then fixed
-    first = calibrated.check(second_moment, directional, torch.ones(1))
+    first = check(calibrated, second_moment, directional, torch.ones(1))
     assert first.theta_w == pytest.approx(3.18, abs=0.01)
     # training makes W_Q W_K^T ten times larger: every eigenvalue above 3.18 gets a head (80 ... 5, not 3)
     grown, _ = grow_until_stop(calibrated, second_moment, 10 * directional)
@@ -313,7 +318,7 @@ def test_defaults_are_the_relative_threshold_and_a_fixed_theta_w_overrides_it():
     config = DDCLIncrtConfig(hidden_size=DIM, head_dim=2)
     assert (config.gate_threshold, config.gate_rule, config.gate_theta_w) == ("relative", "max_only", None)
     second_moment, directional, _ = planted_problem([8.0, 6.0, 4.0])
-    fixed = IncrtGate(DDCLIncrtConfig(hidden_size=DIM, head_dim=2, gate_theta_w=7.0), 0)
-    decision = fixed.check(second_moment, directional, torch.ones(1))
+    fixed = build_gate(DDCLIncrtConfig(hidden_size=DIM, head_dim=2, gate_theta_w=7.0), 0)
+    decision = check(fixed, second_moment, directional, torch.ones(1))
     assert (decision.action, decision.theta_w) == ("grow", 7.0)  # not 0.1 ||A_sym||_F = 1.70
-    assert fixed.check(second_moment, directional * 0.5, torch.ones(1)).theta_w == 7.0
+    assert check(fixed, second_moment, directional * 0.5, torch.ones(1)).theta_w == 7.0

@@ -62,6 +62,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from geoformers.modeling.incrt import DEFAULT_GATE_TOKENS, DEFAULT_TRACKER_STEPS
 from geoformers.training.checkpoints import CompleteCheckpointsCallback, write_json_atomically
 from geoformers.training.optim import sync_optimizer_with_model
 from geoformers.training.reporting import warn_if_unreported
@@ -74,22 +75,41 @@ logger = logging.get_logger(f"transformers.{__name__}")
 HISTORY_FILE = "growth_history.json"
 PLOT_FILE = "growth_history.png"
 GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
+# The callback's cadence (docs/growth_gate.md, 'Cadence'): defaults, and the config fields that held it.
+CADENCE_DEFAULTS = {
+    "check_every": 100,
+    "gate_num_tokens": DEFAULT_GATE_TOKENS,
+    "tracker_steps": DEFAULT_TRACKER_STEPS,
+}
+FORMER_CADENCE_FIELDS = {
+    "check_every": "gate_check_every",
+    "gate_num_tokens": "gate_num_tokens",
+    "tracker_steps": "gate_tracker_steps",
+}
 
 
 class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
     """Grow and prune DDCL-INCRT heads while `Trainer.train()` runs (INCRT gate; module docstring).
 
+    The cadence (`check_every`, `gate_batch_size`, `gate_num_tokens`, `tracker_steps`) is the callback's; the
+    rule and its parameters are the model config's (docs/growth_gate.md, 'Cadence').
+
     Args:
-        check_every (`int`, *optional*): optimizer steps between gate checks; default
-            `config.gate_check_every`.
+        check_every (`int`, *optional*): optimizer steps between gate checks; default 100.
         gate_batch_size (`int`, *optional*): training rows per gate check and process; default
             `args.per_device_train_batch_size`.
+        gate_num_tokens (`int`, *optional*): tokens per gate check (at least 2), evenly spaced over the gate
+            batch's real tokens; default 512.
+        tracker_steps (`int`, *optional*): most tracker iterations per check and layer; default 200.
         save_plot (`bool`): save `growth_history.png` (heads and lambda_max against steps) at the end.
         regrow (`bool`): a "stop" or "full" verdict does not end a layer's growth (module docstring).
         gate_rows (`Callable[[int], Sequence[int]]`, *optional*): the training-set rows a gate check at
             `state.global_step` may draw from (default: all); at most `gate_batch_size` of them are used.
         start_step (`int`): the optimizer step at which growth starts: calibration then, the first gate check
             `check_every` steps later; none before.
+
+    A config.json written while the config held the cadence may carry `gate_check_every`,
+    `gate_num_tokens` or `gate_tracker_steps`: an argument left None takes that value (`cadence`).
     """
 
     def __init__(
@@ -100,10 +120,20 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         regrow: bool = False,
         gate_rows: Callable[[int], Sequence[int]] | None = None,
         start_step: int = 0,
+        gate_num_tokens: int | None = None,
+        tracker_steps: int | None = None,
     ):
-        for name, value in (("check_every", check_every), ("gate_batch_size", gate_batch_size)):
+        for name, value in (
+            ("check_every", check_every),
+            ("gate_batch_size", gate_batch_size),
+            ("tracker_steps", tracker_steps),
+        ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{name}` must be None or an int >= 1, got {value!r}")
+        if gate_num_tokens is not None and (
+            isinstance(gate_num_tokens, bool) or not isinstance(gate_num_tokens, int) or gate_num_tokens < 2
+        ):
+            raise ValueError(f"`gate_num_tokens` must be None or an int >= 2, got {gate_num_tokens!r}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"`start_step` must be an int >= 0, got {start_step!r}")
         for name, value in (("save_plot", save_plot), ("regrow", regrow)):
@@ -113,6 +143,8 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             raise TypeError(f"`gate_rows` must be None or a callable step -> row indices, got {gate_rows!r}")
         self.check_every = check_every
         self.gate_batch_size = gate_batch_size
+        self.gate_num_tokens = gate_num_tokens
+        self.tracker_steps = tracker_steps
         self.gate_rows = gate_rows
         self.save_plot = save_plot
         self.regrow = regrow
@@ -130,9 +162,29 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                 "save_plot": self.save_plot,
                 "regrow": self.regrow,
                 "start_step": self.start_step,
+                "gate_num_tokens": self.gate_num_tokens,
+                "tracker_steps": self.tracker_steps,
             },
             "attributes": {"history": self.history},
         }
+
+    def cadence(self, config) -> dict[str, int]:
+        """`check_every`, `gate_num_tokens` and `tracker_steps` for a model of `config`: each argument, else
+        the former config field a config.json written before may carry (`FORMER_CADENCE_FIELDS`), else the
+        default (`CADENCE_DEFAULTS`)."""
+        cadence = {}
+        for name, default in CADENCE_DEFAULTS.items():
+            value = getattr(self, name)
+            if value is None:
+                value = getattr(config, FORMER_CADENCE_FIELDS[name], default)
+                low = 2 if name == "gate_num_tokens" else 1
+                if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                    raise ValueError(
+                        f"the config's former field `{FORMER_CADENCE_FIELDS[name]}` must be an int >= {low}, "
+                        f"got {value!r}: pass `{name}` to IncrtGrowthCallback"
+                    )
+            cadence[name] = value
+        return cadence
 
     # ----------------------------------------------------------------------------------------- events
 
@@ -158,7 +210,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         warn_if_unreported(self, args, state, "INCRT gate statistics (incrt/*)")
         self._dataset, self._collate = dataset, dataloader.collate_fn
         self._rows = self.gate_batch_size or args.per_device_train_batch_size
-        self._every = self.check_every or model.config.gate_check_every
+        self._cadence = self.cadence(model.config)
         self._setup_processes(args, model)
         self._start_or_restore_history(state, model)
         if state.global_step >= self.start_step:
@@ -172,9 +224,10 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             self._calibrate(args, model, step)
         pruning = model.config.gate_prune_factor > 0
         since_start = step - self.start_step
-        if since_start <= 0 or since_start % self._every != 0 or not (any(history["growing"]) or pruning):
+        every = self._cadence["check_every"]
+        if since_start <= 0 or since_start % every != 0 or not (any(history["growing"]) or pruning):
             return
-        decisions = model.gate_check(second_moments=self._second_moments(args, model, step))
+        decisions = self._decisions(args, model, step)
         events, added, pruned = [], [], False
         for decision in decisions:
             layer = decision.layer
@@ -364,16 +417,18 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
         return {name: batch[name].to(model.device) for name in GATE_INPUTS if batch.get(name) is not None}
 
-    def _second_moments(
-        self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int
-    ) -> list[torch.Tensor]:
-        """Per-layer C = X^T X / N of a gate batch, averaged over processes (same decision on every rank)."""
-        moments = model.gate_second_moments(**self._gate_batch(args, model, step))
-        if self._group is None:
-            return moments
-        stacked = torch.stack(moments)
-        dist.all_reduce(stacked, group=self._group)
-        return list(stacked / dist.get_world_size())
+    def _decisions(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> list:
+        """Every layer's gate decision on the per-layer C = X^T X / N of a gate batch, averaged over processes
+        (same decision on every rank)."""
+        cadence = self._cadence
+        moments = model.gate_second_moments(
+            **self._gate_batch(args, model, step), num_tokens=cadence["gate_num_tokens"]
+        )
+        if self._group is not None:
+            stacked = torch.stack(moments)
+            dist.all_reduce(stacked, group=self._group)
+            moments = list(stacked / dist.get_world_size())
+        return model.gate_check(second_moments=moments, tracker_steps=cadence["tracker_steps"])
 
     def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> None:
         """INCRT calibration on the first gate batches; their decisions are not acted on."""
@@ -382,7 +437,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             uncalibrated = [not bool(gate.calibrated) for gate in gates]
             if not any(uncalibrated):
                 break
-            decisions = model.gate_check(second_moments=self._second_moments(args, model, step))
+            decisions = self._decisions(args, model, step)
             for decision, gate, was_uncalibrated in zip(decisions, gates, uncalibrated, strict=True):
                 if was_uncalibrated and bool(gate.calibrated):
                     self.history["events"].append(

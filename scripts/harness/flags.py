@@ -214,11 +214,9 @@ def build_model(
         max_position_embeddings=max_position_embeddings,
         num_labels=num_labels,
         pad_token_id=pad_token_id,
-        gate_num_tokens=args.gate_num_tokens,
         gate_calibration_factor=args.gate_calibration_factor,
         gate_prune_factor=args.gate_prune_factor,
         gate_prune_patience=args.gate_prune_patience,
-        gate_check_every=args.check_every,
         **gate_choices(args),
     )
     set_seed(args.seed)

@@ -10,14 +10,23 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from geoformers.modeling.incrt import deflate, directional_matrix, head_directional_energy, interaction_matrix
+from geoformers.modeling.incrt import (
+    DEFAULT_GATE_TOKENS,
+    deflate,
+    directional_matrix,
+    head_directional_energy,
+    interaction_matrix,
+)
 
 
 @torch.no_grad()
-def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool = True) -> list[list[float]]:
+def gate_spectrum(
+    model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool = True, num_tokens: int = DEFAULT_GATE_TOKENS
+) -> list[list[float]]:
     """Exact eigenvalues (float64 `eigvalsh`), in decreasing order, of every layer's A_res = P sym(C M_a) P
-    (`deflated=False`: A_sym = sym(C M_a)) on `batch`: the reference for the gate's tracked lambda_max."""
-    moments = model.gate_second_moments(**batch)
+    (`deflated=False`: A_sym = sym(C M_a)) on `num_tokens` tokens of `batch`, as a gate check samples them:
+    the reference for the gate's tracked lambda_max."""
+    moments = model.gate_second_moments(**batch, num_tokens=num_tokens)
     spectra = []
     for layer, moment in zip(model.base_model.layers, moments, strict=True):
         attention = layer.attention
@@ -32,11 +41,13 @@ def gate_spectrum(model: DDCLIncrtPreTrainedModel, batch: dict, deflated: bool =
 
 
 @torch.no_grad()
-def head_energies(model: DDCLIncrtPreTrainedModel, inputs: dict) -> list[list[float]]:
+def head_energies(
+    model: DDCLIncrtPreTrainedModel, inputs: dict, num_tokens: int = DEFAULT_GATE_TOKENS
+) -> list[list[float]]:
     """Per layer and head, the INCRT prune criterion ||C M_a^h||_F (docs/ddcl_incrt.md, 'The spectral gate')
-    on the tokens of `inputs` (on the model's device)."""
+    on `num_tokens` tokens of `inputs` (on the model's device), as a gate check samples them."""
     moments = model.gate_second_moments(
-        input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")
+        input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), num_tokens=num_tokens
     )
     return [
         head_directional_energy(
@@ -51,11 +62,15 @@ class PrototypeProbe(TrainerCallback):
     L_OLS, V and, per layer and head, tau, min pairwise prototype distance, effective number of used
     prototypes and the INCRT directional energy ||C M_a^h||_F. `batch`: model inputs with `labels`, or a
     function of the global step returning them (e.g. held-out rows of a stream at that step);
-    `step_offset` turns a run's steps into global ones."""
+    `num_tokens`: the energies' tokens (`head_energies`); `step_offset` turns a run's steps into global
+    ones."""
 
-    def __init__(self, batch: dict | Callable[[int], dict], every: int):
+    def __init__(
+        self, batch: dict | Callable[[int], dict], every: int, num_tokens: int = DEFAULT_GATE_TOKENS
+    ):
         self.batch = batch
         self.every = every
+        self.num_tokens = num_tokens
         self.step_offset = 0
         self.records: list[dict] = []
 
@@ -67,7 +82,7 @@ class PrototypeProbe(TrainerCallback):
         try:
             inputs = {name: value.to(model.device) for name, value in batch.items()}
             outputs = model(**inputs, output_prototype_statistics=True)
-            energies = head_energies(model, inputs)
+            energies = head_energies(model, inputs, self.num_tokens)
         finally:
             model.train(was_training)
         accuracy = (outputs.logits.argmax(-1) == inputs["labels"]).float().mean()

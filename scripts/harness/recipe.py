@@ -197,6 +197,7 @@ def run_growth_training(
             callback = IncrtGrowthCallback(
                 check_every=args.check_every,
                 gate_batch_size=args.gate_batch_size,
+                gate_num_tokens=args.gate_num_tokens,
                 save_plot=False,
                 regrow=continuous,
                 gate_rows=gate_rows,

@@ -158,8 +158,6 @@ def build_model(args: argparse.Namespace, tokenizer) -> DDCLIncrtForSequenceClas
         "gate_calibration_factor": args.gate_calibration_factor,
         "gate_prune_factor": args.gate_prune_factor,
         "gate_prune_patience": args.gate_prune_patience,
-        "gate_num_tokens": args.gate_num_tokens,
-        "gate_check_every": args.check_every,
         **gate_choices(args),
     }
     if args.bert:
@@ -242,7 +240,7 @@ def train(model, args: argparse.Namespace, train_rows, dev, collator, output_dir
     def spectrum_at_growth_start(start: int, end: int) -> None:
         if start == pre and not args.no_growth:
             batch = gate_batch(train_rows, collator, args.gate_batch_size, args.seed)
-            spectra.append(gate_spectrum(model, batch, deflated=False))
+            spectra.append(gate_spectrum(model, batch, deflated=False, num_tokens=args.gate_num_tokens))
 
     run = run_growth_training(
         model,
