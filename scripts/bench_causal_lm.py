@@ -12,7 +12,7 @@ batch 12).
     python scripts/bench_causal_lm.py --sweep                # widths 128/256/512, n=1/4 and the peer mHC
     python scripts/bench_causal_lm.py --sweep --torch_compile  # the same, torch.compile (+ static cache)
     python scripts/bench_causal_lm.py --equal_time --seeds 0 1 2   # the wall time of Llama's 2,000 steps
-    python scripts/bench_causal_lm.py --device cuda --bf16 --sweep --widths 768 --layers 12   # GPU
+    python scripts/bench_causal_lm.py --bf16 --sweep --widths 768 --layers 12   # GPU
 
 Modes write causal_lm{,_profile,_sweep,_equal_time}.json to `--output_dir` (default outputs/benchmarks;
 `--output_dir benchmarks` replaces the committed files). Peak memory:
@@ -46,11 +46,13 @@ from harness.causal_lm import (
     get_batch,
     interleaved_step_seconds,
     load_corpus,
-    nanogpt_parser,
+    run_settings,
     shape_for,
     train_trainers_round_robin,
     training_memory_bytes,
 )
+from harness.flags import training_arguments
+from harness.lm_trainer import lm_parser
 from harness.results import markdown_table, write_results
 from harness.step_profile import markdown_profile, profile_training_steps
 from harness.threads import set_threads
@@ -113,7 +115,7 @@ def measure(
         torch.manual_seed(args.seed)
         models[name] = build_model(name, tokenizer, max_positions, shape).to(device)
         memory[name] = training_memory_bytes(models[name], probe, device)
-        trainers[name] = build_trainer(models[name], train_ids, args, device)
+        trainers[name] = build_trainer(models[name], train_ids, args)
     run = train_trainers_round_robin(trainers)
     generation = {name: [] for name in names}
     for model in models.values():
@@ -223,14 +225,14 @@ def run_equal_time(tokenizer, train_ids, val_ids, args, device) -> dict:
         for name, (base, intermediate) in builders.items():
             torch.manual_seed(seed)
             models[name] = build_model(base, tokenizer, max_positions, shape, intermediate).to(device)
-        step_time = interleaved_step_seconds(models, train_ids, seed_args, device, args.calibration_steps)
+        step_time = interleaved_step_seconds(models, train_ids, seed_args, args.calibration_steps)
         steps = {name: max(1, round(args.max_steps * step_time[LLAMA] / step_time[name])) for name in models}
         trainers = {}
         for name, model in models.items():
             model_args = copy.copy(seed_args)
             model_args.max_steps = steps[name]
             model_args.warmup_steps = round(args.warmup_steps * steps[name] / args.max_steps)
-            trainers[name] = build_trainer(model, train_ids, model_args, device)
+            trainers[name] = build_trainer(model, train_ids, model_args)
         run = train_trainers_round_robin(trainers)
         results = {}
         for name, model in models.items():
@@ -362,12 +364,12 @@ class BenchArguments:
 
 
 def main() -> None:
-    parser = nanogpt_parser(
+    parser = lm_parser(
         BenchArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "benchmarks")
     )
     args = parser.parse_args()
     set_threads(args.threads)
-    device = torch.device(args.device)
+    device = training_arguments(args).device
     if args.torch_compile:  # every model (train, eval and decode graphs) shares the forward's code object
         torch._dynamo.config.recompile_limit = 64
     mode = "profile" if args.profile else "sweep" if args.sweep else "equal_time" if args.equal_time else None
@@ -416,7 +418,7 @@ def main() -> None:
                 f"{'compiled (train) + static cache compiled (decode)' if args.torch_compile else 'eager'}"
             )
             print(report["markdown"])
-    write_results(output, "bench_causal_lm.py", None, vars(args), report)
+    write_results(output, "bench_causal_lm.py", None, run_settings(args, BenchArguments), report)
 
 
 if __name__ == "__main__":

@@ -61,13 +61,16 @@ from harness.causal_lm import (
     build_trainer,
     estimate_loss,
     get_batch,
+    in_current_names,
     interleaved_step_seconds,
     load_corpus,
-    nanogpt_parser,
+    run_settings,
     shape_for,
     train_trainers_round_robin,
     training_memory_bytes,
 )
+from harness.flags import training_arguments
+from harness.lm_trainer import lm_parser
 from harness.results import REPO_ROOT, markdown_table, mean_std, write_results
 from harness.threads import set_threads
 
@@ -138,7 +141,7 @@ def mixing_metrics(model, probe: torch.Tensor, device: torch.device) -> dict:
 def train(model, train_ids, val_ids, args, device) -> dict:
     """`args.max_steps` steps through the scripts' `Trainer` (`build_trainer`); the validation loss and median
     step time."""
-    trainer = build_trainer(model, train_ids, args, device)
+    trainer = build_trainer(model, train_ids, args)
     seconds = train_trainers_round_robin({"run": trainer})["seconds"]["run"]
     median = statistics.median(seconds)
     loss = estimate_loss(
@@ -162,7 +165,7 @@ def run_one(seed: int, n: int, chart: str, data, shape: dict, llama_memory: int,
     torch.manual_seed(seed)
     llama = build_llama(tokenizer, shape, args.block_size).to(device)
     timing = interleaved_step_seconds(
-        {"ddl": model, LLAMA: llama}, train_ids, run_args, device, run_args.timing_steps
+        {"ddl": model, LLAMA: llama}, train_ids, run_args, run_args.timing_steps
     )
     memory = training_memory_bytes(model, probe_batch(train_ids, args).to(device), device)
     record = {
@@ -378,7 +381,7 @@ def calibrate(data, shape: dict, args, device) -> None:
                 chart: build_ddl(tokenizer, shape, args.block_size, n, chart).to(device),
                 LLAMA: build_llama(tokenizer, shape, args.block_size).to(device),
             }
-            seconds = interleaved_step_seconds(models, train_ids, args, device, args.timing_steps)
+            seconds = interleaved_step_seconds(models, train_ids, args, args.timing_steps)
             steps = args.max_steps + args.timing_steps
             total += seconds[chart] * steps + seconds[LLAMA] * args.timing_steps
             print(
@@ -423,13 +426,15 @@ GRID_SETTINGS = ("seeds", "streams", "charts", "save_models")  # what may change
 
 
 def design_settings(args: argparse.Namespace) -> dict:
-    """A report's `settings`: every flag but where the data come from and where the results go."""
-    return {key: value for key, value in vars(args).items() if key not in ("output_dir", "data", "merge")}
+    """A report's `settings`: the recipe and the grid (`run_settings`), not where the data come from, where
+    the results go or what is merged."""
+    return run_settings(args, GridArguments, leave_out=("merge",))
 
 
 def design_differences(saved: dict, settings: dict) -> list[str]:
     """Where a saved report's settings `saved` differ from `settings`, but for the grid's own lists
     (GRID_SETTINGS): one "name: value there, value here" per setting, "absent" where one of them lacks it."""
+    saved = in_current_names(saved)
     names = sorted((set(saved) | set(settings)) - set(GRID_SETTINGS))
     return [
         f"{name}: {saved.get(name, 'absent')!r} there, {settings.get(name, 'absent')!r} here"
@@ -495,7 +500,7 @@ class GridArguments:
 
 
 def grid_parser():
-    return nanogpt_parser(
+    return lm_parser(
         GridArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "stream_scaling")
     )
 
@@ -505,7 +510,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     set_threads(args.threads)
-    device = torch.device(args.device)
+    device = training_arguments(args).device
     shape = shape_for(args.width, args.layers)
     data = load_corpus(args.data)
     if args.calibrate:

@@ -27,7 +27,6 @@ The default (150 steps of 4 x 256 tokens) is sized for two CPU cores; the same c
 `--model meta-llama/Llama-3.2-1B --block_size 1024 --bf16 --max_steps 1000`.
 """
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -45,10 +44,10 @@ from geoformers import convert_llama_to_ddl_mhc, load_llama
 from geoformers.training.data import load_tiny_shakespeare
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
-from harness.causal_lm import estimate_loss, get_batch, split_ids, training_arguments, training_memory_bytes
+from harness.causal_lm import estimate_loss, get_batch, run_settings, split_ids, training_memory_bytes
 from harness.data_errors import DATA_FLAG, exit_without_data
-from harness.flag_checks import CheckedParser
-from harness.lm_trainer import build_lm_trainer
+from harness.flags import training_arguments
+from harness.lm_trainer import build_lm_trainer, lm_parser
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
 from harness.random_windows import RandomWindows
 from harness.results import REPO_ROOT, write_json, write_results
@@ -58,33 +57,32 @@ ARMS = ("llama", "add", "delta")
 RECORD_FILE = "arm_record.json"
 
 
+# The experiment's recipe, as `TrainingArguments` values (`harness.lm_trainer.lm_parser` flags)
+UPCYCLE_DEFAULTS = {
+    "output_dir": str(REPO_ROOT / "outputs" / "upcycle_pretrained"),
+    "max_steps": 150,
+    "block_size": 256,
+    "per_device_train_batch_size": 4,
+    "learning_rate": 1e-4,
+    "warmup_steps": 15,
+    "eval_steps": 25,
+    "eval_batches": 8,
+    "save_steps": 50,
+    "threads": 0,  # one per core, as a 135M model wants
+}
+
+
 @dataclasses.dataclass
 class UpcycleArguments:
-    """The experiment's flags; names as in `TrainingArguments` where they mean the same."""
+    """The checkpoint, the arms and their streams (the recipe: `TrainingArguments`' flags; `--eval_steps`:
+    the held-out evaluation interval, `--save_steps`: checkpoints, 0 never)."""
+
+    _argument_group_name = "upcycling"
 
     model: str = dataclasses.field(
         default=PACKAGED_SMOLLM2,
         metadata={"help": f"a Llama folder, Hub id or .gguf file; {PACKAGED_SMOLLM2!r}: the package's GGUF"},
     )
-    data: str | None = dataclasses.field(
-        default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
-    )
-    output_dir: str = str(REPO_ROOT / "outputs" / "upcycle_pretrained")
-    max_steps: int = 150
-    block_size: int = 256
-    per_device_train_batch_size: int = 4
-    learning_rate: float = 1e-4
-    min_lr_ratio: float = dataclasses.field(
-        default=0.1, metadata={"help": "cosine decay ends at this fraction of --learning_rate"}
-    )
-    warmup_steps: int = 15
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.99
-    max_grad_norm: float = 1.0
-    eval_steps: int = 25
-    eval_batches: int = dataclasses.field(default=8, metadata={"help": "held-out windows per evaluation"})
-    save_steps: int = dataclasses.field(default=50, metadata={"help": "checkpoint every N steps; 0: never"})
-    seed: int = 1337
     arms: list[str] = dataclasses.field(
         default_factory=lambda: list(ARMS),
         metadata={"help": f"the arms to run, of {ARMS}; 'llama' among them (every comparison's reference)"},
@@ -96,30 +94,20 @@ class UpcycleArguments:
             "help": "delta arm: delta_eps; its gap to Llama is O(||h||^2 / eps^2) down to float rounding"
         },
     )
-    bf16: bool = dataclasses.field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
-    torch_compile: bool = False
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    threads: int = dataclasses.field(
-        default=0, metadata={"help": "torch CPU threads; 0 (default): one per core, as a 135M model wants"}
-    )
-    chart_lr_multiplier: float = dataclasses.field(
-        default=1.0,
-        metadata={"help": "RTBP chart logits' lr / lr (make_optimizer); 1: the committed runs' setting"},
-    )
 
-    def __post_init__(self):
-        for name in ("max_steps", "block_size", "per_device_train_batch_size", "eval_steps", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.save_steps < 0:
-            raise ValueError(f"--save_steps must be >= 0, got {self.save_steps}")
-        distinct = len(set(self.arms)) == len(self.arms)
-        if not (distinct and set(self.arms) <= set(ARMS) and "llama" in self.arms):
-            raise ValueError(f"--arms must be distinct names of {ARMS}, 'llama' among them, got {self.arms}")
-        if self.hc_streams < 2:
-            raise ValueError(
-                f"--hc_streams must be >= 2 for a side-by-side with Llama, got {self.hc_streams}"
-            )
+
+def check_recipe(args) -> None:
+    """The arms, and the evaluation and checkpoint intervals the experiment reads as whole steps."""
+    distinct = len(set(args.arms)) == len(args.arms)
+    if not (distinct and set(args.arms) <= set(ARMS) and "llama" in args.arms):
+        raise ValueError(f"--arms must be distinct names of {ARMS}, 'llama' among them, got {args.arms}")
+    if args.hc_streams < 2:
+        raise ValueError(f"--hc_streams must be >= 2 for a side-by-side with Llama, got {args.hc_streams}")
+    if args.eval_steps is None or args.eval_steps < 1 or args.eval_steps != int(args.eval_steps):
+        raise ValueError(f"--eval_steps must be a whole number of steps >= 1, got {args.eval_steps}")
+    if args.save_steps < 0 or args.save_steps != int(args.save_steps):
+        raise ValueError(f"--save_steps must be a whole number of steps >= 0, got {args.save_steps}")
+    args.eval_steps, args.save_steps = int(args.eval_steps), int(args.save_steps)
 
 
 def encode_corpus(text: str, tokenizer, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +118,7 @@ def encode_corpus(text: str, tokenizer, block_size: int) -> tuple[torch.Tensor, 
     return split_ids(ids, 0.9, block_size)
 
 
-def build_arm(arm: str, llama, args: UpcycleArguments):
+def build_arm(arm: str, llama, args):
     """A fresh copy per arm: every arm starts from the checkpoint, whatever trained before it."""
     if arm == "llama":
         return copy.deepcopy(llama)
@@ -140,7 +128,7 @@ def build_arm(arm: str, llama, args: UpcycleArguments):
     return convert_llama_to_ddl_mhc(llama, **overrides)
 
 
-def evaluate(model, val_ids, args: UpcycleArguments, device, step: int) -> dict:
+def evaluate(model, val_ids, args, device, step: int) -> dict:
     """Held-out loss and perplexity on fixed windows; H_res entropy and composite gain of a DDL-mHC model."""
     batch = args.per_device_train_batch_size
     loss = estimate_loss(model, val_ids, batch, args.block_size, args.eval_batches, 0, device)
@@ -156,7 +144,7 @@ def evaluate(model, val_ids, args: UpcycleArguments, device, step: int) -> dict:
 
 
 @torch.no_grad()
-def logit_gap(model, llama, val_ids, args: UpcycleArguments, device) -> float:
+def logit_gap(model, llama, val_ids, args, device) -> float:
     """Max |logits - Llama's logits| on one held-out batch: how near the arm starts to the checkpoint."""
     batch = get_batch(
         val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(1)
@@ -173,7 +161,7 @@ class ArmProgress(TrainerCallback):
     `--eval_steps` and at the end; saved beside every checkpoint (`RECORD_FILE`), whence a resumed run
     continues it."""
 
-    def __init__(self, record: dict, val_ids, args: UpcycleArguments, device):
+    def __init__(self, record: dict, val_ids, args, device):
         self.record, self.val_ids, self.args, self.device = record, val_ids, args, device
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -199,10 +187,11 @@ class ArmProgress(TrainerCallback):
         write_json(folder / RECORD_FILE, self.record)
 
 
-def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, arm_dir: Path) -> dict:
+def train_arm(arm, llama, train_ids, val_ids, args, device, arm_dir: Path) -> dict:
     """One arm from the checkpoint (or from its newest checkpoint in `arm_dir`) to --max_steps, through the
     scripts' `Trainer` (`harness.lm_trainer`: make_optimizer with `--chart_lr_multiplier`, the loop's
-    foreach AdamW, warm-up + cosine to `--min_lr_ratio` x lr, clipping, random windows from `--seed`)."""
+    foreach AdamW, warm-up + cosine to `--lr_scheduler_kwargs`' min_lr_rate x lr, clipping, random windows
+    from `--seed`)."""
     model = build_arm(arm, llama, args).to(device)
     record = {"arm": arm, "parameters": model.num_parameters(), "history": [], "losses": [], "seconds": []}
     if arm != "llama":
@@ -215,8 +204,8 @@ def train_arm(arm, llama, train_ids, val_ids, args: UpcycleArguments, device, ar
         record = json.loads((Path(newest) / RECORD_FILE).read_text())
     else:
         record["history"].append(evaluate(model, val_ids, args, device, 0))
-    training_args = dataclasses.replace(
-        training_arguments(args, device),  # the scripts' recipe, with this arm's folder and checkpoints
+    training_args = training_arguments(  # the recipe, with this arm's folder and checkpoints
+        args,
         output_dir=str(arm_dir),
         save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or args.max_steps,
@@ -297,23 +286,33 @@ def plot(runs: dict, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def saved_arms(path: Path, args: UpcycleArguments) -> dict:
+def settings_of(args) -> dict:
+    """The run's settings: the recipe (`run_settings`), the intervals and the arms, not the folders."""
+    settings = run_settings(args, UpcycleArguments)
+    return {**settings, "eval_steps": args.eval_steps, "save_steps": args.save_steps}
+
+
+def saved_arms(path: Path, settings: dict) -> dict:
     """Finished arms of an earlier run with the same settings (none if the settings differ)."""
     if not path.exists():
         return {}
     saved = json.loads(path.read_text())
-    if saved["settings"] != dataclasses.asdict(args):
+    if saved["settings"] != settings:
         raise ValueError(f"--output_dir {path.parent} holds a run with other settings; choose another folder")
     return saved["runs"]
 
 
+def make_parser():
+    return lm_parser(UpcycleArguments, description=__doc__, **UPCYCLE_DEFAULTS)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = CheckedParser(
-        UpcycleArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    (args,) = parser.parse_args_into_dataclasses(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    parser.checked(check_recipe, args)
     set_threads(args.threads)
-    device = torch.device(args.device)
+    settings = settings_of(args)
+    device = training_arguments(args).device
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     source = resolve_model(args.model)
@@ -324,7 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{len(train_ids):,} train / {len(val_ids):,} held-out tokens")
     llama = load_llama(source, dtype=torch.float32).to(device)  # trained in float32 (--bf16: autocast)
     progress_file = output_dir / "arms.json"
-    runs = saved_arms(progress_file, args)
+    runs = saved_arms(progress_file, settings)
     for arm in args.arms:
         if arm in runs:
             print(f"{arm}: finished in an earlier run, kept")
@@ -332,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(args.seed)
         arm_dir = output_dir / f"checkpoints-{arm}"
         runs[arm] = train_arm(arm, llama, train_ids, val_ids, args, device, arm_dir)
-        write_json(progress_file, {"settings": dataclasses.asdict(args), "runs": runs})
+        write_json(progress_file, {"settings": settings, "runs": runs})
         shutil.rmtree(arm_dir, ignore_errors=True)
     summary = summarize(runs)
     for arm, numbers in summary["arms"].items():
@@ -347,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
         output_dir / "summary.json",
         "exp_upcycle_pretrained.py",
         argv,
-        dataclasses.asdict(args),
+        settings,
         {"date": time.strftime("%Y-%m-%d"), **summary, "history": history},
     )
     plot(runs, output_dir / "perplexity.png")

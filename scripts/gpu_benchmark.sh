@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/test_host_syncs.py::test_cuda_step_makes_no_sync
-"$PYTHON" scripts/bench_causal_lm.py --device cuda --bf16 --sweep --widths 768 --layers 12 \
+"$PYTHON" scripts/bench_causal_lm.py --bf16 --sweep --widths 768 --layers 12 \
     --per_device_train_batch_size 16 --block_size 256 --max_steps 60 --warmup_steps 10 --eval_batches 5 --gen_tokens 100 --gen_reps 3 \
     --output_dir benchmarks
-"$PYTHON" scripts/bench_causal_lm.py --device cuda --bf16 --sweep --torch_compile --widths 768 --layers 12 --no_peer \
+"$PYTHON" scripts/bench_causal_lm.py --bf16 --sweep --torch_compile --widths 768 --layers 12 --no_peer \
     --per_device_train_batch_size 16 --block_size 256 --max_steps 60 --warmup_steps 10 --eval_batches 5 --gen_tokens 100 --gen_reps 3 \
     --output_dir benchmarks
 "$PYTHON" scripts/bench_birkhoff.py --device cuda --sizes 4 8 16 32 --batch 65536 \

@@ -40,8 +40,10 @@ from harness.causal_lm import (
     estimate_loss,
     get_batch,
     load_corpus,
-    nanogpt_parser,
+    run_settings,
 )
+from harness.flags import training_arguments
+from harness.lm_trainer import lm_parser
 from harness.results import write_results
 from harness.round_robin import RoundRobin
 from harness.threads import set_threads
@@ -159,7 +161,7 @@ class Experiment:
         self.models = {"llama": llama}
         self.history = [{"step": 0, **evaluate(self.models, self.train_ids, self.val_ids, args, device)}]
         self.switch_gap = None
-        trainer = build_trainer(llama, self.train_ids, args, device)
+        trainer = build_trainer(llama, self.train_ids, args)
         trainer.add_callback(Branch(self))
         trainer.add_callback(Evaluate(self, "llama", offset=0))
         self.trainers = {"llama": trainer}
@@ -171,7 +173,7 @@ class Experiment:
         self.models["upcycled"] = upcycled
         self.switch_gap = logit_gap(upcycled, llama, self.val_ids, args, self.device)
         print(f"switch at step {args.switch_step}: max |logit difference| {self.switch_gap:.2e}", flush=True)
-        trainer = build_trainer(upcycled, self.train_ids, args, self.device, skip_batches=args.switch_step)
+        trainer = build_trainer(upcycled, self.train_ids, args, skip_batches=args.switch_step)
         trainer.add_callback(Inherit((optimizer, schedule, llama), args.max_steps - args.switch_step))
         trainer.add_callback(Evaluate(self, "upcycled", offset=args.switch_step))
         self.trainers["upcycled"] = trainer
@@ -323,30 +325,38 @@ def plot(args, result: dict, path: Path) -> None:
 
 @dataclass
 class UpcycleArguments:
-    """The switch, the upcycled model's streams, the evaluation interval and the summary's windows."""
+    """The switch, the upcycled model's streams and the summary's windows (`--eval_steps`: the train and
+    validation losses every N steps)."""
 
     _argument_group_name = "upcycling"
 
     switch_step: int = field(default=1000, metadata={"help": "Llama steps before the conversion"})
     hc_streams: int = field(default=4, metadata={"help": "streams of the upcycled DDL-mHC"})
-    eval_steps: int = field(default=50, metadata={"help": "train and validation losses every N steps"})
     spike_window: int = field(default=50, metadata={"help": "steps after the switch summarised"})
     zoom: int = field(default=100, metadata={"help": "half width of the figure's switch panel"})
 
 
-def main() -> None:
-    parser = nanogpt_parser(
-        UpcycleArguments, description=__doc__, output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama")
+def make_parser():
+    return lm_parser(
+        UpcycleArguments,
+        description=__doc__,
+        output_dir=str(REPO_ROOT / "outputs" / "upcycle_llama"),
+        eval_steps=50,
     )
+
+
+def main() -> None:
+    parser = make_parser()
     args = parser.parse_args()
-    if args.eval_steps < 1:
-        parser.error(f"--eval_steps must be >= 1, got {args.eval_steps}")
+    if args.eval_steps is None or args.eval_steps < 1 or args.eval_steps != int(args.eval_steps):
+        parser.error(f"--eval_steps must be a whole number of steps >= 1, got {args.eval_steps}")
+    args.eval_steps = int(args.eval_steps)
     if args.switch_step % args.eval_steps or not 0 < args.switch_step < args.max_steps:
         parser.error("--switch_step must be a multiple of --eval_steps, between 0 and --max_steps")
     if args.max_steps % args.eval_steps:
         parser.error("--max_steps must be a multiple of --eval_steps")
     set_threads(args.threads)
-    device = torch.device(args.device)
+    device = training_arguments(args).device
     start = time.perf_counter()
     result = run(args, device)
     summary = {
@@ -357,7 +367,9 @@ def main() -> None:
     shown = {key: value for key, value in summary.items() if key != "history"}
     print(json.dumps(shown, indent=2))
     output_dir = Path(args.output_dir)
-    write_results(output_dir / "summary.json", "upcycle_llama.py", None, vars(args), summary)
+    write_results(
+        output_dir / "summary.json", "upcycle_llama.py", None, run_settings(args, UpcycleArguments), summary
+    )
     plot(args, result, output_dir / "losses.png")
     print(f"wrote {output_dir / 'losses.png'}")
 

@@ -37,8 +37,8 @@ from harness.analysis import (
     stop_summary,
     temperature_split,
 )
-from harness.causal_lm import NanoGPTArguments
 from harness.flags import RecipeArguments, build_model, experiment_parser
+from harness.lm_trainer import LMArguments
 from harness.printing import describe_event
 from harness.probes import PrototypeProbe, evaluate_accuracy, gate_spectrum, rows_as_batch
 from harness.recipe import recent_stream_rows, run_growth_training
@@ -786,7 +786,7 @@ def test_no_script_imports_another_script_or_edits_sys_path():
 
 
 def test_threads_default_to_one_and_reject_bad_counts(restore_torch_threads):
-    for arguments in (RecipeArguments, NanoGPTArguments):  # DDCL-INCRT experiments, causal-LM comparisons
+    for arguments in (RecipeArguments, LMArguments):  # DDCL-INCRT experiments, causal-LM scripts
         assert HfArgumentParser(arguments).parse_args([]).threads == 1
     torch.set_num_threads(2)
     set_threads(0)  # 0: leave torch's default

@@ -428,8 +428,7 @@ def test_upcycling_script_branches_in_lockstep(tmp_path):
         "--output_dir",
         str(tmp_path),
     ]
-    parser = script.nanogpt_parser(script.UpcycleArguments)
-    result = script.run(parser.parse_args(argv), torch.device("cpu"))
+    result = script.run(script.make_parser().parse_args(argv), torch.device("cpu"))
     assert [len(result["losses"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
     assert [len(result["seconds"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
     # then the new maps train and the arms drift apart slowly (3e-4 here), far less than a step moves the

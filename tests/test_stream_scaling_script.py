@@ -172,7 +172,7 @@ def test_the_committed_grids_resume_with_the_default_design():
         ("stream_scaling", ["--max_steps", "200", "--warmup_steps", "10", "--timing_steps", "15"]),
     ):
         saved = json.loads((root / "results" / folder / "summary.json").read_text())
-        args = script.grid_parser().parse_args([*flags, "--device", "cpu"])
+        args = script.grid_parser().parse_args([*flags, "--use_cpu"])
         assert script.design_differences(saved["settings"], script.design_settings(args)) == [], folder
     renamed = {"max_steps": 2000, "batch_size": 12}
     assert script.design_differences(renamed, {"max_steps": 2000, "per_device_train_batch_size": 12}) == [

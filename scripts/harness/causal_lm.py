@@ -1,31 +1,26 @@
 """The causal-LM scripts' shared pieces (bench_causal_lm.py, exp_stream_scaling.py, upcycle_llama.py,
 finetune_lora.py, exp_upcycle_pretrained.py): tiny-shakespeare as character ids, validation on fixed random
-windows, nanoGPT's flags (`NanoGPTArguments`) and their `Trainer` (`build_trainer`; round robin through
-`harness.round_robin`), and the benchmark's models (docs/experiments.md, 'Shared causal-LM recipe').
+windows, the settings that define a run (`recipe_settings`), its `Trainer` (`build_trainer`; round robin
+through `harness.round_robin`), and the benchmark's models (docs/experiments.md, 'Shared causal-LM recipe').
 """
 
 import argparse
 import copy
+import dataclasses
 import statistics
-from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    TrainingArguments,
-)
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import geoformers
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import load_tiny_shakespeare
 
 from harness.data_errors import DATA_FLAG, exit_without_data
-from harness.flag_checks import CheckedParser
-from harness.lm_trainer import SCRIPT_TRAINING_DEFAULTS, build_lm_trainer
+from harness.flags import training_arguments
+from harness.lm_trainer import build_lm_trainer
 from harness.random_windows import RandomWindows, get_batch
 from harness.round_robin import RoundRobin
-from harness.threads import DEFAULT_THREADS, THREADS_HELP
 
 # nanoGPT's small CPU config (4 layers, 4 heads, width 128, block 64); SwiGLU width 344 (Llama's 2.69x).
 SMALL_CPU_SHAPE = {
@@ -95,40 +90,76 @@ def estimate_loss(model, ids, batch_size, block_size, num_batches, seed, device)
     return sum(losses) / len(losses)
 
 
-def training_arguments(args, device: torch.device) -> TrainingArguments:
-    """The `TrainingArguments` of `NanoGPTArguments` flags: the recipe through the `Trainer`
-    (`harness.lm_trainer`; foreach AdamW as the committed runs' loop, `cosine_with_min_lr`), logging every
-    step, saving and reporting nothing."""
-    flags = {
-        "output_dir": args.output_dir,
-        "max_steps": args.max_steps,
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "learning_rate": args.learning_rate,
-        "weight_decay": args.weight_decay,
-        "adam_beta2": args.adam_beta2,
-        "max_grad_norm": args.max_grad_norm,
-        "warmup_steps": args.warmup_steps,
-        "lr_scheduler_kwargs": {"min_lr_rate": args.min_lr_ratio},
-        "seed": args.seed,
-        "report_to": [],
-        "torch_compile": args.torch_compile,
-        "bf16": getattr(args, "bf16", False),
-        "use_cpu": device.type == "cpu",
-    }
-    return TrainingArguments(
-        **{**SCRIPT_TRAINING_DEFAULTS, **flags}
-    )  # the recipe's fixed part, then the flags
+# The flags that define a run of the comparisons (a report's `settings`; a grid resumes only under the same):
+# nanoGPT's recipe under `TrainingArguments`' names, the windows, the chart multiplier and the thread count.
+RECIPE_FLAGS = (
+    "max_steps",
+    "per_device_train_batch_size",
+    "block_size",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta2",
+    "max_grad_norm",
+    "optim",
+    "chart_lr_multiplier",
+    "eval_batches",
+    "seed",
+    "threads",
+    "torch_compile",
+    "bf16",
+)
+# Reports written when the scripts had their own flags (`min_lr_ratio`, `device`) lack the recipe's fixed
+# part, whose values were then: the cosine to a floor, torch's AdamW, one learning rate for the chart logits.
+LEGACY_RECIPE = {
+    "lr_scheduler_type": "cosine_with_min_lr",
+    "optim": "adamw_torch",
+    "chart_lr_multiplier": 1.0,
+}
 
 
-def build_trainer(model, train_ids, args, device, chart_lr_multiplier: float = 1.0, skip_batches: int = 0):
+def recipe_settings(args: argparse.Namespace) -> dict:
+    """The `RECIPE_FLAGS` of a namespace of `harness.lm_trainer.lm_parser`, and the device the Trainer
+    chooses (`--use_cpu` or the accelerator)."""
+    training_args = training_arguments(args)
+    settings = {name: getattr(args, name) for name in RECIPE_FLAGS}
+    settings["lr_scheduler_kwargs"] = dict(training_args.lr_scheduler_kwargs)  # a flag's JSON, parsed
+    settings["optim"] = str(training_args.optim.value)
+    settings["lr_scheduler_type"] = str(training_args.lr_scheduler_type.value)
+    settings["device"] = training_args.device.type
+    return settings
+
+
+def run_settings(args: argparse.Namespace, *own, leave_out: tuple[str, ...] = ()) -> dict:
+    """A report's `settings`: `recipe_settings` and the fields of the script's dataclasses `own`, but for
+    `leave_out`."""
+    settings = recipe_settings(args)
+    settings.update(
+        {f.name: getattr(args, f.name) for dataclass in own for f in dataclasses.fields(dataclass)}
+    )
+    return {key: value for key, value in settings.items() if key not in leave_out}
+
+
+def in_current_names(saved: dict) -> dict:
+    """A report's `settings` under today's flag names: a report of the scripts' former flags has
+    `min_lr_ratio` (now `lr_scheduler_kwargs`' `min_lr_rate`) and lacks `LEGACY_RECIPE`'s settings."""
+    if "min_lr_ratio" not in saved:
+        return dict(saved)
+    current = {**LEGACY_RECIPE, **saved}
+    current["lr_scheduler_kwargs"] = {"min_lr_rate": current.pop("min_lr_ratio")}
+    return current
+
+
+def build_trainer(model, train_ids, args, skip_batches: int = 0):
     """The scripts' `Trainer` (`harness.lm_trainer.build_lm_trainer`) for `model` on nanoGPT's random windows
-    of `train_ids` from `args.seed` (after `skip_batches`), with the loop's flags: so every model of a
-    comparison sees the same batches. `chart_lr_multiplier=1`: the grouping of the loop that produced the
-    committed numbers."""
+    of `train_ids` from `args.seed` (after `skip_batches`), with the `TrainingArguments` of the namespace
+    `args` (`harness.lm_trainer.lm_parser`): so every model of a comparison sees the same batches."""
     batch = args.per_device_train_batch_size
     windows = RandomWindows(train_ids, batch, args.block_size, args.seed, skip_batches=skip_batches)
-    arguments = training_arguments(args, device)
-    return build_lm_trainer(model, arguments, windows, chart_lr_multiplier=chart_lr_multiplier)
+    arguments = training_arguments(args)
+    return build_lm_trainer(model, arguments, windows, chart_lr_multiplier=args.chart_lr_multiplier)
 
 
 def train_trainers_round_robin(trainers: dict) -> dict:
@@ -142,70 +173,16 @@ def train_trainers_round_robin(trainers: dict) -> dict:
     return {"seconds": seconds, "losses": losses}
 
 
-def interleaved_step_seconds(models: dict, train_ids, args, device, steps: int) -> dict:
+def interleaved_step_seconds(models: dict, train_ids, args, steps: int) -> dict:
     """Median step seconds of fresh copies of `models` trained round robin through their `Trainer`s for
     `steps` steps of `args`'s recipe (the first two, warm-up of the allocator and caches, left out)."""
     timing_args = copy.copy(args)
     timing_args.max_steps = steps
     trainers = {
-        name: build_trainer(copy.deepcopy(model), train_ids, timing_args, device)
-        for name, model in models.items()
+        name: build_trainer(copy.deepcopy(model), train_ids, timing_args) for name, model in models.items()
     }
     run = train_trainers_round_robin(trainers)
     return {name: statistics.median(seconds[2:]) for name, seconds in run["seconds"].items()}
-
-
-@dataclass
-class NanoGPTArguments:
-    """nanoGPT's recipe as flags, each setting `TrainingArguments` has under that class's name, turned into
-    the `TrainingArguments` of the scripts' `Trainer`s by `training_arguments` (docs/experiments.md,
-    'Flags'). The comparisons keep these flags rather than all of `TrainingArguments` so that their
-    committed reports' settings (and the resumption of a committed grid) stay as they were."""
-
-    _argument_group_name = "nanoGPT's recipe (TrainingArguments' names where it has the setting)"
-
-    data: str | None = field(
-        default=None, metadata={"help": "local UTF-8 text file; default: the hub's karpathy/tiny_shakespeare"}
-    )
-    output_dir: str | None = field(default=None, metadata={"help": "where the results go"})
-    max_steps: int = SCRIPT_TRAINING_DEFAULTS["max_steps"]
-    per_device_train_batch_size: int = field(
-        default=SCRIPT_TRAINING_DEFAULTS["per_device_train_batch_size"], metadata={"help": "windows per step"}
-    )
-    block_size: int = field(default=64, metadata={"help": "tokens per window"})
-    learning_rate: float = SCRIPT_TRAINING_DEFAULTS["learning_rate"]
-    min_lr_ratio: float = field(
-        default=SCRIPT_TRAINING_DEFAULTS["lr_scheduler_kwargs"]["min_lr_rate"],
-        metadata={"help": "the cosine decays to this x learning_rate"},
-    )
-    warmup_steps: int = field(
-        default=SCRIPT_TRAINING_DEFAULTS["warmup_steps"], metadata={"help": "linear warm-up steps"}
-    )
-    weight_decay: float = field(
-        default=SCRIPT_TRAINING_DEFAULTS["weight_decay"], metadata={"help": "AdamW's, on matrices only"}
-    )
-    adam_beta2: float = SCRIPT_TRAINING_DEFAULTS["adam_beta2"]
-    max_grad_norm: float = field(
-        default=SCRIPT_TRAINING_DEFAULTS["max_grad_norm"], metadata={"help": "gradient clipping"}
-    )
-    eval_batches: int = field(default=20, metadata={"help": "validation batches per loss estimate"})
-    seed: int = SCRIPT_TRAINING_DEFAULTS["seed"]
-    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
-    threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
-    torch_compile: bool = field(default=False, metadata={"help": "train through torch.compile (inductor)"})
-    bf16: bool = field(default=False, metadata={"help": "bfloat16 autocast (GPU runs)"})
-
-
-def nanogpt_parser(*own, description: str | None = None, **defaults) -> CheckedParser:
-    """`CheckedParser` over a script's dataclasses `own` and `NanoGPTArguments`, with the script's defaults
-    (`RawDescriptionHelpFormatter`: the script's docstring as written)."""
-    parser = CheckedParser(
-        (*own, NanoGPTArguments),
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.set_defaults(**defaults)
-    return parser
 
 
 def shape_for(width: int, layers: int) -> dict:

@@ -3,7 +3,7 @@ before any model or data is loaded, and a bad one ends the script as argparse do
 naming its `--flag`, exit status 2).
 
 `check_flags(args)` checks the `TrainingArguments`-named settings an args object has (a `TrainingArguments`,
-a `NanoGPTArguments`-style dataclass or a flat namespace) and `--threads`; a script adds its own with
+a script's dataclass or a flat namespace) and `--threads`; a script adds its own with
 `check_flag`. Every script parses with `CheckedParser`, which runs `check_flags` as it parses."""
 
 import math
