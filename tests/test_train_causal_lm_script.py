@@ -1,8 +1,8 @@
 """scripts/train_causal_lm.py (docs/experiments.md, 'train_causal_lm.py'): run_clm's shape with the stock
 Trainer. A tiny run saves an Auto-loadable model whose reported validation loss matches an independent fp64
-computation; a resumed run ends exactly where an uninterrupted one does; two gloo processes under `torchrun`
-equal one process at twice the batch; streaming; bad flags fail before anything loads; offline it fails in
-one line naming the dataset and `--train_file`."""
+computation; a resumed run ends exactly where an uninterrupted one does; two gloo processes (`torchrun`,
+`accelerate launch`, `torchrun` with the FSDP2 flags) equal one process at twice the batch; streaming; bad
+flags fail before anything loads; offline it fails in one line naming the dataset and `--train_file`."""
 
 import json
 import os
@@ -111,27 +111,43 @@ def test_resumed_run_ends_where_the_uninterrupted_one_does(texts, tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
 
 
-@pytest.mark.slow  # two processes start torch and transformers: about 16 s
-def test_two_gloo_processes_equal_one_process_at_twice_the_batch(texts, tmp_path):
-    """`torchrun --nproc_per_node 2` (DDP over gloo, `--use_cpu`): each process takes its share of every
-    batch, so batch 2 x 4 trains exactly as batch 8 in one process."""
+ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
+FSDP2 = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", '{"version": 2}']
+LAUNCHERS = {
+    "torchrun": ([TORCHRUN, "--standalone", "--nproc_per_node", "2"], []),
+    # accelerate's distributed launcher; `--use_cpu` (the script's flag) keeps the Trainer on CPU and gloo
+    "accelerate launch": (
+        [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"],
+        [],
+    ),
+    # FSDP2 by configuration: on CPU accelerate wraps the model in DDP instead (docs/multi_process.md)
+    "torchrun --fsdp": ([TORCHRUN, "--standalone", "--nproc_per_node", "2"], FSDP2),
+}
+
+
+@pytest.mark.slow  # two processes start torch and transformers: about 16 s each
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_two_gloo_processes_equal_one_process_at_twice_the_batch(texts, tmp_path, launcher):
+    """Two processes (gloo, `--use_cpu`) under `torchrun`, `accelerate launch`, and `torchrun` with the FSDP2
+    flags: each process takes its share of every batch, so batch 2 x 4 trains exactly as batch 8 in one
+    process."""
     train, _ = texts
-    assert os.path.isfile(TORCHRUN), f"torch's torchrun script is missing beside {sys.executable}"
+    prefix, flags = LAUNCHERS[launcher]
+    assert os.path.isfile(prefix[0]), f"{prefix[0]} is missing beside {sys.executable}"
     common = [*("--train_file", str(train), "--max_steps", "4", "--eval_strategy", "no"), *TINY]
     common += ["--save_strategy", "no", "--hc_streams", "2", "--seed", "3"]
-    script = str(SCRIPTS / "train_causal_lm.py")
-    command = [TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *common]
-    command += ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "ddp")]
+    command = [*prefix, str(SCRIPTS / "train_causal_lm.py"), *common, *flags]
+    command += ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "two")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-4000:]
     run([*common, "--per_device_train_batch_size", "8", "--output_dir", str(tmp_path / "one")])
 
-    ddp, one = logged(tmp_path / "ddp"), logged(tmp_path / "one")
-    assert ddp["settings"]["world_size"] == 2 and one["settings"]["world_size"] == 1
-    assert losses(ddp) == pytest.approx(losses(one), rel=1e-5)
+    two, one = logged(tmp_path / "two"), logged(tmp_path / "one")
+    assert two["settings"]["world_size"] == 2 and one["settings"]["world_size"] == 1
+    assert losses(two) == pytest.approx(losses(one), rel=1e-5)
     norms = [
-        [entry["grad_norm"] for entry in report["log_history"] if "loss" in entry] for report in (ddp, one)
+        [entry["grad_norm"] for entry in report["log_history"] if "loss" in entry] for report in (two, one)
     ]
     assert norms[0] == pytest.approx(norms[1], rel=1e-4)
 
