@@ -56,7 +56,15 @@ def _assert_relative(actual: torch.Tensor, expected: torch.Tensor, tolerance: fl
 # ----------------------------------------------------------------------------------------------
 # Charts: the Triton kernels called directly against the naive definitions (`modeling/ops/charts/naive.py`)
 
-NAIVE = {"tbp": naive.tbp, "rtbp": naive.rtbp}
+NAIVE = {
+    "tbp": naive.tbp,
+    "rtbp": naive.rtbp,
+    "stbp": lambda t, n: naive.tbp(t, n, naive.ScaledChoice()),
+    "srtbp": lambda t, n: naive.rtbp(t, n, naive.ScaledChoice()),
+    "mstbp": lambda t, n: naive.tbp(t, n, naive.ScaledChoice(rho=naive.MARGIN_RHO)),
+    "msrtbp": lambda t, n: naive.rtbp(t, n, naive.ScaledChoice(rho=naive.MARGIN_RHO)),
+    "atbp": lambda t, n: naive.average(t, n, naive.tbp, ("direct", "reverse")),
+}
 
 
 def _dispatching():
@@ -65,10 +73,10 @@ def _dispatching():
 
 
 def _chart_case(method: str, n: int, logits: torch.Tensor) -> None:
-    """Triton chart of float32 `logits` (..., (n-1)^2) vs the naive chart in float64: outputs to 1e-6,
+    """Triton chart of float32 `logits` (..., k) vs the naive chart in float64: outputs to 1e-6,
     gradients to 1e-5 relative, and the result doubly stochastic to 1e-6 with entries >= 0."""
-    fast_in = logits.reshape(-1, (n - 1) ** 2).clone().requires_grad_()
-    ref_in = logits.reshape(-1, (n - 1) ** 2).double().requires_grad_()
+    fast_in = logits.reshape(-1, logits.shape[-1]).clone().requires_grad_()
+    ref_in = logits.reshape(-1, logits.shape[-1]).double().requires_grad_()
     fast, ref = chart_kernels.triton_chart(fast_in, n, method), NAIVE[method](ref_in, n)
     assert fast.dtype == torch.float32 and fast.shape == (fast_in.shape[0], n, n)
     torch.testing.assert_close(fast.double(), ref, rtol=0, atol=1e-6)
@@ -84,6 +92,19 @@ def _chart_case(method: str, n: int, logits: torch.Tensor) -> None:
 def test_chart_matches_reference(method, n):
     torch.manual_seed(n)
     _chart_case(method, n, 2.0 * torch.randn(3, 7, (n - 1) ** 2, device=DEVICE))
+
+
+@pytest.mark.parametrize(
+    ("method", "n"), [(m, 4) for m in ("stbp", "srtbp", "mstbp", "msrtbp")] + [("srtbp", 3), ("atbp", 3)]
+)
+def test_variant_chart_matches_reference(method, n):
+    """The one kernel with the variants' interval choices (and the averaged orderings of atbp) against the
+    naive charts with the same choice, at moderate and saturating logits."""
+    torch.manual_seed(n)
+    k = 2 * ((n - 1) ** 2 + 1) if method == "atbp" else (n - 1) ** 2
+    _chart_case(
+        method, n, torch.randn(2, 5, k, device=DEVICE) * torch.tensor([[[0.5]], [[8.0]]], device=DEVICE)
+    )
 
 
 @pytest.mark.parametrize("method", ["tbp", "rtbp"])
@@ -107,6 +128,16 @@ def test_chart_float64_gradcheck(method):
     chart = chart_kernels.triton_chart
     assert torch.autograd.gradcheck(lambda t: chart(t, 3, method), (logits,), fast_mode=True)
     torch.testing.assert_close(chart(logits, 3, method), NAIVE[method](logits, 3), rtol=0, atol=1e-14)
+
+
+def test_scaled_chart_float64_gradcheck():
+    """The scaled choice's kernel derivatives (through the width inside the sigmoid) against finite
+    differences, and its float64 value against the naive chart: the kernel computes with the float64 beta,
+    eps, rho."""
+    logits = torch.randn(2, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    chart = chart_kernels.triton_chart
+    assert torch.autograd.gradcheck(lambda t: chart(t, 3, "msrtbp"), (logits,), fast_mode=True)
+    torch.testing.assert_close(chart(logits, 3, "mstbp"), NAIVE["mstbp"](logits, 3), rtol=0, atol=1e-14)
 
 
 def test_dispatcher_runs_the_kernels_and_its_observers(monkeypatch):
