@@ -5,13 +5,16 @@ repetitions, the worst doubly-stochastic violation, the logit count and the time
 Sinkhorn-20, all in one process. Repetitions are interleaved across methods (round robin) so a
 noisy, shared CPU slows every method alike. The chart variants (docs/chart_variants.md) get rows of their
 own, timed interleaved with tbp, rtbp and Sinkhorn-20, with their time ratio to the chart they vary.
-Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_function.json`) to `--output_dir`
-(default outputs/benchmarks; `--output_dir benchmarks` replaces the committed report).
+Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_function.json`;
+`--tbp_wavefront`: `tbp_wavefront_batch<B>.json`) to `--output_dir` (default outputs/benchmarks;
+`--output_dir benchmarks` replaces the committed report).
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
     python scripts/bench_birkhoff.py --rtbp_function --sizes 4 8 16 --batch 1536
         # RTBP: the naive reference (naive.py) vs the one-node chart (rtbp_node.py), fwd and fwd+bwd
+    python scripts/bench_birkhoff.py --tbp_wavefront --sizes 4 8 16 --batch 1536
+        # TBP and STBP: the wavefront node (tbp_node.py) vs the schedule node (rtbp_node.py)
 """
 
 import argparse

@@ -12,9 +12,12 @@ B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of
 - "stbp", "srtbp", "mstbp", "msrtbp": tbp and rtbp with the TBP-mHC authors' scaled / margined interval
   choice; "atbp": their permutation average of tbp (docs/chart_variants.md).
 
-`birkhoff` is the one dispatcher: it checks the input, turns autocast off, applies the dtype policy and runs
-the chart's entry in `_CHARTS`: the Triton kernels (`triton.py`) for tbp / rtbp on CUDA tensors, else
-the autograd nodes (`tbp_node.py`, `rtbp_node.py`) or the plain PyTorch definitions (`naive.py`). The exact
+Each name is a row of the chart table `CHARTS` (`configuration/charts.py`: base chart, interval choice,
+orderings); `_CHARTS`, the entries `birkhoff` runs, derives from it. `birkhoff` is the one dispatcher: it
+checks the input, turns autocast off, applies the dtype policy and runs the chart's entry: the Triton kernels
+(`triton.py`) for the transport charts on CUDA tensors, else the autograd nodes (`tbp_node.py` for TBP,
+`rtbp_node.py` for RTBP, each with the interval choice as a parameter) or the plain PyTorch definitions
+(`naive.py`). The exact
 charts do their arithmetic in float64 (TBP/RTBP running masses reach n-1 and would cancel in float32) and
 round the finished matrix once, so a float32 result has |row/column sum - 1| <= ~6e-8 at any n; Sinkhorn
 runs in float32 like mHC. The result is float32, or float64 for float64 logits.
