@@ -348,8 +348,9 @@ def test_stream_kernel_matches_reference_large(kind, n, d, block_d, dtype):
 
 @pytest.mark.slow
 def test_kernels_compile_for_a_gpu(tmp_path):
-    """Every kernel, at the launch options the wrappers use (n = 2, 4; float32 and bfloat16 streams),
-    compiles for sm_90 through ptxas: the interpreter runs kernels without lowering them."""
+    """Every kernel, at the launch options the wrappers use (n = 2, 4; the charts' plain and scaled interval
+    choices; float32 and bfloat16 streams), compiles for sm_90 through ptxas: the interpreter runs kernels
+    without lowering them."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     worker = Path(__file__).with_name("triton_compile_worker.py")
     result = subprocess.run(
@@ -357,7 +358,7 @@ def test_kernels_compile_for_a_gpu(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = result.stdout.splitlines()
-    assert len(compiled) == 2 * (4 + 2 * 2 * 6), result.stdout
+    assert len(compiled) == 2 * (8 + 2 * 2 * 6), result.stdout
 
 
 # ----------------------------------------------------------------------------------------------
