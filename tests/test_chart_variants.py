@@ -172,6 +172,28 @@ def test_float32_logits_keep_the_float64_chart_and_gradient(method):
         torch.testing.assert_close(single.grad.double(), double.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("method", VARIANTS)
+def test_compiles_as_one_graph_with_eager_values_and_gradients(method):
+    """torch.compile(fullgraph=True) traces each variant's chart, its autograd node included (aot_eager)."""
+    n = 4
+    logits = normal_logits(method, n, 6, seed=5, scale=1.0).float()
+    upstream = torch.randn(6, n, n, generator=torch.Generator().manual_seed(6))
+
+    def eager(t: torch.Tensor) -> torch.Tensor:
+        return birkhoff(t, n, method)
+
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        chart = torch.compile(eager, fullgraph=True, backend="aot_eager") if compiled else eager
+        t = logits.clone().requires_grad_()
+        x = chart(t)
+        (x * upstream).sum().backward()
+        results.append((x.detach(), t.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-7, rtol=0)
+
+
 def test_hand_computed_n2():
     """n = 2: X = [[x, 1 - x], [1 - x, x]] with x chosen in [0, 1]."""
     t = torch.tensor([[0.3], [-1.2]], dtype=torch.float64)

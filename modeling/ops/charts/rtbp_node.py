@@ -101,8 +101,7 @@ def _forward(logits: torch.Tensor, n: int, base: str, choice, out_dtype: torch.d
     values[0] = 1
     if keep:
         slope, positive = torch.empty_like(t), t.new_empty(2, *t.shape, dtype=torch.bool)
-    if scaled:  # the scaled choice's sigmoids, filled level by level
-        sigmoids = torch.empty_like(t)
+        sigmoids = torch.empty_like(t) if scaled else None  # the scaled choice's sigmoids
     t_levels = t.split([stop - start for start, stop, _ in levels])
     for (start, stop, table), t_level in zip(levels, t_levels, strict=True):
         m = stop - start
@@ -111,19 +110,20 @@ def _forward(logits: torch.Tensor, n: int, base: str, choice, out_dtype: torch.d
         over_first, low = ramp_forms.relu().chunk(2)
         high = total - over_first
         points = slice(start - 1, stop - 1)
-        if scaled:  # `ScaledChoice.point`; its width kept in `slope` for the derivatives below
-            width = torch.sub(high, low, out=slope[points]) if keep else high - low
+        width = high - low if scaled or keep else None
+        if scaled:  # `ScaledChoice.point`
             argument = torch.mul(t_level, choice.beta).div_(width.clamp(min=0).add_(choice.eps))
-            fraction = torch.sigmoid(argument, out=sigmoids[points])
+            fraction = torch.sigmoid(argument)
+            if keep:
+                sigmoids[points] = fraction
             if choice.rho:
                 fraction = fraction * (1 - 2 * choice.rho) + choice.rho
-            values[start:stop] = torch.lerp(low, high, fraction)
         else:
-            values[start:stop] = torch.lerp(low, high, t_level)
-            if keep:
-                torch.sub(high, low, out=slope[points])
-        if keep:
-            torch.gt(ramp_forms.view(2, m, batch), 0, out=positive[:, points])
+            fraction = t_level
+        values[start:stop] = torch.lerp(low, high, fraction)
+        if keep:  # (plain assignments, no `out=` into views: torch.compile traces these)
+            slope[points] = width
+            positive[:, points] = ramp_forms.view(2, m, batch) > 0
     matrix = _evaluate(values, entries, n * n).clamp_min_(0)  # remainders of -1e-16 -> 0
     if not keep:
         return matrix.t().to(out_dtype).reshape(batch, n, n), None
