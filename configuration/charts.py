@@ -5,16 +5,15 @@ import the modeling package."""
 
 from typing import NamedTuple
 
-BASE_CHARTS = ("tbp", "rtbp", "sinkhorn", "mhc_lite", "kromhc")
 TRANSPORT_CHARTS = ("tbp", "rtbp")  # the charts built from interval points x = L + (U - L) f(t)
-# How a transport chart places each point in its interval [L, U] (docs/chart_variants.md): "plain"
-# f = sigmoid(t); "scaled" f = sigmoid(beta t / (U - L + eps)); "margined": the scaled f in [rho, 1 - rho].
-INTERVALS = ("plain", "scaled", "margined")
 
 
 class ChartSpec(NamedTuple):
-    """A chart: its `base` chart, the `interval` choice of a transport base, and the row/column `orderings`
-    whose conjugated charts are averaged with softmax weights (one ordering: the base chart itself)."""
+    """A chart: its `base` chart (itself a row of CHARTS), the `interval` choice of a transport base, and the
+    row/column `orderings` whose conjugated charts are averaged with softmax weights (one ordering: the base
+    chart itself). How a transport chart places each point in its interval [L, U] (docs/chart_variants.md):
+    "plain" f = sigmoid(t); "scaled" f = sigmoid(beta t / (U - L + eps)); "margined" the scaled f in
+    [rho, 1 - rho]."""
 
     base: str
     interval: str = "plain"

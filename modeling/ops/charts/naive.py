@@ -7,8 +7,9 @@ docs/chart_variants.md): one batched, plain-autograd definition of each, float64
   table's names (`configuration/charts.py`) to them;
 - `sinkhorn` (mHC), `mhc_lite`, `kromhc`, and `average` (a softmax mixture of reordered charts: "atbp").
 
-The autograd node (`rtbp_node.py`) and the Triton kernels (`triton.py`) are checked against these
-functions, and these against the plain-Python float64 references of the tests.
+The autograd nodes (`tbp_node.py`, `rtbp_node.py`) and the Triton kernels (`triton.py`), each taking the
+same `choice`, are checked against these functions, and these against the plain-Python float64 references
+of the tests.
 """
 
 import itertools
