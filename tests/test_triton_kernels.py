@@ -163,6 +163,26 @@ def test_dispatcher_runs_the_kernels_and_its_observers(monkeypatch):
         torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
 
 
+def test_dispatcher_runs_every_variant_on_the_kernels(monkeypatch):
+    """Every row of the chart table on a transport base (the interval variants and atbp) takes the kernels
+    where tbp / rtbp do, and equals its naive chart."""
+    calls = []
+    original = chart_kernels.triton_chart
+    monkeypatch.setattr(
+        chart_kernels, "triton_chart", lambda *a, **k: calls.append(a[2]) or original(*a, **k)
+    )
+    variants = ("stbp", "srtbp", "mstbp", "msrtbp", "atbp")
+    torch.manual_seed(1)
+    logits = {m: torch.randn(3, 2 * (9 + 1) if m == "atbp" else 9, device=DEVICE) for m in variants}
+    with _dispatching():
+        results = {m: birkhoff(logits[m], 4, m) for m in variants}
+    assert calls == list(variants)
+    for method, x in results.items():
+        assert x.dtype == torch.float32
+        expected = NAIVE[method](logits[method].double(), 4)
+        torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
+
+
 def test_dispatcher_bfloat16_logits_give_the_float32_chart():
     logits = torch.randn(6, 9, device=DEVICE).bfloat16()
     with _dispatching():
