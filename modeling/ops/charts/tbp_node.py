@@ -5,8 +5,9 @@ docs/chart_variants.md). It runs "tbp", "stbp", "mstbp" and the charts averaged 
 
 TBP stays a wavefront instead of running the level schedule of `schedule.py` (as RTBP does in
 `rtbp_node.py`): a TBP point reads the running masses r, c, D, which as affine forms over the earlier points
-have O(K) terms, so the schedule does O(K^2) work per matrix where the wavefront does O(K), and measured it is
-1.3x to 3.6x slower at n = 4..16 (docs/chart_variants.md, 'Implementation').
+have O(K) terms, so the schedule does O(K^2) work per matrix where the wavefront does O(K); with a gradient
+it measured no faster at n = 4 and 1.1x to 3.4x slower from n = 8 on (docs/chart_variants.md,
+'Implementation').
 """
 
 import torch
