@@ -127,9 +127,8 @@ def _forward(logits: torch.Tensor, n: int, base: str, choice, out_dtype: torch.d
     matrix = _evaluate(values, entries, n * n).clamp_min_(0)  # remainders of -1e-16 -> 0
     if not keep:
         return matrix.t().to(out_dtype).reshape(batch, n, n), None
-    if (
-        scaled
-    ):  # x = L + W f, f = rho + (1 - 2 rho) s, s = sigmoid(a), a = beta t / (W+ + eps), W+ = max(W, 0)
+    if scaled:
+        # x = L + W f, f = rho + (1 - 2 rho) s, s = sigmoid(a), a = beta t / (W+ + eps), W+ = max(W, 0)
         span, clamped = 1 - 2 * choice.rho, slope.clamp(min=0)
         denominator = clamped + choice.eps
         curvature = sigmoids * (1 - sigmoids) * span / denominator  # df/da / (W+ + eps)
