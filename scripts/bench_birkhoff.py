@@ -5,13 +5,16 @@ repetitions, the worst doubly-stochastic violation, the logit count and the time
 Sinkhorn-20, all in one process. Repetitions are interleaved across methods (round robin) so a
 noisy, shared CPU slows every method alike. The chart variants (docs/chart_variants.md) get rows of their
 own, timed interleaved with tbp, rtbp and Sinkhorn-20, with their time ratio to the chart they vary.
-Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_function.json`) to `--output_dir`
-(default outputs/benchmarks; `--output_dir benchmarks` replaces the committed report).
+Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_function.json`;
+`--tbp_wavefront`: `tbp_wavefront_batch<B>.json`) to `--output_dir` (default outputs/benchmarks;
+`--output_dir benchmarks` replaces the committed report).
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
     python scripts/bench_birkhoff.py --rtbp_function --sizes 4 8 16 --batch 1536
         # RTBP: the naive reference (naive.py) vs the one-node chart (rtbp_node.py), fwd and fwd+bwd
+    python scripts/bench_birkhoff.py --tbp_wavefront --sizes 4 8 16 --batch 1536
+        # TBP and STBP: the wavefront node (tbp_node.py) vs the schedule node (rtbp_node.py)
 """
 
 import argparse
@@ -25,15 +28,16 @@ import torch
 
 from geoformers.modeling.ops.charts import (
     CHART_VARIANTS,
-    INTERVAL_VARIANTS,
+    CHARTS,
     METHODS,
     MHC_LITE_MAX_N,
     birkhoff,
     ds_violation,
     num_logits,
 )
-from geoformers.modeling.ops.charts.naive import rtbp
-from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
+from geoformers.modeling.ops.charts.naive import SCALED, rtbp
+from geoformers.modeling.ops.charts.rtbp_node import schedule_node
+from geoformers.modeling.ops.charts.tbp_node import tbp_node
 
 from harness.flag_checks import CheckedParser
 from harness.results import markdown_table, write_results
@@ -104,7 +108,7 @@ def bench_variants(
 ) -> list[dict]:
     """Rows for the chart variants at this n: median forward+backward seconds, interleaved with the charts
     they vary (tbp, rtbp) and Sinkhorn-20, worst float32 violation, logit count, both time ratios."""
-    base = {m: chart for m, (chart, _) in INTERVAL_VARIANTS.items()} | {"atbp": "tbp"}
+    base = {m: CHARTS[m].base for m in CHART_VARIANTS}
     methods = ["tbp", "rtbp", "sinkhorn", *base]
     upstream = torch.randn(batch, n, n, generator=generator).to(device)
     inputs = {
@@ -143,7 +147,7 @@ def bench_rtbp_function(
     upstream = torch.randn(batch, n, n, generator=generator).to(device)
     charts = {
         "rtbp autograd": lambda t: rtbp(t.double(), n).float(),
-        "rtbp function": lambda t: rtbp_node(t, n, torch.float32),
+        "rtbp function": lambda t: schedule_node(t, n, "rtbp", torch.float32),
     }
 
     def forward(chart) -> float:
@@ -184,6 +188,95 @@ def bench_rtbp_function(
             }
         )
     return rows
+
+
+def bench_tbp_wavefront(n: int, batch: int, reps: int, generator: torch.Generator) -> list[dict]:
+    """TBP from float32 logits through the wavefront nodes (`TBPFunction`, `ScaledTBPFunction` for "stbp")
+    against the schedule node (`chart_node`): median seconds of the forward (no grad) and of forward +
+    backward of sum(X * G), all eight timings interleaved."""
+    logits = torch.randn(batch, (n - 1) ** 2, generator=generator).requires_grad_()
+    upstream = torch.randn(batch, n, n, generator=generator)
+    charts = {
+        ("tbp", "wavefront"): lambda t: tbp_node(t, n, torch.float32),
+        ("tbp", "schedule"): lambda t: schedule_node(t, n, "tbp", torch.float32),
+        ("stbp", "wavefront"): lambda t: tbp_node(t, n, torch.float32, SCALED),
+        ("stbp", "schedule"): lambda t: schedule_node(t, n, "tbp", torch.float32, SCALED),
+    }
+
+    def forward(chart) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            chart(logits)
+        return time.perf_counter() - start
+
+    def forward_backward(chart) -> float:
+        logits.grad = None
+        start = time.perf_counter()
+        (chart(logits) * upstream).sum().backward()
+        return time.perf_counter() - start
+
+    timers = {"fwd": forward, "fwd+bwd": forward_backward}
+    cases = [(chart, kind) for kind in timers for chart in charts]
+    for chart, kind in cases:  # warm-up
+        timers[kind](charts[chart])
+    seconds = {case: [] for case in cases}
+    for _ in range(reps):
+        for chart, kind in cases:
+            seconds[chart, kind].append(timers[kind](charts[chart]))
+    rows = []
+    for kind in timers:
+        for method in ("tbp", "stbp"):
+            wavefront, schedule = (
+                statistics.median(seconds[(method, node), kind]) for node in ("wavefront", "schedule")
+            )
+            rows.append(
+                {
+                    "method": method,
+                    "n": n,
+                    "batch": batch,
+                    "pass": kind,
+                    "wavefront_seconds_median": wavefront,
+                    "schedule_seconds_median": schedule,
+                    "schedule_vs_wavefront": schedule / wavefront,
+                }
+            )
+    return rows
+
+
+def run_tbp_wavefront(args, generator: torch.Generator) -> None:
+    results = []
+    for n in args.sizes:
+        results += bench_tbp_wavefront(n, args.batch, args.reps, generator)
+    rows = [
+        [
+            r["method"],
+            r["n"],
+            r["batch"],
+            r["pass"],
+            f"{r['wavefront_seconds_median'] * 1e3:.3f}",
+            f"{r['schedule_seconds_median'] * 1e3:.3f}",
+            f"{r['schedule_vs_wavefront']:.2f}",
+        ]
+        for r in results
+    ]
+    headers = ["chart", "n", "batch", "pass", "wavefront ms", "schedule ms", "schedule / wavefront"]
+    print(markdown_table(headers, rows, align="lrrlrrr"))
+    config = {
+        "batch": args.batch,
+        "reps": args.reps,
+        "sizes": args.sizes,
+        "logits": "N(0, 1), float32",
+        "timing": "forward (no grad) and forward + backward of sum(X * G), G ~ N(0, 1); medians over "
+        "interleaved repetitions of the eight timings",
+        **timing_environment(),
+    }
+    write_results(
+        args.output_dir / f"tbp_wavefront_batch{args.batch}.json",
+        "bench_birkhoff.py",
+        None,
+        vars(args),
+        {"config": config, "results": results},
+    )
 
 
 def rtbp_function_table(results: list[dict]) -> str:
@@ -280,6 +373,10 @@ class BenchBirkhoffArguments:
         default=False,
         metadata={"help": "only RTBP autograd reference vs one-node chart (rtbp_function.json)"},
     )
+    tbp_wavefront: bool = field(
+        default=False,
+        metadata={"help": "only TBP's wavefront nodes vs the schedule node (tbp_wavefront_batch<B>.json)"},
+    )
 
 
 def main() -> None:
@@ -294,6 +391,9 @@ def main() -> None:
     generator = torch.Generator().manual_seed(args.seed)
     if args.rtbp_function:
         run_rtbp_function(args, generator)
+        return
+    if args.tbp_wavefront:
+        run_tbp_wavefront(args, generator)
         return
     results = []
     for n in args.sizes:

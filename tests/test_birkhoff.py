@@ -21,7 +21,7 @@ from geoformers.modeling.ops.charts import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
 )
-from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
+from geoformers.modeling.ops.charts.rtbp_node import schedule_node
 from geoformers.modeling.ops.charts.tbp_node import tbp_node
 
 EXACT_METHODS = ("tbp", "rtbp", "mhc_lite", "kromhc")
@@ -189,9 +189,12 @@ def test_fast_path_matches_float64_reference(method, n):
     logits = torch.randn(4, num_logits(method, n), generator=generator, dtype=torch.float64) * 3
     logits[0, ::3] = 40.0  # some intervals pinned to an end
     reference = torch.tensor([REFERENCES[method](row.tolist(), n) for row in logits], dtype=torch.float64)
-    # the naive definition, the autograd node (each called directly) and the dispatcher
-    naive_chart, node = {"tbp": (naive.tbp, tbp_node), "rtbp": (naive.rtbp, rtbp_node)}[method]
-    for fast in (naive_chart(logits, n), node(logits, n, torch.float64), birkhoff(logits, n, method)):
+    # the naive definition, the autograd nodes (each called directly) and the dispatcher
+    naive_chart = {"tbp": naive.tbp, "rtbp": naive.rtbp}[method]
+    nodes = [schedule_node(logits, n, method, torch.float64)]  # the schedule the Triton kernels run
+    if method == "tbp":
+        nodes.append(tbp_node(logits, n, torch.float64))
+    for fast in (naive_chart(logits, n), *nodes, birkhoff(logits, n, method)):
         torch.testing.assert_close(fast, reference, rtol=0, atol=1e-10)
 
 

@@ -12,11 +12,15 @@ from chart_references import rtbp_reference, tbp_reference
 from test_birkhoff import random_interior_ds
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+from geoformers.configuration.charts import TRANSPORT_CHARTS, ChartSpec
 from geoformers.model_io.remote_code import remote_code_files
 from geoformers.modeling.ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
 from geoformers.modeling.ops.charts import (
     ATBP_ORDERINGS,
+    CHART_VARIANTS,
+    CHARTS,
     MARGIN_RHO,
+    METHODS,
     SCALED_BETA,
     SCALED_EPS,
     ScaledChoice,
@@ -25,17 +29,34 @@ from geoformers.modeling.ops.charts import (
     num_logits,
     variant_logits_from_matrix,
 )
-from geoformers.modeling.ops.charts.naive import rtbp, tbp
-from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
-from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
+from geoformers.modeling.ops.charts.naive import INTERVAL_CHOICES, rtbp, tbp
+from geoformers.modeling.ops.charts.rtbp_node import schedule_node
+from geoformers.modeling.ops.charts.tbp_node import tbp_node
 
 
 def test_hub_code_ships_the_chart_table_with_the_variants():
     files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    table = files["configuration_charts.py"]
+    assert all(f'"{method}": ChartSpec(' in table for method in VARIANTS)
     charts = files["modeling_ops_charts.py"]
-    table = charts.index("_CHARTS: dict[str, _Chart] = {")
-    assert all(f'"{method}": _Chart(' in charts[table:] for method in VARIANTS)
+    assert "_CHARTS: dict[str, _Chart] = {name: _variant(spec) for name, spec in CHARTS.items()}" in charts
     assert "from .modeling_ops_charts import birkhoff, num_logits" in files["modeling_ddl_mhc.py"]
+
+
+def test_every_list_of_charts_derives_from_the_one_table():
+    """The names, the variants, the interval variants and the Triton kernels' charts all come from CHARTS,
+    whose specs are well formed: a base that is itself a plain row, a known interval choice, orderings (and a
+    choice) only on transport charts."""
+    assert METHODS == tuple(CHARTS) and set(VARIANTS) == set(CHART_VARIANTS)
+    for name, spec in CHARTS.items():
+        assert CHARTS[spec.base] == ChartSpec(spec.base), name
+        assert spec.interval in INTERVAL_CHOICES and len(spec.orderings) >= 1, name
+        if spec.base not in TRANSPORT_CHARTS:
+            assert (spec.interval, spec.orderings) == ("plain", ("direct",)), name
+    assert {name: (CHARTS[name].base, CHARTS[name].interval) for name in INTERVAL} == {
+        name: (base, "margined" if rho else "scaled") for name, (base, rho) in INTERVAL.items()
+    }
+    assert CHARTS["atbp"].orderings == ATBP_ORDERINGS
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -84,8 +105,10 @@ def normal_logits(method: str, n: int, count: int, seed: int, scale: float = 3.0
 def test_plain_choice_gives_back_tbp_and_rtbp(n):
     """With tbp/rtbp's own choice (written here) the naive charts equal the autograd nodes (same layout)."""
     logits = normal_logits("tbp", n, 6, seed=n)
-    for naive, node in ((tbp, tbp_node), (rtbp, rtbp_node)):
-        expected = node(logits, n, torch.float64)
+    for naive, expected in (
+        (tbp, tbp_node(logits, n, torch.float64)),
+        (rtbp, schedule_node(logits, n, "rtbp", torch.float64)),
+    ):
         torch.testing.assert_close(naive(logits, n, PlainPoint()), expected, atol=1e-13, rtol=0)
 
 
@@ -100,22 +123,76 @@ def test_interval_variants_equal_the_plain_python_reference(method, n, monkeypat
     torch.testing.assert_close(birkhoff(logits, n, method), expected, atol=1e-13, rtol=0)
 
 
-@pytest.mark.parametrize("method", ("stbp", "mstbp"))
+def nodes_of(method: str) -> list:
+    """The autograd nodes that run `method`'s base chart with its interval choice, called directly: TBP's
+    wavefront node and the schedule node (the chart table's RTBP, and the schedule the Triton kernels run)."""
+    base, choice = CHARTS[method].base, INTERVAL_CHOICES[CHARTS[method].interval]
+    nodes = [lambda t, n: schedule_node(t, n, base, t.dtype, choice)]
+    if base == "tbp":
+        nodes.append(lambda t, n: tbp_node(t, n, t.dtype, choice))
+    return nodes
+
+
+@pytest.mark.parametrize("method", tuple(INTERVAL))
 @pytest.mark.parametrize("n", SIZES)
-def test_fast_tbp_variants_equal_their_autograd_reference(method, n):
-    """The hand-written backward of "stbp" / "mstbp" (the scaled TBP node, called directly) against autograd
-    through the naive `tbp` with the same choice."""
-    choice = ScaledChoice(rho=INTERVAL[method][1])
+def test_nodes_equal_the_autograd_reference(method, n):
+    """The hand-written backwards of every interval variant against autograd through the naive `tbp` /
+    `rtbp` with the same choice, at moderate and saturating logits."""
+    base, choice = CHARTS[method].base, INTERVAL_CHOICES[CHARTS[method].interval]
     generator = torch.Generator().manual_seed(n)
     upstream = torch.randn(16, n, n, generator=generator, dtype=torch.float64)
     for scale in (1.0, 3.0, 50.0):
         logits = torch.randn(16, (n - 1) ** 2, generator=generator, dtype=torch.float64) * scale
         logits.requires_grad_()
-        fast, reference = scaled_tbp_node(logits, n, choice), tbp(logits, n, choice)
-        torch.testing.assert_close(fast, reference, atol=1e-14, rtol=0)
-        (grad_fast,) = torch.autograd.grad((fast * upstream).sum(), logits)
+        reference = (tbp if base == "tbp" else rtbp)(logits, n, choice)
         (grad_reference,) = torch.autograd.grad((reference * upstream).sum(), logits)
-        torch.testing.assert_close(grad_fast, grad_reference, atol=1e-12, rtol=0)
+        for node in nodes_of(method):
+            fast = node(logits, n)
+            torch.testing.assert_close(fast, reference, atol=1e-13, rtol=0)
+            (grad_fast,) = torch.autograd.grad((fast * upstream).sum(), logits)
+            torch.testing.assert_close(grad_fast, grad_reference, atol=1e-11, rtol=0)
+            with torch.no_grad():  # the forward alone (decoding) gives the same chart
+                assert torch.equal(node(logits, n), fast.detach())
+
+
+@pytest.mark.parametrize("method", tuple(INTERVAL))
+def test_float32_logits_keep_the_float64_chart_and_gradient(method):
+    """float32 logits: the chart is the float64 chart rounded once, the gradient float32 and close to the
+    float64 one."""
+    n = 6
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(40, (n - 1) ** 2, generator=generator, dtype=torch.float64) * 0.5
+    upstream = torch.randn(40, n, n, generator=generator, dtype=torch.float64)
+    for node in nodes_of(method):
+        single, double = logits.float().requires_grad_(), logits.float().double().requires_grad_()
+        x32, x64 = node(single, n), node(double, n)
+        assert x32.dtype == torch.float32 and torch.equal(x32, x64.float())
+        (x32 * upstream.float()).sum().backward()
+        (x64 * upstream).sum().backward()
+        assert single.grad.dtype == torch.float32
+        torch.testing.assert_close(single.grad.double(), double.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", VARIANTS)
+def test_compiles_as_one_graph_with_eager_values_and_gradients(method):
+    """torch.compile(fullgraph=True) traces each variant's chart, its autograd node included (aot_eager)."""
+    n = 4
+    logits = normal_logits(method, n, 6, seed=5, scale=1.0).float()
+    upstream = torch.randn(6, n, n, generator=torch.Generator().manual_seed(6))
+
+    def eager(t: torch.Tensor) -> torch.Tensor:
+        return birkhoff(t, n, method)
+
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        chart = torch.compile(eager, fullgraph=True, backend="aot_eager") if compiled else eager
+        t = logits.clone().requires_grad_()
+        x = chart(t)
+        (x * upstream).sum().backward()
+        results.append((x.detach(), t.grad))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=0, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-7, rtol=0)
 
 
 def test_hand_computed_n2():

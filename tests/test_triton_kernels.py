@@ -56,7 +56,15 @@ def _assert_relative(actual: torch.Tensor, expected: torch.Tensor, tolerance: fl
 # ----------------------------------------------------------------------------------------------
 # Charts: the Triton kernels called directly against the naive definitions (`modeling/ops/charts/naive.py`)
 
-NAIVE = {"tbp": naive.tbp, "rtbp": naive.rtbp}
+NAIVE = {
+    "tbp": naive.tbp,
+    "rtbp": naive.rtbp,
+    "stbp": lambda t, n: naive.tbp(t, n, naive.ScaledChoice()),
+    "srtbp": lambda t, n: naive.rtbp(t, n, naive.ScaledChoice()),
+    "mstbp": lambda t, n: naive.tbp(t, n, naive.ScaledChoice(rho=naive.MARGIN_RHO)),
+    "msrtbp": lambda t, n: naive.rtbp(t, n, naive.ScaledChoice(rho=naive.MARGIN_RHO)),
+    "atbp": lambda t, n: naive.average(t, n, naive.tbp, ("direct", "reverse")),
+}
 
 
 def _dispatching():
@@ -65,10 +73,10 @@ def _dispatching():
 
 
 def _chart_case(method: str, n: int, logits: torch.Tensor) -> None:
-    """Triton chart of float32 `logits` (..., (n-1)^2) vs the naive chart in float64: outputs to 1e-6,
+    """Triton chart of float32 `logits` (..., k) vs the naive chart in float64: outputs to 1e-6,
     gradients to 1e-5 relative, and the result doubly stochastic to 1e-6 with entries >= 0."""
-    fast_in = logits.reshape(-1, (n - 1) ** 2).clone().requires_grad_()
-    ref_in = logits.reshape(-1, (n - 1) ** 2).double().requires_grad_()
+    fast_in = logits.reshape(-1, logits.shape[-1]).clone().requires_grad_()
+    ref_in = logits.reshape(-1, logits.shape[-1]).double().requires_grad_()
     fast, ref = chart_kernels.triton_chart(fast_in, n, method), NAIVE[method](ref_in, n)
     assert fast.dtype == torch.float32 and fast.shape == (fast_in.shape[0], n, n)
     torch.testing.assert_close(fast.double(), ref, rtol=0, atol=1e-6)
@@ -84,6 +92,19 @@ def _chart_case(method: str, n: int, logits: torch.Tensor) -> None:
 def test_chart_matches_reference(method, n):
     torch.manual_seed(n)
     _chart_case(method, n, 2.0 * torch.randn(3, 7, (n - 1) ** 2, device=DEVICE))
+
+
+@pytest.mark.parametrize(
+    ("method", "n"), [(m, 4) for m in ("stbp", "srtbp", "mstbp", "msrtbp")] + [("srtbp", 3), ("atbp", 3)]
+)
+def test_variant_chart_matches_reference(method, n):
+    """The one kernel with the variants' interval choices (and the averaged orderings of atbp) against the
+    naive charts with the same choice, at moderate and saturating logits."""
+    torch.manual_seed(n)
+    k = 2 * ((n - 1) ** 2 + 1) if method == "atbp" else (n - 1) ** 2
+    _chart_case(
+        method, n, torch.randn(2, 5, k, device=DEVICE) * torch.tensor([[[0.5]], [[8.0]]], device=DEVICE)
+    )
 
 
 @pytest.mark.parametrize("method", ["tbp", "rtbp"])
@@ -109,6 +130,16 @@ def test_chart_float64_gradcheck(method):
     torch.testing.assert_close(chart(logits, 3, method), NAIVE[method](logits, 3), rtol=0, atol=1e-14)
 
 
+def test_scaled_chart_float64_gradcheck():
+    """The scaled choice's kernel derivatives (through the width inside the sigmoid) against finite
+    differences, and its float64 value against the naive chart: the kernel computes with the float64 beta,
+    eps, rho."""
+    logits = torch.randn(2, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    chart = chart_kernels.triton_chart
+    assert torch.autograd.gradcheck(lambda t: chart(t, 3, "msrtbp"), (logits,), fast_mode=True)
+    torch.testing.assert_close(chart(logits, 3, "mstbp"), NAIVE["mstbp"](logits, 3), rtol=0, atol=1e-14)
+
+
 def test_dispatcher_runs_the_kernels_and_its_observers(monkeypatch):
     """`birkhoff` sends tbp / rtbp to the Triton kernels (counted here) and still calls every chart
     observer with the result, as on the PyTorch paths."""
@@ -129,6 +160,26 @@ def test_dispatcher_runs_the_kernels_and_its_observers(monkeypatch):
     for method, x in seen:
         assert torch.equal(x, results[method]) and x.shape == (2, 3, 4, 4)
         expected = NAIVE[method](logits.reshape(6, 9).double(), 4).view(2, 3, 4, 4)
+        torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
+
+
+def test_dispatcher_runs_every_variant_on_the_kernels(monkeypatch):
+    """Every row of the chart table on a transport base (the interval variants and atbp) takes the kernels
+    where tbp / rtbp do, and equals its naive chart."""
+    calls = []
+    original = chart_kernels.triton_chart
+    monkeypatch.setattr(
+        chart_kernels, "triton_chart", lambda *a, **k: calls.append(a[2]) or original(*a, **k)
+    )
+    variants = ("stbp", "srtbp", "mstbp", "msrtbp", "atbp")
+    torch.manual_seed(1)
+    logits = {m: torch.randn(3, 2 * (9 + 1) if m == "atbp" else 9, device=DEVICE) for m in variants}
+    with _dispatching():
+        results = {m: birkhoff(logits[m], 4, m) for m in variants}
+    assert calls == list(variants)
+    for method, x in results.items():
+        assert x.dtype == torch.float32
+        expected = NAIVE[method](logits[method].double(), 4)
         torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
 
 
@@ -317,8 +368,9 @@ def test_stream_kernel_matches_reference_large(kind, n, d, block_d, dtype):
 
 @pytest.mark.slow
 def test_kernels_compile_for_a_gpu(tmp_path):
-    """Every kernel, at the launch options the wrappers use (n = 2, 4; float32 and bfloat16 streams),
-    compiles for sm_90 through ptxas: the interpreter runs kernels without lowering them."""
+    """Every kernel, at the launch options the wrappers use (n = 2, 4; the charts' plain and scaled interval
+    choices; float32 and bfloat16 streams), compiles for sm_90 through ptxas: the interpreter runs kernels
+    without lowering them."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     worker = Path(__file__).with_name("triton_compile_worker.py")
     result = subprocess.run(
@@ -326,7 +378,7 @@ def test_kernels_compile_for_a_gpu(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = result.stdout.splitlines()
-    assert len(compiled) == 2 * (4 + 2 * 2 * 6), result.stdout
+    assert len(compiled) == 2 * (8 + 2 * 2 * 6), result.stdout
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,13 +16,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from geoformers.configuration.charts import TRANSPORT_CHARTS
+from geoformers.modeling.ops.charts import naive
 from geoformers.modeling.ops.charts import triton as chart_kernels
 from geoformers.modeling.ops.stream_read import triton as read_kernels
 from geoformers.modeling.ops.stream_write import triton as write_kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-POINTERS = {"points_ptr": "*fp64", "table_ptr": "*fp64", "index_ptr": "*i32"}
+POINTERS = {"points_ptr": "*fp64", "table_ptr": "*fp64", "index_ptr": "*i32", "choice_ptr": "*fp64"}
 STREAM_POINTERS = ("x_ptr", "out_ptr", "g_ptr", "grad_x_ptr")
 
 
@@ -58,10 +60,11 @@ def compile_kernel(kernel, options: dict, streams: str = "*fp32") -> None:
 
 def main(streams_counts: list[int]) -> None:
     for n in streams_counts:
-        for method in chart_kernels.CHARTS:
-            _, launch = chart_kernels._launch(torch.zeros(4096, (n - 1) ** 2), n, method)
-            compile_kernel(chart_kernels._chart_forward_kernel, launch["meta"])
-            compile_kernel(chart_kernels._chart_backward_kernel, launch["meta"])
+        for base in TRANSPORT_CHARTS:
+            for choice in (naive.PLAIN, naive.SCALED):  # the kernels' two interval-choice variants
+                _, launch = chart_kernels._launch(torch.zeros(4096, (n - 1) ** 2), n, base, choice)
+                compile_kernel(chart_kernels._chart_forward_kernel, launch["meta"])
+                compile_kernel(chart_kernels._chart_backward_kernel, launch["meta"])
         for dtype in ("*fp32", "*bf16"):
             for d in (768, 100):
                 read = read_kernels.launch_options(n, d, None, square=False)

@@ -12,9 +12,12 @@ B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of
 - "stbp", "srtbp", "mstbp", "msrtbp": tbp and rtbp with the TBP-mHC authors' scaled / margined interval
   choice; "atbp": their permutation average of tbp (docs/chart_variants.md).
 
-`birkhoff` is the one dispatcher: it checks the input, turns autocast off, applies the dtype policy and runs
-the chart's entry in `_CHARTS`: the Triton kernels (`triton.py`) for tbp / rtbp on CUDA tensors, else
-the autograd nodes (`tbp_node.py`, `rtbp_node.py`) or the plain PyTorch definitions (`naive.py`). The exact
+Each name is a row of the chart table `CHARTS` (`configuration/charts.py`: base chart, interval choice,
+orderings); `_CHARTS`, the entries `birkhoff` runs, derives from it. `birkhoff` is the one dispatcher: it
+checks the input, turns autocast off, applies the dtype policy and runs the chart's entry: the Triton kernels
+(`triton.py`) for the transport charts on CUDA tensors, else the autograd nodes (`tbp_node.py` for TBP,
+`rtbp_node.py` for RTBP, each with the interval choice as a parameter) or the plain PyTorch definitions
+(`naive.py`). The exact
 charts do their arithmetic in float64 (TBP/RTBP running masses reach n-1 and would cancel in float32) and
 round the finished matrix once, so a float32 result has |row/column sum - 1| <= ~6e-8 at any n; Sinkhorn
 runs in float32 like mHC. The result is float32, or float64 for float64 logits.
@@ -29,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
+from geoformers.configuration.charts import CHART_VARIANTS, CHARTS, METHODS, MHC_LITE_MAX_N, ChartSpec
 from geoformers.modeling.ops.charts.inverse import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
@@ -37,38 +40,35 @@ from geoformers.modeling.ops.charts.inverse import (
 )
 from geoformers.modeling.ops.charts.naive import (
     ATBP_ORDERINGS,
-    INTERVAL_VARIANTS,
+    INTERVAL_CHOICES,
     MARGIN_RHO,
-    MARGINED,
-    SCALED,
     SCALED_BETA,
     SCALED_EPS,
     SINKHORN_DEFAULT_ITERS,
     ScaledChoice,
-    _nonnegative,
-    atbp,
+    average,
     ds_violation,
     kromhc,
     mhc_lite,
-    rtbp,
     sinkhorn,
 )
-from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
-from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
+from geoformers.modeling.ops.charts.rtbp_node import schedule_node
+from geoformers.modeling.ops.charts.tbp_node import tbp_node
 from geoformers.modeling.ops.dispatch import kernels
 from geoformers.modeling.ops.precision import autocast_off, cast
 from geoformers.modeling.value_checks import checks_values
 
 __all__ = [
     "ATBP_ORDERINGS",
+    "CHARTS",
     "CHART_VARIANTS",
-    "INTERVAL_VARIANTS",
     "MARGIN_RHO",
     "METHODS",
     "MHC_LITE_MAX_N",
     "SCALED_BETA",
     "SCALED_EPS",
     "SINKHORN_DEFAULT_ITERS",
+    "ChartSpec",
     "ScaledChoice",
     "birkhoff",
     "ds_violation",
@@ -80,15 +80,6 @@ __all__ = [
 ]
 
 TRITON_KERNELS = "geoformers.modeling.ops.charts.triton"
-CHART_VARIANTS = ("stbp", "srtbp", "mstbp", "msrtbp", "atbp")  # the TBP-mHC authors' (docs/chart_variants.md)
-
-
-def _transport_count(n: int) -> int:
-    return (n - 1) ** 2
-
-
-def _tbp_float64(flat: torch.Tensor, n: int) -> torch.Tensor:
-    return tbp_node(flat, n, torch.float64)
 
 
 class _Chart(NamedTuple):
@@ -100,27 +91,43 @@ class _Chart(NamedTuple):
     triton: bool = False
 
 
-def _variant(base: str, choice: ScaledChoice) -> Callable[[torch.Tensor, int], torch.Tensor]:
-    if base == "tbp":
-        return lambda flat, n: _nonnegative(scaled_tbp_node(flat.double(), n, choice))
-    return lambda flat, n: rtbp(flat.double(), n, choice)
+def _transport_count(n: int) -> int:
+    return (n - 1) ** 2
 
 
-_CHARTS: dict[str, _Chart] = {
-    "tbp": _Chart(_transport_count, lambda flat, n: tbp_node(flat, n, flat.dtype), triton=True),
-    "rtbp": _Chart(_transport_count, lambda flat, n: rtbp_node(flat, n, flat.dtype), triton=True),
+_BASES = {  # the charts that are no transport chart, float64 but for Sinkhorn (mHC runs it in float32)
     "sinkhorn": _Chart(lambda n: n * n, sinkhorn),
     "mhc_lite": _Chart(math.factorial, lambda flat, n: mhc_lite(flat.double(), n)),
     "kromhc": _Chart(lambda n: n.bit_length() - 1, lambda flat, n: kromhc(flat.double(), n)),
-    "stbp": _Chart(_transport_count, _variant("tbp", SCALED)),
-    "srtbp": _Chart(_transport_count, _variant("rtbp", SCALED)),
-    "mstbp": _Chart(_transport_count, _variant("tbp", MARGINED)),
-    "msrtbp": _Chart(_transport_count, _variant("rtbp", MARGINED)),
-    "atbp": _Chart(
-        lambda n: len(ATBP_ORDERINGS) * ((n - 1) ** 2 + 1),
-        lambda flat, n: atbp(flat.double(), n, _tbp_float64),
-    ),
 }
+
+
+def _transport(base: str, choice) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """The node of a transport chart with an interval choice (logits (B, (n-1)^2) -> (B, n, n) in their
+    dtype): TBP's wavefront (`tbp_node.py`), RTBP's schedule (`rtbp_node.py`)."""
+    if base == "tbp":
+        return lambda flat, n: tbp_node(flat, n, flat.dtype, choice)
+    return lambda flat, n: schedule_node(flat, n, base, flat.dtype, choice)
+
+
+def _variant(spec: ChartSpec) -> _Chart:
+    """The table's entry of `spec`: a transport chart is its base's node with the spec's interval choice,
+    averaged over the spec's orderings when it has several (ATBP, in float64); both have Triton kernels
+    (`triton.triton_chart`)."""
+    if spec.base in _BASES:
+        return _BASES[spec.base]
+    chart = _transport(spec.base, INTERVAL_CHOICES[spec.interval])
+    if len(spec.orderings) == 1:
+        return _Chart(_transport_count, chart, triton=True)
+    k = len(spec.orderings)
+    return _Chart(
+        lambda n: k * (_transport_count(n) + 1),
+        lambda flat, n: average(flat.double(), n, chart, spec.orderings),
+        triton=True,
+    )
+
+
+_CHARTS: dict[str, _Chart] = {name: _variant(spec) for name, spec in CHARTS.items()}
 _observers: OrderedDict[int, Callable[[str, torch.Tensor], None]] = OrderedDict()
 
 
@@ -141,8 +148,8 @@ def _check_method_and_n(method: str, n: int) -> None:
 
 
 def num_logits(method: str, n: int) -> int:
-    """Number of logits per matrix: (n-1)^2 for tbp/rtbp and the interval variants, n^2 for sinkhorn, n! for
-    mhc_lite, log2(n) for kromhc, 2 (n-1)^2 + 2 for atbp."""
+    """Number of logits per matrix: (n-1)^2 for tbp/rtbp and their interval variants, n^2 for sinkhorn, n!
+    for mhc_lite, log2(n) for kromhc, K ((n-1)^2 + 1) for K orderings averaged (atbp: K = 2)."""
     _check_method_and_n(method, n)
     return _CHARTS[method].num_logits(n)
 

@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 import torch
 
-from geoformers.modeling.ops.charts.naive import INTERVAL_VARIANTS, PLAIN, ds_violation
+from geoformers.configuration.charts import CHARTS
+from geoformers.modeling.ops.charts.naive import INTERVAL_CHOICES, PLAIN, ds_violation
+
+# The interval variants (one ordering, a non-plain choice): the charts with an inverse of their own choice.
+_INTERVAL_VARIANTS = tuple(
+    name for name, spec in CHARTS.items() if spec.interval != "plain" and len(spec.orderings) == 1
+)
 
 
 def _check_interior_ds(matrices: torch.Tensor, name: str) -> None:
@@ -134,12 +140,12 @@ def variant_logits_from_matrix(matrices: torch.Tensor, method: str) -> torch.Ten
     """Inverse of an interval variant: strictly interior DS matrices (..., n, n) -> logits (..., (n-1)^2)
     with birkhoff(logits, n, method) == matrices (the inverse TBP/RTBP with the variant's choice inverted).
     The margined variants reach only matrices whose every entry keeps the margin (ValueError otherwise)."""
-    if method not in INTERVAL_VARIANTS:
+    if method not in _INTERVAL_VARIANTS:
         raise ValueError(
-            f"`method` must be one of {list(INTERVAL_VARIANTS)} (atbp, a mixture of charts, has no inverse), "
-            f"got {method!r}"
+            f"`method` must be one of {list(_INTERVAL_VARIANTS)} (atbp, a mixture of charts, has no "
+            f"inverse), got {method!r}"
         )
     _check_interior_ds(matrices, f"variant_logits_from_matrix(method={method!r})")
-    base, choice = INTERVAL_VARIANTS[method]
-    inverse = tbp_logits_from_matrix if base == "tbp" else rtbp_logits_from_matrix
-    return inverse(matrices, choice.logit)
+    spec = CHARTS[method]
+    inverse = tbp_logits_from_matrix if spec.base == "tbp" else rtbp_logits_from_matrix
+    return inverse(matrices, INTERVAL_CHOICES[spec.interval].logit)

@@ -3,11 +3,13 @@ docs/chart_variants.md): one batched, plain-autograd definition of each, float64
 
 - `tbp`, `rtbp`: the transport charts, each entry (TBP) or block mass and split (RTBP) chosen inside its
   feasible interval [L, U] by an interval `choice`: `PLAIN` (L + (U - L) sigmoid(t), the charts "tbp" and
-  "rtbp"), `SCALED` ("stbp", "srtbp") or `MARGINED` ("mstbp", "msrtbp"); `INTERVAL_VARIANTS` names them;
-- `sinkhorn` (mHC), `mhc_lite`, `kromhc`, and `atbp` (a softmax mixture of reordered TBP charts).
+  "rtbp"), `SCALED` ("stbp", "srtbp") or `MARGINED` ("mstbp", "msrtbp"); `INTERVAL_CHOICES` maps the chart
+  table's names (`configuration/charts.py`) to them;
+- `sinkhorn` (mHC), `mhc_lite`, `kromhc`, and `average` (a softmax mixture of reordered charts: "atbp").
 
-The autograd nodes (`tbp_node.py`, `rtbp_node.py`) and the Triton kernels (`triton.py`) are checked
-against these functions, and these against the plain-Python float64 references of the tests.
+The autograd nodes (`tbp_node.py`, `rtbp_node.py`) and the Triton kernels (`triton.py`), each taking the
+same `choice`, are checked against these functions, and these against the plain-Python float64 references
+of the tests.
 """
 
 import itertools
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from geoformers.configuration.charts import CHARTS
 from geoformers.modeling.ops.constant_cache import constant_cache
 
 # Sinkhorn is approximate: after SINKHORN_DEFAULT_ITERS = 20 iterations the columns sum to 1 and the worst
@@ -28,7 +31,7 @@ SINKHORN_DEFAULT_ITERS = 20
 SCALED_BETA = 4.0  # the authors' STBP/SRTBP/MSTBP/MSRTDP2N defaults
 SCALED_EPS = 1e-3
 MARGIN_RHO = 1e-4  # the authors' MSTBP and MSRTDP2N margin
-ATBP_ORDERINGS = ("direct", "reverse")  # the authors' default orderings: pi = (0, ..., n-1) and (n-1, ..., 0)
+ATBP_ORDERINGS = CHARTS["atbp"].orderings  # the authors' default: pi = (0, ..., n-1) and (n-1, ..., 0)
 
 
 def ds_violation(matrices: torch.Tensor) -> torch.Tensor:
@@ -101,13 +104,7 @@ class ScaledChoice:
 PLAIN = PlainChoice()
 SCALED = ScaledChoice()
 MARGINED = ScaledChoice(rho=MARGIN_RHO)
-# method -> (the chart it varies, its interval choice)
-INTERVAL_VARIANTS = {
-    "stbp": ("tbp", SCALED),
-    "srtbp": ("rtbp", SCALED),
-    "mstbp": ("tbp", MARGINED),
-    "msrtbp": ("rtbp", MARGINED),
-}
+INTERVAL_CHOICES = {"plain": PLAIN, "scaled": SCALED, "margined": MARGINED}  # `ChartSpec.interval` -> choice
 
 
 def interval(total: torch.Tensor, cap_first: torch.Tensor, cap_second: torch.Tensor) -> tuple:
@@ -307,23 +304,25 @@ def kromhc(logits: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @constant_cache
-def _atbp_inverse_orderings(n: int, device: torch.device) -> torch.Tensor:
-    """pi_k^{-1} for each ordering of ATBP_ORDERINGS, (K, n): (P^T M P)[pi(i), pi(j)] = M[i, j] reads M at
+def _inverse_orderings(orderings: tuple[str, ...], n: int, device: torch.device) -> torch.Tensor:
+    """pi_k^{-1} for each of the named `orderings`, (K, n): (P^T M P)[pi(i), pi(j)] = M[i, j] reads M at
     (pi^{-1}(a), pi^{-1}(b))."""
-    orderings = {"direct": list(range(n)), "reverse": list(range(n - 1, -1, -1))}
-    return torch.tensor([orderings[name] for name in ATBP_ORDERINGS], device=device).argsort(1)
+    permutations = {"direct": list(range(n)), "reverse": list(range(n - 1, -1, -1))}
+    return torch.tensor([permutations[name] for name in orderings], device=device).argsort(1)
 
 
-def atbp(logits: torch.Tensor, n: int, tbp_chart=tbp) -> torch.Tensor:
-    """ATBP (docs/chart_variants.md): H = sum_k softmax(w)_k P_k^T TBP(t_k) P_k, float64 logits
-    (B, K + K (n-1)^2) laid out [w, t_1, ..., t_K] -> (B, n, n). The K charts are one call of `tbp_chart`
-    (float64 (B K, (n-1)^2) -> (B K, n, n); the dispatcher passes the TBP node)."""
-    k = len(ATBP_ORDERINGS)
+def average(
+    logits: torch.Tensor, n: int, chart=tbp, orderings: tuple[str, ...] = ATBP_ORDERINGS
+) -> torch.Tensor:
+    """ATBP (docs/chart_variants.md): H = sum_k softmax(w)_k P_k^T chart(t_k) P_k over the K `orderings`,
+    float64 logits (B, K + K (n-1)^2) laid out [w, t_1, ..., t_K] -> (B, n, n). The K charts are one call of
+    `chart` (float64 (B K, (n-1)^2) -> (B K, n, n); the chart table passes the node with its choice)."""
+    k = len(orderings)
     weights = torch.softmax(logits[:, :k], -1)
     if n == 1:
         return weights.sum(-1)[:, None, None]
     batch = logits.shape[0]
-    charts = tbp_chart(logits[:, k:].reshape(batch * k, (n - 1) ** 2), n).view(batch, k, n, n)
-    inverse = _atbp_inverse_orderings(n, logits.device)
+    charts = chart(logits[:, k:].reshape(batch * k, (n - 1) ** 2), n).view(batch, k, n, n)
+    inverse = _inverse_orderings(orderings, n, logits.device)
     conjugated = [charts[:, i].index_select(1, pi).index_select(2, pi) for i, pi in enumerate(inverse)]
     return (weights[:, :, None, None] * torch.stack(conjugated, 1)).sum(1)

@@ -1,11 +1,12 @@
-"""RTBP chart as one autograd node: the level-scheduled plan of `schedule.chart_schedule` with a
-hand-written backward (docs/rtbp_backward.md); its reference is `naive.rtbp`.
+"""RTBP as one autograd node for every interval choice ("rtbp", "srtbp", "msrtbp"): the level-scheduled plan
+of `schedule.chart_schedule` with a hand-written backward (docs/rtbp_backward.md); its reference is
+`naive.rtbp` with the same choice.
 
 `_plan` holds each level's forms (T, a1, a2 of its points) as one table, a dense matrix or a list of
 (form, slot, coefficient) terms. The forward is then a fixed sequence of batched ops per level (the table
-product, two ramps, a subtraction, a lerp, a store); the backward sweeps the levels in reverse with the
-transposed tables (docs/rtbp_backward.md, "Backward"). Without a gradient the node is skipped and only the
-forward runs (decoding).
+product, two ramps, a subtraction, the choice's fraction, a lerp, a store); the backward sweeps the levels
+in reverse with the transposed tables (docs/rtbp_backward.md, "Backward"). Without a gradient the node is
+skipped and only the forward runs (decoding).
 
 Arithmetic is float64 with the slots batch-last, (K+1, B); the finished matrix is clamped at 0 (float64
 remainders of about -1e-16; straight through in the backward, like TBP) and rounded once. Ties follow the
@@ -17,6 +18,7 @@ residue may fall on the other side than in the reference (docs/rtbp_backward.md,
 import torch
 from torch.autograd.function import once_differentiable
 
+from geoformers.modeling.ops.charts.naive import PLAIN, ScaledChoice
 from geoformers.modeling.ops.charts.schedule import Terms, chart_schedule
 from geoformers.modeling.ops.constant_cache import constant_cache
 
@@ -50,11 +52,11 @@ def _table(terms: tuple, count: int, width: int, device: torch.device) -> tuple:
 
 
 @constant_cache
-def _plan(n: int, device: torch.device) -> tuple:
-    """`chart_schedule("rtbp", n)` as tensors: (logit of each slot (K,), slot of each logit (K,), levels as
+def _plan(base: str, n: int, device: torch.device) -> tuple:
+    """`chart_schedule(base, n)` as tensors: (logit of each slot (K,), slot of each logit (K,), levels as
     (start, stop, table), entry table); level l's table stacks the forms T, a1, a2 of its points (3m forms)
     over the slots before `start`."""
-    schedule = chart_schedule("rtbp", n)
+    schedule = chart_schedule(base, n)
     slot_logit = schedule.slot_logit
     logit_slot = sorted(range(len(slot_logit)), key=slot_logit.__getitem__)
     levels = []
@@ -87,72 +89,103 @@ def _scatter(grad_values: torch.Tensor, table: tuple, grad_forms: torch.Tensor) 
         grad_values.index_add_(0, slots, grad_forms.index_select(0, rows).mul_(coefficient))
 
 
-def _forward(logits: torch.Tensor, n: int, out_dtype: torch.dtype, keep_for_backward: bool) -> tuple:
-    """The chart (B, n, n) in out_dtype and, with keep_for_backward, the tape (s, U - L, [a1 > 0, a2 > 0])."""
-    slot_logit, _, levels, entries = _plan(n, logits.device)
+def _forward(logits: torch.Tensor, n: int, base: str, choice, out_dtype: torch.dtype, keep: bool) -> tuple:
+    """The chart (B, n, n) in out_dtype and, with `keep`, the tape (dx/dU, dx/dt, [a1 > 0, a2 > 0])."""
+    slot_logit, _, levels, entries = _plan(base, n, logits.device)
     batch = logits.shape[0]
+    scaled = isinstance(choice, ScaledChoice)
     # (K, B) in slot order, gathered along the contiguous logit dimension
-    s = torch.sigmoid(logits.to(torch.float64)).index_select(1, slot_logit).t().contiguous()
-    values = s.new_empty(s.shape[0] + 1, batch)
+    t = logits.to(torch.float64)
+    t = (t if scaled else torch.sigmoid(t)).index_select(1, slot_logit).t().contiguous()
+    values = t.new_empty(t.shape[0] + 1, batch)
     values[0] = 1
-    if keep_for_backward:
-        width, positive = torch.empty_like(s), s.new_empty(2, *s.shape, dtype=torch.bool)
-    s_levels = s.split([stop - start for start, stop, _ in levels])
-    for (start, stop, table), s_level in zip(levels, s_levels, strict=True):
+    if keep:
+        slope, positive = torch.empty_like(t), t.new_empty(2, *t.shape, dtype=torch.bool)
+        sigmoids = torch.empty_like(t) if scaled else None  # the scaled choice's sigmoids
+    t_levels = t.split([stop - start for start, stop, _ in levels])
+    for (start, stop, table), t_level in zip(levels, t_levels, strict=True):
         m = stop - start
         forms = _evaluate(values, table, 3 * m)
         total, ramp_forms = forms.split([m, 2 * m])
         over_first, low = ramp_forms.relu().chunk(2)
         high = total - over_first
-        values[start:stop] = torch.lerp(low, high, s_level)
-        if keep_for_backward:
-            width[start - 1 : stop - 1] = high - low
-            positive[:, start - 1 : stop - 1] = ramp_forms.view(2, m, batch) > 0
+        points = slice(start - 1, stop - 1)
+        width = high - low if scaled or keep else None
+        if scaled:  # `ScaledChoice.point`
+            argument = torch.mul(t_level, choice.beta).div_(width.clamp(min=0).add_(choice.eps))
+            fraction = torch.sigmoid(argument)
+            if keep:
+                sigmoids[points] = fraction
+            if choice.rho:
+                fraction = fraction * (1 - 2 * choice.rho) + choice.rho
+        else:
+            fraction = t_level
+        values[start:stop] = torch.lerp(low, high, fraction)
+        if keep:  # (plain assignments, no `out=` into views: torch.compile traces these)
+            slope[points] = width
+            positive[:, points] = ramp_forms.view(2, m, batch) > 0
     matrix = _evaluate(values, entries, n * n).clamp_min_(0)  # remainders of -1e-16 -> 0
-    return matrix.t().to(out_dtype).reshape(batch, n, n), (s, width, positive) if keep_for_backward else None
+    if not keep:
+        return matrix.t().to(out_dtype).reshape(batch, n, n), None
+    if scaled:
+        # x = L + W f, f = rho + (1 - 2 rho) s, s = sigmoid(a), a = beta t / (W+ + eps), W+ = max(W, 0)
+        span, clamped = 1 - 2 * choice.rho, slope.clamp(min=0)
+        denominator = clamped + choice.eps
+        curvature = sigmoids * (1 - sigmoids) * span / denominator  # df/da / (W+ + eps)
+        argument = t * choice.beta / denominator
+        slope_high = sigmoids * span + choice.rho - curvature * argument * clamped  # g = dx/dU
+        slope.mul_(curvature).mul_(choice.beta)  # dx/dt = W (1 - 2 rho) s (1 - s) beta / (W+ + eps)
+    else:
+        slope_high = t  # g = s
+        slope.mul_(t).mul_(1 - t)  # dx/dt = (U - L) s (1 - s)
+    return matrix.t().to(out_dtype).reshape(batch, n, n), (slope_high, slope, positive)
 
 
-class RTBPFunction(torch.autograd.Function):
-    """RTBP chart (docs/rtbp_backward.md): logits (B, (n-1)^2) -> (B, n, n) in `out_dtype`.
+class ScheduleFunction(torch.autograd.Function):
+    """A transport chart (`base` "tbp" or "rtbp") with an interval `choice` (docs/rtbp_backward.md): logits
+    (B, (n-1)^2) -> (B, n, n) in `out_dtype`.
 
-    Saved for the backward: s and U - L (float64) and the ramp masks [a1 > 0], [a2 > 0] per point; then
-    dx/dT = s, dx/da1 = -s [a1 > 0], dx/da2 = (1 - s) [a2 > 0], dx/dt = (U - L) s (1 - s). Double backward
-    is not supported (`once_differentiable` raises)."""
+    Saved for the backward, per point: g = dx/dU and dx/dt (float64) and the ramp masks [a1 > 0], [a2 > 0];
+    then dx/dT = g, dx/da1 = -g [a1 > 0], dx/da2 = (1 - g) [a2 > 0]. The plain choice has g = s and
+    dx/dt = (U - L) s (1 - s); the scaled one the derivatives of `ScaledChoice.point` (docs/chart_variants.md,
+    'Implementation'). Double backward is not supported (`once_differentiable` raises)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, n: int, out_dtype: torch.dtype):
-        x, tape = _forward(logits, n, out_dtype, True)
+    def forward(ctx, logits: torch.Tensor, n: int, base: str, choice, out_dtype: torch.dtype):
+        x, tape = _forward(logits, n, base, choice, out_dtype, True)
         ctx.save_for_backward(*tape)
-        ctx.n, ctx.in_dtype = n, logits.dtype
+        ctx.n, ctx.base, ctx.in_dtype = n, base, logits.dtype
         return x
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple:
-        s, width, positive = ctx.saved_tensors
-        _, logit_slot, levels, entries = _plan(ctx.n, s.device)
+        slope_high, slope, positive = ctx.saved_tensors
+        _, logit_slot, levels, entries = _plan(ctx.base, ctx.n, slope.device)
         batch = grad_output.shape[0]
-        grad_values = s.new_zeros(s.shape[0] + 1, batch)
+        grad_values = slope.new_zeros(slope.shape[0] + 1, batch)
         _scatter(grad_values, entries, grad_output.reshape(batch, ctx.n * ctx.n).t().to(torch.float64))
         for start, stop, table in reversed(levels):
-            grad_x, s_level = grad_values[start:stop], s[start - 1 : stop - 1]
-            grad_total = grad_x * s_level
-            grad_low = grad_x - grad_total  # dx/dL = 1 - s
+            points = slice(start - 1, stop - 1)
+            grad_x = grad_values[start:stop]
+            grad_total = grad_x * slope_high[points]
+            grad_low = grad_x - grad_total  # dx/dL = 1 - g
             grad_forms = torch.cat(
-                [
-                    grad_total,
-                    -grad_total * positive[0, start - 1 : stop - 1],
-                    grad_low * positive[1, start - 1 : stop - 1],
-                ]
+                [grad_total, -grad_total * positive[0, points], grad_low * positive[1, points]]
             )
             _scatter(grad_values, table, grad_forms)
-        grad_logits = (grad_values[1:] * width).mul_(s).mul_(1 - s).index_select(0, logit_slot).t()
-        return grad_logits.to(ctx.in_dtype), None, None
+        grad_logits = (grad_values[1:] * slope).index_select(0, logit_slot).t()
+        return grad_logits.to(ctx.in_dtype), None, None, None, None
 
 
-def rtbp_node(logits: torch.Tensor, n: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """RTBP on logits (B, (n-1)^2) -> (B, n, n) in out_dtype: one autograd node when a gradient is needed,
-    else the forward alone (decoding: no tape, no node)."""
+def schedule_node(
+    logits: torch.Tensor, n: int, base: str, out_dtype: torch.dtype, choice=PLAIN
+) -> torch.Tensor:
+    """Chart `base` ("tbp" or "rtbp") with the interval `choice` of logits (B, (n-1)^2) -> (B, n, n) in
+    out_dtype: one autograd node when a gradient is needed, else the forward alone (decoding: no tape, no
+    node)."""
+    if n == 1:
+        return (logits.to(out_dtype).sum(-1) + 1)[:, None, None]
     if torch.is_grad_enabled() and logits.requires_grad:
-        return RTBPFunction.apply(logits, n, out_dtype)
-    return _forward(logits, n, out_dtype, False)[0]
+        return ScheduleFunction.apply(logits, n, base, choice, out_dtype)
+    return _forward(logits, n, base, choice, out_dtype, False)[0]
