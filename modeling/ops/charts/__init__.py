@@ -12,22 +12,20 @@ B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of
 - "stbp", "srtbp", "mstbp", "msrtbp": tbp and rtbp with the TBP-mHC authors' scaled / margined interval
   choice; "atbp": their permutation average of tbp (docs/chart_variants.md).
 
-`birkhoff` is the one dispatcher: it checks the input, turns autocast off, applies the dtype policy and runs
-the chart's entry in `_CHARTS`: the Triton kernels (`triton.py`) for tbp / rtbp on CUDA tensors, else
-the autograd nodes (`tbp_node.py`, `rtbp_node.py`) or the plain PyTorch definitions (`naive.py`). The exact
-charts do their arithmetic in float64 (TBP/RTBP running masses reach n-1 and would cancel in float32) and
-round the finished matrix once, so a float32 result has |row/column sum - 1| <= ~6e-8 at any n; Sinkhorn
-runs in float32 like mHC. The result is float32, or float64 for float64 logits.
-`register_chart_observer` lets training code see every chart an eager forward computes, on every path.
+`birkhoff` is the op: it checks the input, turns autocast off, applies the dtype policy and runs the chart's
+entry in `_CHARTS` on the path of the one rule (`geoformers.modeling.ops.dispatch`): the Triton kernels
+(`triton.py`) for tbp / rtbp, the autograd nodes (`tbp_node.py`, `rtbp_node.py`), or the plain PyTorch
+definitions (`naive.py`), which are also the node path of the charts without a node. The exact charts do
+their arithmetic in float64 (TBP/RTBP running masses reach n-1 and would cancel in float32) and round the
+finished matrix once, so a float32 result has |row/column sum - 1| <= ~6e-8 at any n; Sinkhorn runs in
+float32 like mHC. The result is float32, or float64 for float64 logits.
 """
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
 from geoformers.modeling.ops.charts.inverse import (
@@ -52,10 +50,11 @@ from geoformers.modeling.ops.charts.naive import (
     mhc_lite,
     rtbp,
     sinkhorn,
+    tbp,
 )
 from geoformers.modeling.ops.charts.rtbp_node import rtbp_node
 from geoformers.modeling.ops.charts.tbp_node import scaled_tbp_node, tbp_node
-from geoformers.modeling.ops.dispatch import kernels
+from geoformers.modeling.ops.dispatch import choose_path, kernel
 from geoformers.modeling.ops.precision import autocast_off, cast
 from geoformers.modeling.value_checks import checks_values
 
@@ -73,13 +72,13 @@ __all__ = [
     "birkhoff",
     "ds_violation",
     "num_logits",
-    "register_chart_observer",
     "rtbp_logits_from_matrix",
     "tbp_logits_from_matrix",
     "variant_logits_from_matrix",
 ]
 
 TRITON_KERNELS = "geoformers.modeling.ops.charts.triton"
+KERNEL_DTYPES = (torch.float32, torch.float64)  # the chart kernels take float32 or float64 logits
 CHART_VARIANTS = ("stbp", "srtbp", "mstbp", "msrtbp", "atbp")  # the TBP-mHC authors' (docs/chart_variants.md)
 
 
@@ -93,11 +92,13 @@ def _tbp_float64(flat: torch.Tensor, n: int) -> torch.Tensor:
 
 class _Chart(NamedTuple):
     """A chart of the table: logits per matrix for n; the chart on logits (B, k) in the result's dtype
-    (float32 or float64) -> (B, n, n), n >= 2 for the transport charts; whether Triton kernels exist."""
+    (float32 or float64) -> (B, n, n), n >= 2 for the transport charts; whether Triton kernels exist; its
+    `naive.py` definition where `chart` runs a node (None: `chart` is the naive definition)."""
 
     num_logits: Callable[[int], int]
     chart: Callable[[torch.Tensor, int], torch.Tensor]
     triton: bool = False
+    naive: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 def _variant(base: str, choice: ScaledChoice) -> Callable[[torch.Tensor, int], torch.Tensor]:
@@ -106,22 +107,37 @@ def _variant(base: str, choice: ScaledChoice) -> Callable[[torch.Tensor, int], t
     return lambda flat, n: rtbp(flat.double(), n, choice)
 
 
+def _naive_variant(base: str, choice: ScaledChoice) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    chart = tbp if base == "tbp" else rtbp
+    return lambda flat, n: chart(flat.double(), n, choice)
+
+
 _CHARTS: dict[str, _Chart] = {
-    "tbp": _Chart(_transport_count, lambda flat, n: tbp_node(flat, n, flat.dtype), triton=True),
-    "rtbp": _Chart(_transport_count, lambda flat, n: rtbp_node(flat, n, flat.dtype), triton=True),
+    "tbp": _Chart(
+        _transport_count,
+        lambda flat, n: tbp_node(flat, n, flat.dtype),
+        triton=True,
+        naive=lambda flat, n: tbp(flat.double(), n),
+    ),
+    "rtbp": _Chart(
+        _transport_count,
+        lambda flat, n: rtbp_node(flat, n, flat.dtype),
+        triton=True,
+        naive=lambda flat, n: rtbp(flat.double(), n),
+    ),
     "sinkhorn": _Chart(lambda n: n * n, sinkhorn),
     "mhc_lite": _Chart(math.factorial, lambda flat, n: mhc_lite(flat.double(), n)),
     "kromhc": _Chart(lambda n: n.bit_length() - 1, lambda flat, n: kromhc(flat.double(), n)),
-    "stbp": _Chart(_transport_count, _variant("tbp", SCALED)),
+    "stbp": _Chart(_transport_count, _variant("tbp", SCALED), naive=_naive_variant("tbp", SCALED)),
     "srtbp": _Chart(_transport_count, _variant("rtbp", SCALED)),
-    "mstbp": _Chart(_transport_count, _variant("tbp", MARGINED)),
+    "mstbp": _Chart(_transport_count, _variant("tbp", MARGINED), naive=_naive_variant("tbp", MARGINED)),
     "msrtbp": _Chart(_transport_count, _variant("rtbp", MARGINED)),
     "atbp": _Chart(
         lambda n: len(ATBP_ORDERINGS) * ((n - 1) ** 2 + 1),
         lambda flat, n: atbp(flat.double(), n, _tbp_float64),
+        naive=lambda flat, n: atbp(flat.double(), n),
     ),
 }
-_observers: OrderedDict[int, Callable[[str, torch.Tensor], None]] = OrderedDict()
 
 
 def _check_method_and_n(method: str, n: int) -> None:
@@ -145,14 +161,6 @@ def num_logits(method: str, n: int) -> int:
     mhc_lite, log2(n) for kromhc, 2 (n-1)^2 + 2 for atbp."""
     _check_method_and_n(method, n)
     return _CHARTS[method].num_logits(n)
-
-
-def register_chart_observer(observer: Callable[[str, torch.Tensor], None]) -> RemovableHandle:
-    """Call `observer(method, matrices)` with every result of `birkhoff` (detached) outside
-    torch.compile tracing, whichever path computed it; `handle.remove()` stops it (torch's hook handle)."""
-    handle = RemovableHandle(_observers)
-    _observers[handle.id] = observer
-    return handle
 
 
 def _check_logits(logits: torch.Tensor, n: int, method: str) -> None:
@@ -201,17 +209,19 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
     else:
         with autocast_off(logits.device.type):
             flat = cast(logits.reshape(-1, logits.shape[-1]), out_dtype)
-            triton = kernels(TRITON_KERNELS, logits) if entry.triton and flat.shape[0] > 0 else None
-            if triton is not None:  # CUDA tensors in eager mode (or CPU under the interpreter, forced)
-                x = triton.triton_chart(flat, n, method)
+            path = choose_path(flat, kernel_dtypes=KERNEL_DTYPES)
+            chart_kernel = None
+            if path == "triton" and entry.triton and flat.shape[0] > 0:
+                chart_kernel = kernel(TRITON_KERNELS, "triton_chart")
+            if chart_kernel is not None:
+                x = chart_kernel(flat, n, method)
             elif method == "sinkhorn":
                 x = sinkhorn(flat, n, iters)
+            elif path == "naive" and entry.naive is not None:
+                x = entry.naive(flat, n)
             else:
                 x = entry.chart(flat, n)
         if x.dtype != out_dtype or not x.is_contiguous():
             x = x.to(out_dtype, memory_format=torch.contiguous_format)
         x = x.view(*batch_shape, n, n)
-    if _observers and not torch.compiler.is_compiling():
-        for observer in tuple(_observers.values()):
-            observer(method, x.detach())
     return x
