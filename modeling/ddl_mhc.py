@@ -207,7 +207,7 @@ class StreamMixing(NamedTuple):
 class DeltaWrite(nn.Module):
     """The delta write's per-token quantities of one sublayer: direction k(h), gate beta(t_beta) and value
     `value_proj`(h) (a PEFT-targetable `nn.Linear`); the hyper-connection applies X' = H_res X + s k^T
-    through the op `delta_write`."""
+    through the op `write_streams`."""
 
     def __init__(self, hidden_size: int, num_streams: int, eps: float):
         super().__init__()
@@ -333,8 +333,9 @@ class DDLmHCModelOutputWithPast(BaseModelOutputWithPast):
         hidden state (`last_hidden_state`); with `hc_streams=1` exactly Llama's hidden states.
     stream_states: with `output_stream_states=True`, the stream states X (batch, seq, n, hidden) entering
         every layer and leaving the last one (before the read-out and final norm).
-    mixing: with `output_mixing=True`, one `StreamMixing(h_res, beta, direction)` per sublayer (attention
-        then MLP of each layer): the per-token linear part X -> H_res X (I - beta k k^T) of the update.
+    mixing: with `output_mixing=True`, one `StreamMixing(h_res, beta, direction, res_logit)` per sublayer
+        (attention then MLP of each layer): the per-token linear part X -> H_res X (I - beta k k^T) of the
+        update and the chart logits of H_res.
     """
 
     stream_states: tuple[torch.Tensor, ...] | None = None
