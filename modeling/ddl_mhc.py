@@ -76,6 +76,7 @@ from geoformers.modeling.input_checks import (
 )
 from geoformers.modeling.one_element_parameters import OneElementParametersMixin, reshape_scalars_on_load
 from geoformers.modeling.ops.charts import birkhoff, num_logits
+from geoformers.modeling.ops.precision import autocast_off
 from geoformers.modeling.ops.stream_read import read_streams
 from geoformers.modeling.ops.stream_read.naive import map_terms, upcast
 from geoformers.modeling.ops.stream_write import write_streams
@@ -283,7 +284,8 @@ class HyperConnection(nn.Module):
             _, hidden = read_streams(streams, self.pre_bias)
             _, res_logit, write_logit = self._gated(None, with_pre=False)
             return hidden, StreamMaps(self._static_h_res(res_logit), write_logit, res_logit)
-        projected = self.maps_proj(streams.flatten(-2))  # plain or LoRA-wrapped, before the fused read
+        with autocast_off(streams.device.type):  # the maps GEMM in the streams' dtype, also under autocast
+            projected = self.maps_proj(streams.flatten(-2))  # plain or LoRA-wrapped, before the fused read
         terms, hidden = read_streams(streams, self.pre_bias, self.pre_gate, projected, self.eps)
         _, res_logit, write_logit = self._gated(terms, with_pre=False)
         return hidden, StreamMaps(self._h_res(res_logit), write_logit, res_logit)

@@ -132,10 +132,10 @@ def test_fused_model_equals_reference(chart, n, residual):
 @pytest.mark.parametrize("residual", ["delta", "add"])
 @pytest.mark.parametrize("n", [1, 4])
 def test_fused_model_equals_reference_bf16_autocast(n, residual):
-    """Logits, loss and every gradient with more than one entry agree to bf16 tolerance between the two
-    paths. A one-element gate's gradient sums every token's bf16-rounded contribution with cancellation
-    (about 20 % noise on either path at this size), so each path's gates are checked against the float64
-    model's gradients instead."""
+    """Logits and loss agree to bf16 tolerance between the two paths, and each path's gradients are within
+    bf16 noise of the float64 model's: 10 % of the largest entry for a tensor, 25 % for a one-element gate,
+    whose gradient sums every token's rounded contribution with cancellation (measured at most 7.4 % and
+    15.5 % over these four cases)."""
     model = _model(hc_streams=n, residual=residual)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(3))
     logits_f, loss_f, grads_f = _loss_and_grads(model, ids, autocast=True)
@@ -143,17 +143,13 @@ def test_fused_model_equals_reference_bf16_autocast(n, residual):
     _, _, grads_64 = _loss_and_grads(_model(hc_streams=n, residual=residual).double(), ids)
     torch.testing.assert_close(logits_f, logits_r, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(loss_f, loss_r, atol=1e-2, rtol=1e-2)
-    for name in grads_r:
-        if grads_r[name].numel() > 1:
-            scale = grads_r[name].abs().max().clamp_min(1e-3)
-            torch.testing.assert_close(
-                grads_f[name] / scale, grads_r[name] / scale, atol=5e-2, rtol=0, msg=name
-            )
-            continue
-        scale = grads_64[name].abs().max().clamp_min(1e-3)
-        for grads in (grads_f, grads_r):
-            error = (grads[name].double() - grads_64[name]).abs().max() / scale
-            assert error <= 0.25, f"{name}: {float(error):.3g}"
+    assert grads_f.keys() == grads_r.keys() == grads_64.keys()
+    for name, reference in grads_64.items():
+        scale = reference.abs().max().clamp_min(1e-3)
+        tolerance = 0.1 if reference.numel() > 1 else 0.25
+        for path, grads in (("node", grads_f), ("naive", grads_r)):
+            error = (grads[name].double() - reference).abs().max() / scale
+            assert error <= tolerance, f"{path} {name}: {float(error):.3g}"
 
 
 def test_static_maps_and_peft_keep_the_fused_path_with_the_reference_results(monkeypatch):
