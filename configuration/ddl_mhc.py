@@ -8,7 +8,7 @@ from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # n
 # isort: split
 
 import math
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -29,8 +29,6 @@ from geoformers.configuration.validation import (
 )
 
 Chart = Literal[METHODS]
-HcImplementation = Literal["fused", "reference"]
-HC_IMPLEMENTATIONS = get_args(HcImplementation)
 FLOAT32_TINY = torch.finfo(torch.float32).tiny  # smallest normal float32: a smaller eps is 0 (flush-to-zero)
 MAX_GATE_INIT = 1e30  # gate x dynamic term (<= ~1e7 at any size here) stays a finite float32 logit
 positive = number(0.0, math.inf, low_open=True, high_open=True)
@@ -63,10 +61,9 @@ class DDLmHCConfig(ValidatedConfig):
     stream_expansion (`str`, defaults to `"repeat"`): embedding -> n streams by copying (`"repeat"`) or by
         DDL's identity-initialised causal depthwise convolution (`"conv"`, EC).
     stream_conv_kernel (`int`, defaults to 4): kernel size of the `"conv"` expansion.
-    hc_implementation (`str`, defaults to `"fused"`): how the stream read/mix/write runs. `"fused"`: one
-        autograd node per step with a hand-written backward (`modeling/ops/stream_*/node.py`); `"reference"`:
-        the plain PyTorch autograd formulas. Both compute the same function (tests compare them); read at
-        build time.
+
+    How the ops run is not configured: the tensors choose (docs/ddl_mhc.md, 'Choosing a path'). A saved
+    config.json with the former field `hc_implementation` loads; the field is dropped.
 
     Validation (docs/reliability.md, 'Configs'): each field's type and range when it is set (an invalid value
     is not stored), the fields that must agree (`hidden_size` and the head counts, `hc_chart` and
@@ -112,9 +109,9 @@ class DDLmHCConfig(ValidatedConfig):
     delta_eps: int | float = number(math.sqrt(FLOAT32_TINY), math.inf, high_open=True)(default=1e-6)
     stream_expansion: Literal["repeat", "conv"] = "repeat"
     stream_conv_kernel: int = size(default=4)
-    hc_implementation: HcImplementation = "fused"
 
     def __post_init__(self, **kwargs):
+        kwargs.pop("hc_implementation", None)  # a former field: the tensors choose the path now
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.rope_parameters is not None and "rope_theta" in self.rope_parameters:

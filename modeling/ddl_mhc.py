@@ -6,9 +6,9 @@ mixed by an exactly doubly-stochastic H_res and updated by the Deep Delta rule
 around both sublayers of every layer. Norm, rotary embedding, MLP and attention are transformers' Llama
 modules (the attention goes through `ALL_ATTENTION_FUNCTIONS`: eager, sdpa, ...). The stream modules below
 (`HyperConnection`, `DeltaWrite`, `StreamExpansion`, `StreamReadout`) hold the parameters and call the ops
-by name: `read_streams` / `stream_maps_read` (`ops/stream_read/`), `birkhoff` (the chart), `mix_and_write`
-/ `delta_write` (`ops/stream_write/`); each op's dispatcher chooses its naive, autograd-node or Triton path
-from `config.hc_implementation` and the tensors. `hc_streams=1, residual="add"` is exactly
+by name: `read_streams` (`ops/stream_read/`), `birkhoff` (the chart), `write_streams` (`ops/stream_write/`);
+one rule chooses each op's Triton kernel or autograd node from the tensors alone (`ops/dispatch.py`).
+`hc_streams=1, residual="add"` is exactly
 `LlamaForCausalLM` (same module names, so `llama_conversion.py` is a state-dict copy).
 
 Hyper-connections (mHC, arXiv 2512.24880; docs/ddl_mhc.md, 'Hyper-connections'). The residual state is
@@ -82,8 +82,10 @@ from geoformers.modeling.one_element_parameters import (
     reshape_scalars_on_load,
 )
 from geoformers.modeling.ops.charts import birkhoff, num_logits
-from geoformers.modeling.ops.stream_read import map_terms, read_streams, stream_maps_read, upcast
-from geoformers.modeling.ops.stream_write import delta_write, mix_and_write
+from geoformers.modeling.ops.precision import autocast_off
+from geoformers.modeling.ops.stream_read import read_streams
+from geoformers.modeling.ops.stream_read.naive import map_terms, upcast
+from geoformers.modeling.ops.stream_write import write_streams
 
 LAZY_UNIFORM_INIT = 1e-4  # mu at initialisation of the lazy-minorized mix
 ONE_ELEMENT_PARAMETERS = ("res_mix_logit", "pre_gate", "res_gate", "write_gate")  # stored 0-d before
@@ -202,22 +204,24 @@ class StreamMaps(NamedTuple):
 
     h_res: torch.Tensor | None  # (..., n, n), or (n, n) when static; None when n == 1 (H_res = 1)
     write_logit: torch.Tensor | None  # t_post (..., n) for "add" with n > 1, t_beta (..., 1) for "delta"
+    res_logit: torch.Tensor | None  # the chart logits t_res (..., m) or (m,); None when n == 1
 
 
 class StreamMixing(NamedTuple):
     """What one sublayer's update did, returned with `output_mixing=True`: the per-token linear part of X ->
     X' is X -> H_res X (I - beta k k^T) (docs/ddl_mhc.md, 'The Deep Delta rule'); beta and direction are None
-    for "add"."""
+    for "add"; `res_logit` is the chart's input t_res of H_res (None when n = 1)."""
 
     h_res: torch.Tensor | None
     beta: torch.Tensor | None
     direction: torch.Tensor | None
+    res_logit: torch.Tensor | None = None
 
 
 class DeltaWrite(nn.Module):
     """The delta write's per-token quantities of one sublayer: direction k(h), gate beta(t_beta) and value
     `value_proj`(h) (a PEFT-targetable `nn.Linear`); the hyper-connection applies X' = H_res X + s k^T
-    through the op `delta_write`."""
+    through the op `write_streams`."""
 
     def __init__(self, hidden_size: int, num_streams: int, eps: float):
         super().__init__()
@@ -239,14 +243,14 @@ class HyperConnection(nn.Module):
     `res_mix_logit` (or the three logits `res_mix_logits` of `lazy_mix` with hc_res_mix="lazy"), and, with
     `hc_dynamic`, the fused projection `maps_proj` (a PEFT-targetable `nn.Linear`) with one gate per map
     (`pre_gate`, `res_gate`, `write_gate`). The delta value projection is `delta.value_proj`. The read, chart
-    and write are op calls; `config.hc_implementation` goes to the ops' dispatchers, which choose the path."""
+    and write are op calls (`read_streams`, `birkhoff`, `write_streams`); the projection runs first, as a
+    module, so a PEFT adapter on it acts and the read after it keeps its fast path."""
 
     def __init__(self, config: DDLmHCConfig):
         super().__init__()
         n, d = config.hc_streams, config.hidden_size
         self.num_streams = n
         self.chart = config.hc_chart
-        self.implementation = config.hc_implementation  # "fused" or "reference", for the ops' dispatchers
         self.eps = config.rms_norm_eps
         mixes = n > 1
         write_size = 1 if config.residual == "delta" else (n if mixes else 0)
@@ -270,7 +274,7 @@ class HyperConnection(nn.Module):
         """(t_pre, t_res, t_write), float32: bias + gate * (x W^T) / rms(x), or the bias alone when static."""
         if self.maps_proj is None:
             return self._gated(None)
-        return self._gated(map_terms(streams, self.maps_proj, self.eps))
+        return self._gated(map_terms(streams, self.maps_proj(streams.flatten(-2)), self.eps))
 
     def _gated(self, terms: torch.Tensor | None, with_pre: bool = True) -> tuple[torch.Tensor | None, ...]:
         """bias + gate * term per map from the dynamic terms (..., sum(map_sizes)), or the biases alone;
@@ -288,16 +292,16 @@ class HyperConnection(nn.Module):
         """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d)."""
         if self.num_streams == 1:
             _, _, write_logit = self._map_logits(streams)
-            return streams.squeeze(-2), StreamMaps(None, write_logit)
+            return streams.squeeze(-2), StreamMaps(None, write_logit, None)
         if self.maps_proj is None:  # static maps: one H_pre and H_res for all tokens
-            pre_logit, res_logit, write_logit = self._gated(None)
-            hidden = read_streams(torch.softmax(pre_logit, -1), streams, self.implementation)
-            return hidden, StreamMaps(self._static_h_res(res_logit), write_logit)
-        terms, hidden = stream_maps_read(
-            streams, self.maps_proj, self.pre_bias, self.pre_gate, self.eps, self.implementation
-        )
+            _, hidden = read_streams(streams, self.pre_bias)
+            _, res_logit, write_logit = self._gated(None, with_pre=False)
+            return hidden, StreamMaps(self._static_h_res(res_logit), write_logit, res_logit)
+        with autocast_off(streams.device.type):  # the maps GEMM in the streams' dtype, also under autocast
+            projected = self.maps_proj(streams.flatten(-2))  # plain or LoRA-wrapped, before the fused read
+        terms, hidden = read_streams(streams, self.pre_bias, self.pre_gate, projected, self.eps)
         _, res_logit, write_logit = self._gated(terms, with_pre=False)
-        return hidden, StreamMaps(self._h_res(res_logit), write_logit)
+        return hidden, StreamMaps(self._h_res(res_logit), write_logit, res_logit)
 
     def _h_res(self, res_logit: torch.Tensor) -> torch.Tensor:
         """H_res = (1 - a) I + a chart(t_res), a = sigmoid(res_mix_logit), or `lazy_mix`."""
@@ -327,13 +331,13 @@ class HyperConnection(nn.Module):
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)
-            updated = delta_write(maps.h_res, streams, direction, beta, value, self.implementation)
-            return updated, StreamMixing(maps.h_res, beta, direction)
+            updated = write_streams(maps.h_res, streams, direction, beta=beta, value=value)
+            return updated, StreamMixing(maps.h_res, beta, direction, maps.res_logit)
         if self.write_bias is None:  # n = 1, "add": Llama's residual x + h
             return streams + sublayer_output.unsqueeze(-2), StreamMixing(None, None, None)
         amplitudes = 2.0 * torch.sigmoid(maps.write_logit)  # H_post
-        updated = mix_and_write(maps.h_res, streams, amplitudes, sublayer_output, self.implementation)
-        return updated, StreamMixing(maps.h_res, None, None)
+        updated = write_streams(maps.h_res, streams, sublayer_output, amplitudes)
+        return updated, StreamMixing(maps.h_res, None, None, maps.res_logit)
 
 
 @dataclass
@@ -344,8 +348,9 @@ class DDLmHCModelOutputWithPast(BaseModelOutputWithPast):
         hidden state (`last_hidden_state`); with `hc_streams=1` exactly Llama's hidden states.
     stream_states: with `output_stream_states=True`, the stream states X (batch, seq, n, hidden) entering
         every layer and leaving the last one (before the read-out and final norm).
-    mixing: with `output_mixing=True`, one `StreamMixing(h_res, beta, direction)` per sublayer (attention
-        then MLP of each layer): the per-token linear part X -> H_res X (I - beta k k^T) of the update.
+    mixing: with `output_mixing=True`, one `StreamMixing(h_res, beta, direction, res_logit)` per sublayer
+        (attention then MLP of each layer): the per-token linear part X -> H_res X (I - beta k k^T) of the
+        update and the chart logits of H_res.
     """
 
     stream_states: tuple[torch.Tensor, ...] | None = None

@@ -46,6 +46,7 @@ from harness.causal_lm import (
     get_batch,
     interleaved_step_seconds,
     load_corpus,
+    on_ops_path,
     run_settings,
     shape_for,
     train_trainers_round_robin,
@@ -323,12 +324,13 @@ def run_profile(args, device) -> dict:
         models = {}
         torch.manual_seed(args.seed)
         models["llama"] = LlamaForCausalLM(LlamaConfig(**fields)).to(device)
-        for implementation in ("reference", "fused"):
+        for label in ("reference", "fused"):
             torch.manual_seed(args.seed)
-            config = geoformers.DDLmHCConfig(
-                **fields, hc_streams=4, residual="delta", hc_implementation=implementation
-            )
-            models[f"n=4 delta rtbp, {implementation}"] = geoformers.DDLmHCForCausalLM(config).to(device)
+            config = geoformers.DDLmHCConfig(**fields, hc_streams=4, residual="delta")
+            model = geoformers.DDLmHCForCausalLM(config).to(device)
+            if label == "reference":  # the same model in plain PyTorch
+                model = on_ops_path(model, "naive")
+            models[f"n=4 delta rtbp, {label}"] = model
         entries = profile_training_steps(models, batch)
         profiles[width] = entries
         tables[width] = markdown_profile(entries)

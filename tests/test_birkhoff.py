@@ -23,6 +23,7 @@ from geoformers.modeling.ops.charts import (
 )
 from geoformers.modeling.ops.charts.rtbp_node import schedule_node
 from geoformers.modeling.ops.charts.tbp_node import tbp_node
+from geoformers.modeling.ops.dispatch import ops_path
 
 EXACT_METHODS = ("tbp", "rtbp", "mhc_lite", "kromhc")
 SIZES = (*range(1, 10), 16, 32)
@@ -196,6 +197,41 @@ def test_fast_path_matches_float64_reference(method, n):
         nodes.append(tbp_node(logits, n, torch.float64))
     for fast in (naive_chart(logits, n), *nodes, birkhoff(logits, n, method)):
         torch.testing.assert_close(fast, reference, rtol=0, atol=1e-10)
+
+
+def _graph_names(tensor: torch.Tensor) -> set[str]:
+    names, seen, todo = set(), set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and id(node) not in seen:
+            seen.add(id(node))
+            names.add(type(node).__name__)
+            todo.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_chart_follows_the_chosen_path(method):
+    """Inside `ops_path("naive")` every chart runs its `naive.py` definition (no autograd node of its own in
+    the graph); on the default path (CPU: the nodes) the same values and gradients, float64."""
+    n = 4
+    generator = torch.Generator().manual_seed(3)
+    logits = (
+        torch.randn(5, num_logits(method, n), generator=generator, dtype=torch.float64) * 2
+    ).requires_grad_()
+    projection = torch.randn(5, n, n, generator=generator, dtype=torch.float64)
+    results = {}
+    for path in ("node", "naive"):
+        with ops_path(path):
+            x = birkhoff(logits, n, method)
+        nodes = {name for name in _graph_names(x) if name.endswith(("FunctionBackward", "ChartBackward"))}
+        if path == "naive":
+            assert not nodes, nodes
+        results[path] = (x.detach(), torch.autograd.grad((x * projection).sum(), logits)[0], nodes)
+    if method in ("tbp", "rtbp", "stbp", "mstbp", "atbp"):
+        assert results["node"][2]  # these charts have a node, and the default path takes it
+    torch.testing.assert_close(results["node"][0], results["naive"][0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(results["node"][1], results["naive"][1], rtol=0, atol=1e-10)
 
 
 def test_split_reference_hand_computed():

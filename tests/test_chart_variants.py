@@ -32,6 +32,7 @@ from geoformers.modeling.ops.charts import (
 from geoformers.modeling.ops.charts.naive import INTERVAL_CHOICES, rtbp, tbp
 from geoformers.modeling.ops.charts.rtbp_node import schedule_node
 from geoformers.modeling.ops.charts.tbp_node import tbp_node
+from geoformers.modeling.ops.dispatch import ops_path
 
 
 def test_hub_code_ships_the_chart_table_with_the_variants():
@@ -468,27 +469,29 @@ def test_lazy_mix_config_validation():
         assert DDLmHCConfig(**SMALL, hc_streams=3, hc_chart=chart).hc_chart == chart
 
 
-def _model_pair(**overrides):
+def _model(**overrides):
     torch.manual_seed(0)
-    fused = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides, hc_implementation="fused"))
+    model = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides))
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # off the near-identity start, the uniform weight included
-        for name, param in fused.named_parameters():
+        for name, param in model.named_parameters():
             if "connection" in name:
                 param.add_(0.5 * torch.randn(param.shape, generator=generator))
-    reference = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides, hc_implementation="reference"))
-    reference.load_state_dict(fused.state_dict())
-    return fused.double(), reference.double()
+    return model.double()
 
 
 @pytest.mark.parametrize("residual", ["delta", "add"])
 @pytest.mark.parametrize("chart", ["rtbp", "atbp"])
 def test_lazy_mix_fused_equals_reference(residual, chart):
+    """The path the rule picks against `ops_path("naive")`, same model, float64."""
     ids = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(2))
+    model = _model(hc_streams=4, hc_chart=chart, residual=residual, hc_res_mix="lazy")
     results = []
-    for model in _model_pair(hc_streams=4, hc_chart=chart, residual=residual, hc_res_mix="lazy"):
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
+    for path in ("node", "naive"):
+        model.zero_grad(set_to_none=True)
+        with ops_path(path):
+            out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
         grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
         results.append((out.logits.detach(), grads))
     (logits_f, grads_f), (logits_r, grads_r) = results

@@ -1,14 +1,18 @@
 """The fused hyper-connection sublayer (the autograd nodes of `ops/stream_read/node.py` and
 `ops/stream_write/node.py`) against the plain PyTorch reference path:
-finite-difference gradients of every node in float64, and whole models (`hc_implementation="fused"` vs
-`"reference"`, same weights) for every chart, n in {1, 2, 4, 8}, both residuals, fp32 and bf16 autocast."""
+finite-difference gradients of every node in float64, and whole models (the path the rule picks vs
+`ops_path("naive")`, same model) for every chart, n in {1, 2, 4, 8}, both residuals, fp32 and bf16
+autocast."""
+
+import contextlib
 
 import pytest
 import torch
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+from geoformers.modeling.ops.dispatch import ops_path, run_node
 from geoformers.modeling.ops.stream_read.naive import naive_read_streams
-from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead, run_node
+from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead
 from geoformers.modeling.ops.stream_write.naive import naive_mix_and_write
 from geoformers.modeling.ops.stream_write.node import AddMixWrite, DeltaMixWrite
 
@@ -37,10 +41,10 @@ def test_node_gradients_match_finite_differences():
         assert torch.autograd.gradcheck(delta, (None, streams, direction, beta, value))  # H_res = I
     assert torch.autograd.gradcheck(AddMixWrite.apply, (h_res, streams, amplitudes, direction))
     assert torch.autograd.gradcheck(StreamRead.apply, (weights, streams))
-    weight = _random(14, 20, generator=generator)
+    projected = _random(2, 3, 14, generator=generator)  # an input of its own: dP is checked apart from dX
     pre_bias, pre_gate = _random(4, generator=generator), _random((), generator=generator)
     maps_read = lambda *args: StreamMapsRead.apply(*args, 1e-3)
-    assert torch.autograd.gradcheck(maps_read, (streams, weight, pre_bias, pre_gate))
+    assert torch.autograd.gradcheck(maps_read, (streams, projected, pre_bias, pre_gate))
 
 
 def test_nodes_equal_reference_formulas():
@@ -61,32 +65,34 @@ def test_nodes_equal_reference_formulas():
 
     weight, pre_bias = _random(9, 24, generator=generator).detach(), _random(4, generator=generator).detach()
     gate = torch.tensor(0.3, dtype=torch.float64)
-    terms, hidden = StreamMapsRead.apply(streams, weight, pre_bias, gate, 0.5)
     flat = streams.flatten(-2)
+    terms, hidden = StreamMapsRead.apply(streams, flat @ weight.T, pre_bias, gate, 0.5)
     inverse_rms = 1 / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + 0.5)
     torch.testing.assert_close(terms, flat @ weight.T * inverse_rms, atol=1e-14, rtol=0)
     read = torch.softmax(pre_bias + 0.3 * terms[:, :4], -1)
     torch.testing.assert_close(hidden, (read[..., None] * streams).sum(1), atol=1e-14, rtol=0)
 
 
-def _model_pair(**overrides):
+def _model(**overrides):
     torch.manual_seed(0)
-    fused = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides, hc_implementation="fused"))
+    model = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides))
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # move every hyper-connection parameter off its near-identity start
-        for name, param in fused.named_parameters():
+        for name, param in model.named_parameters():
             if "connection" in name or "stream_" in name:
                 param.add_(0.3 * torch.randn(param.shape, generator=generator))
-    reference = DDLmHCForCausalLM(DDLmHCConfig(**SMALL, **overrides, hc_implementation="reference"))
-    reference.load_state_dict(fused.state_dict())
-    return fused, reference
+    return model
 
 
-def _loss_and_grads(model, ids, autocast=False):
+def _loss_and_grads(model, ids, autocast=False, path=None):
+    """Logits, loss and parameter gradients on the path the rule picks, or inside `ops_path(path)`."""
     model.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+        ops_path(path) if path else contextlib.nullcontext(),
+    ):
         out = model(input_ids=ids, labels=ids)
-    out.loss.backward()
+        out.loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     return out.logits.detach(), out.loss.detach(), grads
 
@@ -111,10 +117,9 @@ def test_fused_model_equals_reference(chart, n, residual):
     to 1e-5 of their largest entry (float32 rounding: the float64 comparison shows there is no other gap)."""
     ids = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(2))
     for dtype, logits_tol, grad_tol in ((torch.float64, 1e-12, 1e-12), (torch.float32, 1e-6, 1e-5)):
-        pair = _model_pair(hc_streams=n, hc_chart=chart, residual=residual)
-        fused, reference = (model.to(dtype) for model in pair)
-        logits_f, loss_f, grads_f = _loss_and_grads(fused, ids)
-        logits_r, loss_r, grads_r = _loss_and_grads(reference, ids)
+        model = _model(hc_streams=n, hc_chart=chart, residual=residual).to(dtype)
+        logits_f, loss_f, grads_f = _loss_and_grads(model, ids)
+        logits_r, loss_r, grads_r = _loss_and_grads(model, ids, path="naive")
         torch.testing.assert_close(logits_f, logits_r, atol=logits_tol, rtol=0)
         assert grads_f.keys() == grads_r.keys()
         for name in grads_r:
@@ -127,29 +132,55 @@ def test_fused_model_equals_reference(chart, n, residual):
 @pytest.mark.parametrize("residual", ["delta", "add"])
 @pytest.mark.parametrize("n", [1, 4])
 def test_fused_model_equals_reference_bf16_autocast(n, residual):
-    fused, reference = _model_pair(hc_streams=n, residual=residual)
+    """Logits and loss agree to bf16 tolerance between the two paths, and each path's gradients are within
+    bf16 noise of the float64 model's: 10 % of the largest entry for a tensor, 25 % for a one-element gate,
+    whose gradient sums every token's rounded contribution with cancellation (measured at most 7.4 % and
+    15.5 % over these four cases)."""
+    model = _model(hc_streams=n, residual=residual)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(3))
-    logits_f, loss_f, grads_f = _loss_and_grads(fused, ids, autocast=True)
-    logits_r, loss_r, grads_r = _loss_and_grads(reference, ids, autocast=True)
+    logits_f, loss_f, grads_f = _loss_and_grads(model, ids, autocast=True)
+    logits_r, loss_r, grads_r = _loss_and_grads(model, ids, autocast=True, path="naive")
+    _, _, grads_64 = _loss_and_grads(_model(hc_streams=n, residual=residual).double(), ids)
     torch.testing.assert_close(logits_f, logits_r, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(loss_f, loss_r, atol=1e-2, rtol=1e-2)
-    for name in grads_r:
-        scale = grads_r[name].abs().max().clamp_min(1e-3)
-        torch.testing.assert_close(grads_f[name] / scale, grads_r[name] / scale, atol=5e-2, rtol=0, msg=name)
+    assert grads_f.keys() == grads_r.keys() == grads_64.keys()
+    for name, reference in grads_64.items():
+        scale = reference.abs().max().clamp_min(1e-3)
+        tolerance = 0.1 if reference.numel() > 1 else 0.25
+        for path, grads in (("node", grads_f), ("naive", grads_r)):
+            error = (grads[name].double() - reference).abs().max() / scale
+            assert error <= tolerance, f"{path} {name}: {float(error):.3g}"
 
 
-def test_static_maps_and_peft_take_the_reference_path_with_equal_results():
-    """hc_dynamic=False has no per-token maps; a PEFT-wrapped maps_proj goes through its module."""
+def test_static_maps_and_peft_keep_the_fused_path_with_the_reference_results(monkeypatch):
+    """hc_dynamic=False reads with one static H_pre; a PEFT-wrapped maps_proj runs first, as its module, and
+    the fused `StreamMapsRead` node after it (counted here), with the reference path's logits and adapter
+    gradients."""
     from peft import LoraConfig, get_peft_model
 
     ids = torch.randint(0, SMALL["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(4))
-    fused, reference = _model_pair(hc_streams=4, hc_dynamic=False)
-    torch.testing.assert_close(fused(ids).logits, reference(ids).logits, atol=1e-6, rtol=0)
-    fused, reference = _model_pair(hc_streams=4)
+    static = _model(hc_streams=4, hc_dynamic=False)
+    with ops_path("naive"):
+        expected = static(ids).logits
+    torch.testing.assert_close(static(ids).logits, expected, atol=1e-6, rtol=0)
     lora = LoraConfig(r=2, target_modules=["maps_proj"], init_lora_weights=False)
-    fused, reference = get_peft_model(fused, lora), get_peft_model(reference, lora)
-    reference.load_state_dict(fused.state_dict())
-    torch.testing.assert_close(fused(ids).logits, reference(ids).logits, atol=1e-6, rtol=0)
+    model = get_peft_model(_model(hc_streams=4), lora)
+    calls = []
+    forward = StreamMapsRead.forward
+    monkeypatch.setattr(StreamMapsRead, "forward", lambda *a: calls.append(1) or forward(*a))
+    results = {}
+    for path in ("node", "naive"):
+        calls.clear()
+        with ops_path(path):
+            logits = model(ids).logits
+            adapters = [p for name, p in model.named_parameters() if "lora_" in name]
+            grads = torch.autograd.grad(logits.square().sum(), adapters)
+        results[path] = (logits.detach(), grads, len(calls))
+    assert results["node"][2] == 2 * SMALL["num_hidden_layers"] and results["naive"][2] == 0
+    torch.testing.assert_close(results["node"][0], results["naive"][0], atol=1e-6, rtol=0)
+    for mine, theirs in zip(results["node"][1], results["naive"][1], strict=True):
+        assert theirs.abs().max() > 0
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
 
 
 def test_run_node_skips_the_autograd_node_only_when_no_gradient_is_needed():
@@ -161,12 +192,12 @@ def test_run_node_skips_the_autograd_node_only_when_no_gradient_is_needed():
     direction, value = _random(2, 3, 5, generator=generator), _random(2, 3, 4, generator=generator)
     beta = _random(2, 3, 1, generator=generator, positive=True)
     weights = _random(2, 3, 4, generator=generator)
-    weight, gate = _random(14, 20, generator=generator), _random((), generator=generator)
+    projected, gate = _random(2, 3, 14, generator=generator), _random((), generator=generator)
     cases = [
         (DeltaMixWrite, (h_res, streams, direction, beta, value)),
         (AddMixWrite, (h_res, streams, value, direction)),
         (StreamRead, (weights, streams)),
-        (StreamMapsRead, (streams, weight, weights[0, 0], gate, 1e-3)),
+        (StreamMapsRead, (streams, projected, weights[0, 0], gate, 1e-3)),
     ]
     for node, args in cases:
         with torch.no_grad():
@@ -181,9 +212,21 @@ def test_run_node_skips_the_autograd_node_only_when_no_gradient_is_needed():
     assert run_node(AddMixWrite, *detached).grad_fn is None  # grad mode on, but no input needs a gradient
 
 
-def test_invalid_implementation_is_refused():
-    with pytest.raises(TypeError, match="hc_implementation"):
-        DDLmHCConfig(**SMALL, hc_implementation="triton!")
+def test_a_config_with_the_former_hc_implementation_field_still_loads(tmp_path):
+    """How the ops run is not configured any more: a config.json saved with `hc_implementation` loads, the
+    field dropped (not stored, not saved again), and the model is the one the other fields describe."""
+    import json
+
+    DDLmHCConfig(**SMALL, hc_streams=2).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    assert "hc_implementation" not in saved
+    for value in ("reference", "fused"):
+        path.write_text(json.dumps({**saved, "hc_implementation": value}))
+        loaded = DDLmHCConfig.from_pretrained(tmp_path)
+        assert not hasattr(loaded, "hc_implementation") and "hc_implementation" not in loaded.to_dict()
+        assert loaded.hc_streams == 2 and loaded.hidden_size == SMALL["hidden_size"]
+    assert not hasattr(DDLmHCConfig(**SMALL, hc_implementation="reference"), "hc_implementation")
 
 
 @pytest.mark.parametrize("expansion", ["repeat", "conv"])

@@ -17,6 +17,7 @@ from transformers import (
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
 from geoformers.modeling.ddl_mhc import HyperConnection
+from geoformers.modeling.ops.dispatch import ops_path
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training import parameter_groups
 
@@ -90,18 +91,17 @@ def padded_inputs(llama: LlamaForCausalLM) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["random", "trained"])
-@pytest.mark.parametrize("implementation", ["fused", "reference"])
+@pytest.mark.parametrize("path", ["node", "naive"])
 @pytest.mark.parametrize("dynamic", [True, False])
 @pytest.mark.parametrize("n", STREAMS)
-def test_add_conversion_has_llamas_logits(n, dynamic, implementation, kind, request):
+def test_add_conversion_has_llamas_logits(n, dynamic, path, kind, request):
     llama = llama_for(kind, request)
-    model = convert_llama_to_ddl_mhc(
-        llama, hc_streams=n, residual="add", hc_dynamic=dynamic, hc_implementation=implementation
-    ).eval()
+    model = convert_llama_to_ddl_mhc(llama, hc_streams=n, residual="add", hc_dynamic=dynamic).eval()
     inputs = padded_inputs(llama)
     with torch.no_grad():
         expected = llama(**inputs).logits
-        got = model(**inputs).logits
+        with ops_path(path):
+            got = model(**inputs).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     if n > 1:  # not vacuous: the maps are not the identity
         connection = model.model.layers[0].attn_connection

@@ -1,18 +1,19 @@
 """The stream ops (`modeling/ops/stream_read/`, `modeling/ops/stream_write/`): every autograd node called
 directly against its naive reference function (outputs and gradients, float64 to rounding and float32 to
-1e-5), and each dispatcher's choice of path. The Triton kernels are compared with the same naive functions
-in tests/test_triton_kernels.py. On a GPU the nodes run on CUDA tensors, so a wrong node fails there too.
+1e-5), and the path each op function takes by the one rule (`ops/dispatch.py`). The Triton kernels are
+compared with the same naive functions in tests/test_triton_kernels.py. On a GPU the nodes run on CUDA
+tensors (inside `ops_path("node")`), so a wrong node fails there too.
 """
 
 import pytest
 import torch
 from torch import nn
 
-from geoformers.modeling.ops.dispatch import force_triton, interpreter_enabled, triton_available
-from geoformers.modeling.ops.stream_read import read_streams, stream_maps_read
+from geoformers.modeling.ops.dispatch import interpreter_enabled, ops_path, triton_available
+from geoformers.modeling.ops.stream_read import read_streams
 from geoformers.modeling.ops.stream_read.naive import map_terms, naive_read_streams, naive_stream_maps
 from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead
-from geoformers.modeling.ops.stream_write import delta_write, mix_and_write
+from geoformers.modeling.ops.stream_write import write_streams
 from geoformers.modeling.ops.stream_write.naive import (
     naive_delta_amplitudes,
     naive_delta_write,
@@ -84,14 +85,15 @@ def test_stream_read_node_equals_naive(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 def test_stream_maps_read_node_equals_naive(dtype):
-    """z and x_in of `StreamMapsRead` against `naive_stream_maps` + `naive_read_streams` with the same W."""
+    """z and x_in of `StreamMapsRead` against `naive_stream_maps` + `naive_read_streams` after the same
+    projection vec(X) W^T (whose own backward autograd adds in both)."""
     eps = 1e-3
 
     def node(streams, weight, pre_bias, pre_gate):
-        return StreamMapsRead.apply(streams, weight, pre_bias, pre_gate, eps)
+        return StreamMapsRead.apply(streams, streams.flatten(-2) @ weight.T, pre_bias, pre_gate, eps)
 
     def naive(streams, weight, pre_bias, pre_gate):
-        terms, weights = naive_stream_maps(streams, lambda flat: flat @ weight.T, pre_bias, pre_gate, eps)
+        terms, weights = naive_stream_maps(streams, streams.flatten(-2) @ weight.T, pre_bias, pre_gate, eps)
         return terms, naive_read_streams(weights, streams)
 
     names = ("streams", "weight", "pre_bias", "pre_gate")
@@ -134,7 +136,7 @@ def test_naive_delta_write_hand_computed():
 
 
 # ----------------------------------------------------------------------------------------------
-# Dispatchers
+# The op functions: the path of the one rule
 
 
 def _node_name(tensor: torch.Tensor) -> str:
@@ -153,51 +155,96 @@ def _graph_names(tensor: torch.Tensor) -> set[str]:
     return names
 
 
-def test_dispatchers_take_the_naive_path_for_reference_and_the_node_for_fused():
-    """ "reference" returns the naive function's value and graph; "fused" the autograd node (CPU, eager),
-    or its forward alone without gradients. Both give the naive value."""
-    ops = _operands(torch.float32, seed=4)
-    leaves = {name: value.clone().requires_grad_() for name, value in ops.items()}
-    x, h, k, beta, v = (leaves[name] for name in ("streams", "h_res", "direction", "beta", "value"))
-    cases = [
-        (read_streams, (leaves["weights"], x), naive_read_streams, "StreamReadBackward"),
+def _op_cases(ops: dict) -> list:
+    """(op call, naive call, the node's backward name) of the static read, the dynamic read (after the
+    projection), the add write and the delta write, on the operands `ops` (leaves)."""
+    x, h, k, beta, v = (ops[name] for name in ("streams", "h_res", "direction", "beta", "value"))
+    bias, gate, weight, amplitudes = ops["pre_bias"], ops["pre_gate"], ops["weight"], ops["amplitudes"]
+
+    def naive_maps_read():
+        terms, weights = naive_stream_maps(x, x.flatten(-2) @ weight.T, bias, gate, 1e-3)
+        return terms, naive_read_streams(weights, x)
+
+    return [
         (
-            mix_and_write,
-            (h, x, leaves["amplitudes"], leaves["output"]),
-            naive_mix_and_write,
+            lambda: read_streams(x, bias)[1],
+            lambda: naive_read_streams(torch.softmax(bias, -1), x),
+            "StreamReadBackward",
+        ),
+        (
+            lambda: read_streams(x, bias, gate, x.flatten(-2) @ weight.T, 1e-3),
+            naive_maps_read,
+            "StreamMapsReadBackward",
+        ),
+        (
+            lambda: write_streams(h, x, ops["output"], amplitudes),
+            lambda: naive_mix_and_write(h, x, amplitudes, ops["output"]),
             "AddMixWriteBackward",
         ),
-        (delta_write, (h, x, k, beta, v), naive_delta_write, "DeltaMixWriteBackward"),
+        (
+            lambda: write_streams(h, x, k, beta=beta, value=v),
+            lambda: naive_delta_write(h, x, k, beta, v),
+            "DeltaMixWriteBackward",
+        ),
     ]
-    for dispatcher, args, naive, node in cases:
-        expected = naive(*args)
-        reference = dispatcher(*args, "reference")
-        assert torch.equal(reference, expected) and _node_name(reference) == _node_name(expected)
-        if DEVICE == "cpu":
-            fused = dispatcher(*args, "fused")
-            assert _node_name(fused) == node
-            torch.testing.assert_close(fused, expected, rtol=0, atol=1e-6)
+
+
+def test_op_functions_take_the_node_or_inside_ops_path_naive_the_reference():
+    """Without a kernel (CPU tensors; inside `ops_path("node")` on CUDA) each op function is its autograd
+    node, or the node's forward alone without gradients; inside `ops_path("naive")` it is the naive function,
+    value and graph. Both give the naive value."""
+    ops = _operands(torch.float32, seed=4)
+    leaves = {name: value.clone().requires_grad_() for name, value in ops.items()}
+    for op, naive, node in _op_cases(leaves):
+        expected = naive()
+        with ops_path("naive"):
+            reference = op()
+        for mine, theirs in zip(
+            *((out,) if isinstance(out, torch.Tensor) else out for out in (reference, expected)), strict=True
+        ):
+            assert torch.equal(mine, theirs) and _node_name(mine) == _node_name(theirs)
+        with ops_path("node"):
+            fused = op()
             with torch.no_grad():
-                assert dispatcher(*args, "fused").grad_fn is None
-        with pytest.raises(ValueError, match="implementation"):
-            dispatcher(*args, "triton")
+                alone = op()
+        fused, alone = ((out,) if isinstance(out, torch.Tensor) else out for out in (fused, alone))
+        expected = (expected,) if isinstance(expected, torch.Tensor) else expected
+        assert _node_name(fused[-1]) == node
+        for mine, plain, theirs in zip(fused, alone, expected, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+            assert plain.grad_fn is None and torch.equal(plain, mine.detach())
 
 
-def test_fused_dispatchers_expand_static_maps_and_identity_mixing():
+def test_op_functions_expand_static_maps_and_identity_mixing():
     """A static (n,) read, a static (n, n) H_res with (n,) amplitudes, and H_res = None give the naive
-    values through the fused paths."""
+    values on the node path."""
     ops = _operands(torch.float64, seed=5)
     x, k, beta, v = ops["streams"], ops["direction"], ops["beta"], ops["value"]
-    weights, h_res, amplitudes = ops["weights"][0, 0], ops["h_res"][0, 0], ops["amplitudes"][0, 0]
-    for implementation in ("fused", "reference"):
-        got = read_streams(weights, x, implementation)
-        torch.testing.assert_close(got, naive_read_streams(weights, x), rtol=0, atol=1e-12)
+    h_res, amplitudes = ops["h_res"][0, 0], ops["amplitudes"][0, 0]
+    with ops_path("node"):
+        terms, got = read_streams(x, ops["pre_bias"])
+        assert terms is None
+        expected = naive_read_streams(torch.softmax(ops["pre_bias"], -1), x)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
         for mixing in (h_res, None):
-            got = mix_and_write(mixing, x, amplitudes, ops["output"], implementation)
+            got = write_streams(mixing, x, ops["output"], amplitudes)
             expected = naive_mix_and_write(mixing, x, amplitudes, ops["output"])
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
-            got = delta_write(mixing, x, k, beta, v, implementation)
+            got = write_streams(mixing, x, k, beta=beta, value=v)
             torch.testing.assert_close(got, naive_delta_write(mixing, x, k, beta, v), rtol=0, atol=1e-12)
+
+
+def test_op_functions_name_a_missing_or_mixed_argument():
+    ops = _operands(torch.float32, seed=9)
+    x, h, k = ops["streams"], ops["h_res"], ops["direction"]
+    with pytest.raises(TypeError, match="either `amplitudes` .* or both `beta` and `value`"):
+        write_streams(h, x, k)
+    with pytest.raises(TypeError, match="either `amplitudes`"):
+        write_streams(h, x, k, ops["amplitudes"], beta=ops["beta"], value=ops["value"])
+    with pytest.raises(TypeError, match="both `beta` and `value`"):
+        write_streams(h, x, k, beta=ops["beta"])
+    with pytest.raises(TypeError, match="need `pre_gate`"):
+        read_streams(x, ops["pre_bias"], projected=x.flatten(-2) @ ops["weight"].T)
 
 
 class _WrappedLinear(nn.Module):
@@ -214,27 +261,26 @@ class _WrappedLinear(nn.Module):
         return self.base_layer(flat) + 0.5 * self.adapter(flat)
 
 
-def test_stream_maps_read_fuses_a_plain_linear_and_calls_any_other_projection():
-    """With an `nn.Linear` the fused path is one `StreamMapsRead` node; a wrapped projection is called as it
-    is, so its adapter gets the gradient the naive path gives it."""
+def test_a_wrapped_projection_keeps_the_fused_read():
+    """The projection runs first, as a module, so a wrapped (LoRA-like) one takes the same `StreamMapsRead`
+    node as a plain `nn.Linear`, and its adapter gets the gradient the naive path gives it."""
     ops = _operands(torch.float64, seed=6)
     x, pre_bias, pre_gate = ops["streams"].requires_grad_(), ops["pre_bias"], ops["pre_gate"]
     linear = nn.Linear(N * D, 9, bias=False).to(DEVICE, torch.float64)
     linear.weight.data.copy_(ops["weight"])
-    terms, hidden = stream_maps_read(x, linear, pre_bias, pre_gate, 1e-3, "fused")
-    assert _node_name(terms) == "StreamMapsReadBackward"
-    naive_terms, weights = naive_stream_maps(x, linear, pre_bias, pre_gate, 1e-3)
-    torch.testing.assert_close(terms, naive_terms, rtol=0, atol=1e-12)
-    torch.testing.assert_close(hidden, naive_read_streams(weights, x), rtol=0, atol=1e-12)
-    torch.testing.assert_close(map_terms(x, linear, 1e-3), naive_terms, rtol=0, atol=0)
+    naive_terms, _ = naive_stream_maps(x, linear(x.flatten(-2)), pre_bias, pre_gate, 1e-3)
+    torch.testing.assert_close(map_terms(x, linear(x.flatten(-2)), 1e-3), naive_terms, rtol=0, atol=0)
 
     wrapped = _WrappedLinear(ops["weight"].cpu()).to(DEVICE, torch.float64)
     grads = {}
-    for implementation in ("fused", "reference"):
-        terms, hidden = stream_maps_read(x, wrapped, pre_bias, pre_gate, 1e-3, implementation)
+    for path in ("node", "naive"):
+        with ops_path(path):
+            terms, hidden = read_streams(x, pre_bias, pre_gate, wrapped(x.flatten(-2)), 1e-3)
+        if path == "node":
+            assert _node_name(terms) == "StreamMapsReadBackward"
         loss = terms.square().sum() + hidden.sin().sum()
-        grads[implementation] = torch.autograd.grad(loss, [x, wrapped.adapter.weight])
-    for fused, reference in zip(grads["fused"], grads["reference"], strict=True):
+        grads[path] = torch.autograd.grad(loss, [x, wrapped.adapter.weight])
+    for fused, reference in zip(grads["node"], grads["naive"], strict=True):
         assert fused.abs().max() > 0
         torch.testing.assert_close(fused, reference, rtol=0, atol=1e-12)
 
@@ -243,29 +289,27 @@ def test_stream_maps_read_fuses_a_plain_linear_and_calls_any_other_projection():
     DEVICE != "cpu" or not triton_available() or not interpreter_enabled(),
     reason="needs triton and TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)",
 )
-def test_fused_dispatchers_take_the_kernels_inside_force_triton_but_not_for_float64():
+def test_op_functions_take_the_kernels_inside_ops_path_triton_but_not_for_float64():
+    """Inside `ops_path("triton")` the ops run the kernels on CPU tensors (the dynamic read after the
+    projection too), with the naive values; float64 streams take the nodes (the kernels accumulate in
+    float32)."""
     ops = _operands(torch.float32, seed=8)
-    x, h, k, beta, v = (
-        ops[name].requires_grad_() for name in ("streams", "h_res", "direction", "beta", "value")
-    )
-    with force_triton():
-        calls = [
-            read_streams(ops["weights"], x, "fused"),
-            mix_and_write(h, x, ops["amplitudes"], ops["output"], "fused"),
-            delta_write(h, x, k, beta, v, "fused"),
+    leaves = {name: value.clone().requires_grad_() for name, value in ops.items()}
+    kernels = ["_ReadBackward", "_ReadBackward", "_WriteBackward", "_DeltaWriteBackward"]
+    with ops_path("triton"):
+        for (op, naive, _), kernel in zip(_op_cases(leaves), kernels, strict=True):
+            got, want = op(), naive()
+            got, want = ((out,) if isinstance(out, torch.Tensor) else out for out in (got, want))
+            assert kernel in _graph_names(got[-1])
+            for mine, theirs in zip(got, want, strict=True):
+                torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5)
+        double = {name: value.double() for name, value in leaves.items()}
+        nodes = [
+            "StreamReadBackward",
+            "StreamMapsReadBackward",
+            "AddMixWriteBackward",
+            "DeltaMixWriteBackward",
         ]
-        kernels = ["_ReadBackward", "_WriteBackward", "_DeltaWriteBackward"]
-        for out, kernel in zip(calls, kernels, strict=True):
-            assert kernel in _graph_names(out)
-        expected = [
-            naive_read_streams(ops["weights"], x),
-            naive_mix_and_write(h, x, ops["amplitudes"], ops["output"]),
-            naive_delta_write(h, x, k, beta, v),
-        ]
-        for got, want in zip(calls, expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-        double = x.detach().double()
-        assert _node_name(read_streams(ops["weights"].double(), double.requires_grad_(), "fused")) == (
-            "StreamReadBackward"
-        )
-        assert _node_name(delta_write(h.double(), double, k, beta, v, "fused")) == "DeltaMixWriteBackward"
+        for (op, _, _), node in zip(_op_cases(double), nodes, strict=True):
+            out = op()
+            assert _node_name(out if isinstance(out, torch.Tensor) else out[-1]) == node

@@ -18,14 +18,9 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'geoformers[triton]')")
 
-from geoformers.modeling.ops.charts import (  # noqa: E402
-    birkhoff,
-    ds_violation,
-    naive,
-    register_chart_observer,
-)
+from geoformers.modeling.ops.charts import birkhoff, ds_violation, naive  # noqa: E402
 from geoformers.modeling.ops.charts import triton as chart_kernels  # noqa: E402
-from geoformers.modeling.ops.dispatch import force_triton, use_triton  # noqa: E402
+from geoformers.modeling.ops.dispatch import STREAM_DTYPES, choose_path, ops_path  # noqa: E402
 from geoformers.modeling.ops.stream_read import triton as read_kernels  # noqa: E402
 from geoformers.modeling.ops.stream_read.naive import naive_read_streams  # noqa: E402
 from geoformers.modeling.ops.stream_read.triton import triton_read_streams  # noqa: E402
@@ -68,8 +63,8 @@ NAIVE = {
 
 
 def _dispatching():
-    """What CUDA tensors get by default: `birkhoff` dispatching tbp / rtbp to the Triton kernels."""
-    return force_triton() if DEVICE == "cpu" else contextlib.nullcontext()
+    """What CUDA tensors get by default: the ops taking the Triton kernels (on CPU, the interpreter's)."""
+    return ops_path("triton") if DEVICE == "cpu" else contextlib.nullcontext()
 
 
 def _chart_case(method: str, n: int, logits: torch.Tensor) -> None:
@@ -140,25 +135,19 @@ def test_scaled_chart_float64_gradcheck():
     torch.testing.assert_close(chart(logits, 3, "mstbp"), NAIVE["mstbp"](logits, 3), rtol=0, atol=1e-14)
 
 
-def test_dispatcher_runs_the_kernels_and_its_observers(monkeypatch):
-    """`birkhoff` sends tbp / rtbp to the Triton kernels (counted here) and still calls every chart
-    observer with the result, as on the PyTorch paths."""
-    calls, seen = [], []
+def test_dispatcher_runs_the_kernels(monkeypatch):
+    """`birkhoff` sends tbp / rtbp to the Triton kernels (counted here); the results are the naive charts."""
+    calls = []
     original = chart_kernels.triton_chart
     monkeypatch.setattr(
         chart_kernels, "triton_chart", lambda *a, **k: calls.append(a[2]) or original(*a, **k)
     )
-    handle = register_chart_observer(lambda method, x: seen.append((method, x)))
-    try:
-        logits = torch.randn(2, 3, 9, device=DEVICE)
-        with _dispatching():
-            results = {method: birkhoff(logits, 4, method) for method in ("tbp", "rtbp")}
-    finally:
-        handle.remove()
+    logits = torch.randn(2, 3, 9, device=DEVICE)
+    with _dispatching():
+        results = {method: birkhoff(logits, 4, method) for method in ("tbp", "rtbp")}
     assert calls == ["tbp", "rtbp"]
-    assert [method for method, _ in seen] == ["tbp", "rtbp"]
-    for method, x in seen:
-        assert torch.equal(x, results[method]) and x.shape == (2, 3, 4, 4)
+    for method, x in results.items():
+        assert x.shape == (2, 3, 4, 4)
         expected = NAIVE[method](logits.reshape(6, 9).double(), 4).view(2, 3, 4, 4)
         torch.testing.assert_close(x.double(), expected, rtol=0, atol=1e-6)
 
@@ -385,25 +374,40 @@ def test_kernels_compile_for_a_gpu(tmp_path):
 # Dispatch
 
 
-def test_use_triton_dispatch(monkeypatch):
-    cpu = torch.zeros(2)
-    assert not use_triton()
-    assert not use_triton(cpu) and not use_triton(None)
+def test_the_rule_chooses_from_device_dtype_and_tracing(monkeypatch):
+    """The kernel for CUDA tensors in a kernel dtype (CPU tensors only inside `ops_path("triton")`), the node
+    for float64 streams, under tracing and inside `ops_path("node")`, the reference inside
+    `ops_path("naive")`."""
+    cpu, double = torch.zeros(2), torch.zeros(2, dtype=torch.float64)
+    expected = "triton" if DEVICE == "cuda" else "node"
+    assert choose_path(torch.zeros(2, device=DEVICE), None, kernel_dtypes=STREAM_DTYPES) == expected
+    assert choose_path(cpu, kernel_dtypes=STREAM_DTYPES) == "node"
+    assert choose_path(double.to(DEVICE), kernel_dtypes=STREAM_DTYPES) == "node"
+    assert choose_path(double.to(DEVICE), kernel_dtypes=(torch.float64,)) == expected
     if os.environ.get("TRITON_INTERPRET") == "1":
-        with force_triton():
-            assert use_triton(cpu, None, cpu)
-            assert not use_triton(None)
-        assert not use_triton(cpu)
+        with ops_path("triton"):
+            assert choose_path(cpu, None, cpu, kernel_dtypes=STREAM_DTYPES) == "triton"
+            assert choose_path(double, kernel_dtypes=STREAM_DTYPES) == "node"
+            with ops_path("naive"):
+                assert choose_path(cpu, kernel_dtypes=STREAM_DTYPES) == "naive"
+            monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+            assert choose_path(cpu, kernel_dtypes=STREAM_DTYPES) == "node"
+            monkeypatch.undo()
+        assert choose_path(cpu, kernel_dtypes=STREAM_DTYPES) == "node"
+    with ops_path("node"):
+        assert choose_path(torch.zeros(2, device=DEVICE), kernel_dtypes=STREAM_DTYPES) == "node"
+    with pytest.raises(ValueError, match="path must be one of"), ops_path("fused"):
+        pass
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"), force_triton():
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"), ops_path("triton"):
         pass
 
 
 @pytest.mark.parametrize("residual", ["delta", "add"])
 def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual, monkeypatch):
-    """On DEVICE (CUDA, or CPU inside `force_triton()`) the fused model runs the Triton chart and stream
-    kernels; its loss and gradients equal those of the reference model run on CPU tensors outside
-    `force_triton()`, where no kernel can run (the naive stream ops and the PyTorch charts)."""
+    """On DEVICE (CUDA, or CPU inside `ops_path("triton")`) the model runs the Triton chart, read and write
+    kernels (the read after the maps projection); its loss and gradients equal those of the same weights on
+    CPU tensors inside `ops_path("naive")`, where no kernel can run (the naive ops and charts)."""
     from geoformers import DDLmHCConfig, DDLmHCForCausalLM
 
     shape = dict(
@@ -411,14 +415,13 @@ def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual
     )
     torch.manual_seed(0)
     fused = DDLmHCForCausalLM(DDLmHCConfig(**shape, hc_streams=4, residual=residual))
-    reference = DDLmHCForCausalLM(
-        DDLmHCConfig(**shape, hc_streams=4, residual=residual, hc_implementation="reference")
-    )
+    reference = DDLmHCForCausalLM(DDLmHCConfig(**shape, hc_streams=4, residual=residual))
     reference.load_state_dict(fused.state_dict())
     calls = []
     for module, name in (
         (write_kernels, "triton_delta_write" if residual == "delta" else "triton_mix_and_write"),
         (chart_kernels, "triton_chart"),
+        (read_kernels, "triton_read_streams"),
     ):
         original = getattr(module, name)
         monkeypatch.setattr(
@@ -429,10 +432,11 @@ def test_model_dispatches_to_the_kernels_and_equals_the_reference_model(residual
     with _dispatching():
         loss = fused(input_ids=ids.to(DEVICE), labels=ids.to(DEVICE)).loss
         loss.backward()
-    assert len(set(calls)) == 2  # both kernels ran, once per sublayer
+    assert len(set(calls)) == 3  # the three kernels ran, once per sublayer
     calls.clear()
-    expected = reference(input_ids=ids, labels=ids).loss
-    expected.backward()
+    with ops_path("naive"):
+        expected = reference(input_ids=ids, labels=ids).loss
+        expected.backward()
     assert calls == []  # the reference ran no kernel
     torch.testing.assert_close(loss.cpu(), expected, atol=1e-5, rtol=0)
     for (name, p), q in zip(fused.named_parameters(), reference.parameters(), strict=True):

@@ -15,9 +15,8 @@ Per layer and sublayer (attention, then MLP), from one forward pass without grad
 `hc_diagnostics(model, input_ids)` returns them as a flat dict `{"hc/<metric>/<layer>.<attn|mlp>": float}`;
 `HyperConnectionDiagnosticsCallback(every=N)` merges the same dict into the Trainer's log records every N
 steps (and the `report_to` integrations' once the Trainer went through `report_callback_metrics`). The maps
-are read by forward hooks on the `HyperConnection` modules: H_res and beta from the write's inputs and
-outputs, the chart logits t_res recomputed from the sublayer's input streams with the module's own map formula
-(the charts themselves are untouched).
+are the model's own `output_mixing=True` records (H_res, beta and the chart logits t_res of every sublayer);
+`res_mix` is read from the `HyperConnection` modules' parameters.
 """
 
 from __future__ import annotations
@@ -126,32 +125,21 @@ def hc_diagnostics(
         if not valid.any():
             raise ValueError("`attention_mask` masks every token of the probe batch")
     connections = _connections(model)
-    records = {}
-
-    def record(module, args, output):
-        streams, _, maps = args
-        logits = (
-            module._map_logits(streams)[1]
-            if module.chart in SATURATING_CHARTS and maps.h_res is not None
-            else None
-        )
-        records[module] = (maps.h_res, output[1].beta, logits)
-
-    handles = [module.register_forward_hook(record) for _, _, module in connections]
     device = next(model.parameters()).device
     training = model.training
     try:
         model.eval()
         mask = None if attention_mask is None else attention_mask.to(device)
-        model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False)
+        records = model(
+            input_ids=input_ids.to(device), attention_mask=mask, use_cache=False, output_mixing=True
+        ).mixing
     finally:
         model.train(training)
-        for handle in handles:
-            handle.remove()
 
     metrics, gain_keys, h_res_sequence = {}, [], []
-    for layer, sublayer, module in connections:
-        h_res, beta, logits = records[module]
+    for (layer, sublayer, module), record in zip(connections, records, strict=True):
+        h_res, beta = record.h_res, record.beta
+        logits = record.res_logit if module.chart in SATURATING_CHARTS else None
         if h_res is not None:
             entropy = _token_mean(row_entropy(h_res), valid)
             metrics[diagnostics_key("row_entropy", layer, sublayer)] = entropy

@@ -7,12 +7,14 @@ through `harness.round_robin`), and the benchmark's models (docs/experiments.md,
 import argparse
 import copy
 import dataclasses
+import functools
 import statistics
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import geoformers
+from geoformers.modeling.ops.dispatch import ops_path
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import load_tiny_shakespeare
 
@@ -42,7 +44,7 @@ VARIANTS = {
         "hc_streams": 4,
         "residual": "delta",
         "hc_chart": "rtbp",
-        "hc_implementation": "reference",
+        "ops_path": "naive",  # not a config field: the model runs inside `ops_path("naive")`
     },
 }
 SWEEP_VARIANTS = (LLAMA, "ddl-mhc n=1 delta", "ddl-mhc n=4 delta rtbp", PEER)
@@ -209,7 +211,25 @@ def build_model(name: str, tokenizer, max_positions: int, shape: dict, intermedi
         return build_peer_mhc_llama(LlamaConfig(**fields), num_streams=4)
     if VARIANTS.get(name) is None:
         return LlamaForCausalLM(LlamaConfig(**fields))
-    return geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**fields, **VARIANTS[name]))
+    variant = dict(VARIANTS[name])
+    path = variant.pop("ops_path", None)
+    model = geoformers.DDLmHCForCausalLM(geoformers.DDLmHCConfig(**fields, **variant))
+    return model if path is None else on_ops_path(model, path)
+
+
+def on_ops_path(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """`model` with every forward run inside `ops_path(path)` (docs/ddl_mhc.md, 'Choosing a path'): the
+    benchmarks' reference rows ("naive") are the same model in plain PyTorch. The backward needs no path: it
+    follows the graph the forward built."""
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def forward_on_path(*args, **kwargs):
+        with ops_path(path):
+            return forward(*args, **kwargs)
+
+    model.forward = forward_on_path
+    return model
 
 
 def training_memory_bytes(model, batch: torch.Tensor, device: torch.device) -> int:

@@ -17,7 +17,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
 from geoformers.modeling import ddl_mhc
-from geoformers.modeling.ops import stream_read
 from geoformers.modeling.ops.stream_write import naive as stream_write_naive
 
 from harness.results import markdown_table
@@ -50,13 +49,10 @@ def _scoped(label: str, function):
 def mechanism_scopes(model: torch.nn.Module):
     """Wrap each mechanism of `model` (DDL-mHC or transformers' Llama) in a labelled profiler scope."""
     patches = [
-        (ddl_mhc.HyperConnection, "_map_logits", "maps projection"),
-        (ddl_mhc, "stream_maps_read", "maps projection"),  # fused: the read is inside its node
+        (ddl_mhc.HyperConnection, "_map_logits", "maps projection"),  # n = 1: the maps without a read
         (ddl_mhc, "birkhoff", "chart"),
-        (ddl_mhc, "read_streams", "read"),
-        (stream_read, "read_streams", "read"),  # the read after a PEFT-wrapped or reference maps projection
-        (ddl_mhc, "mix_and_write", "mix+write"),
-        (ddl_mhc, "delta_write", "mix+write"),
+        (ddl_mhc, "read_streams", "read"),  # with dynamic maps also their RMS normalisation and gates
+        (ddl_mhc, "write_streams", "mix+write"),
         (stream_write_naive, "naive_delta_amplitudes", "delta amplitudes"),
         (ddl_mhc.DeltaWrite, "forward", "delta amplitudes"),
     ]
@@ -64,9 +60,11 @@ def mechanism_scopes(model: torch.nn.Module):
     for owner, name, label in patches:
         setattr(owner, name, _scoped(label, getattr(owner, name)))
     wrapped_modules = []
-    for module in model.modules():
+    for name, module in model.named_modules():
         label = None
-        if isinstance(module, LlamaAttention):
+        if name.endswith("maps_proj"):  # the maps GEMM, called before the read
+            label = "maps projection"
+        elif isinstance(module, LlamaAttention):
             label = "attention"
         elif isinstance(module, LlamaMLP):
             label = "MLP"

@@ -13,24 +13,21 @@ B_n = {X >= 0, X 1 = 1, X^T 1 = 1}. `birkhoff(logits, n, method)` maps logits of
   choice; "atbp": their permutation average of tbp (docs/chart_variants.md).
 
 Each name is a row of the chart table `CHARTS` (`configuration/charts.py`: base chart, interval choice,
-orderings); `_CHARTS`, the entries `birkhoff` runs, derives from it. `birkhoff` is the one dispatcher: it
-checks the input, turns autocast off, applies the dtype policy and runs the chart's entry: the Triton kernels
-(`triton.py`) for the transport charts on CUDA tensors, else the autograd nodes (`tbp_node.py` for TBP,
-`rtbp_node.py` for RTBP, each with the interval choice as a parameter) or the plain PyTorch definitions
-(`naive.py`). The exact
+orderings); `_CHARTS`, the entries `birkhoff` runs, derives from it. `birkhoff` is the op: it checks the
+input, turns autocast off, applies the dtype policy and runs the chart's entry on the path of the one rule
+(`geoformers.modeling.ops.dispatch`): the Triton kernels (`triton.py`) for the transport charts, the autograd
+nodes (`tbp_node.py` for TBP, `rtbp_node.py` for RTBP, each with the interval choice as a parameter), or the
+plain PyTorch definitions (`naive.py`), which are also the node path of the charts without a node. The exact
 charts do their arithmetic in float64 (TBP/RTBP running masses reach n-1 and would cancel in float32) and
 round the finished matrix once, so a float32 result has |row/column sum - 1| <= ~6e-8 at any n; Sinkhorn
 runs in float32 like mHC. The result is float32, or float64 for float64 logits.
-`register_chart_observer` lets training code see every chart an eager forward computes, on every path.
 """
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from torch.utils.hooks import RemovableHandle
 
 from geoformers.configuration.charts import CHART_VARIANTS, CHARTS, METHODS, MHC_LITE_MAX_N, ChartSpec
 from geoformers.modeling.ops.charts.inverse import (
@@ -50,11 +47,13 @@ from geoformers.modeling.ops.charts.naive import (
     ds_violation,
     kromhc,
     mhc_lite,
+    rtbp,
     sinkhorn,
+    tbp,
 )
 from geoformers.modeling.ops.charts.rtbp_node import schedule_node
 from geoformers.modeling.ops.charts.tbp_node import tbp_node
-from geoformers.modeling.ops.dispatch import kernels
+from geoformers.modeling.ops.dispatch import choose_path, kernel
 from geoformers.modeling.ops.precision import autocast_off, cast
 from geoformers.modeling.value_checks import checks_values
 
@@ -73,22 +72,24 @@ __all__ = [
     "birkhoff",
     "ds_violation",
     "num_logits",
-    "register_chart_observer",
     "rtbp_logits_from_matrix",
     "tbp_logits_from_matrix",
     "variant_logits_from_matrix",
 ]
 
 TRITON_KERNELS = "geoformers.modeling.ops.charts.triton"
+KERNEL_DTYPES = (torch.float32, torch.float64)  # the chart kernels take float32 or float64 logits
 
 
 class _Chart(NamedTuple):
     """A chart of the table: logits per matrix for n; the chart on logits (B, k) in the result's dtype
-    (float32 or float64) -> (B, n, n), n >= 2 for the transport charts; whether Triton kernels exist."""
+    (float32 or float64) -> (B, n, n), n >= 2 for the transport charts; whether Triton kernels exist; its
+    `naive.py` definition where `chart` runs a node (None: `chart` is the naive definition)."""
 
     num_logits: Callable[[int], int]
     chart: Callable[[torch.Tensor, int], torch.Tensor]
     triton: bool = False
+    naive: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 def _transport_count(n: int) -> int:
@@ -110,25 +111,32 @@ def _transport(base: str, choice) -> Callable[[torch.Tensor, int], torch.Tensor]
     return lambda flat, n: schedule_node(flat, n, base, flat.dtype, choice)
 
 
+def _naive(base: str, choice) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """The `naive.py` definition of a transport chart with an interval choice, in float64."""
+    chart = tbp if base == "tbp" else rtbp
+    return lambda flat, n: chart(flat.double(), n, choice)
+
+
 def _variant(spec: ChartSpec) -> _Chart:
     """The table's entry of `spec`: a transport chart is its base's node with the spec's interval choice,
     averaged over the spec's orderings when it has several (ATBP, in float64); both have Triton kernels
-    (`triton.triton_chart`)."""
+    (`triton.triton_chart`) and a naive definition."""
     if spec.base in _BASES:
         return _BASES[spec.base]
-    chart = _transport(spec.base, INTERVAL_CHOICES[spec.interval])
+    choice = INTERVAL_CHOICES[spec.interval]
+    chart, naive = _transport(spec.base, choice), _naive(spec.base, choice)
     if len(spec.orderings) == 1:
-        return _Chart(_transport_count, chart, triton=True)
+        return _Chart(_transport_count, chart, triton=True, naive=naive)
     k = len(spec.orderings)
     return _Chart(
         lambda n: k * (_transport_count(n) + 1),
         lambda flat, n: average(flat.double(), n, chart, spec.orderings),
         triton=True,
+        naive=lambda flat, n: average(flat.double(), n, naive, spec.orderings),
     )
 
 
 _CHARTS: dict[str, _Chart] = {name: _variant(spec) for name, spec in CHARTS.items()}
-_observers: OrderedDict[int, Callable[[str, torch.Tensor], None]] = OrderedDict()
 
 
 def _check_method_and_n(method: str, n: int) -> None:
@@ -152,14 +160,6 @@ def num_logits(method: str, n: int) -> int:
     for mhc_lite, log2(n) for kromhc, K ((n-1)^2 + 1) for K orderings averaged (atbp: K = 2)."""
     _check_method_and_n(method, n)
     return _CHARTS[method].num_logits(n)
-
-
-def register_chart_observer(observer: Callable[[str, torch.Tensor], None]) -> RemovableHandle:
-    """Call `observer(method, matrices)` with every result of `birkhoff` (detached) outside
-    torch.compile tracing, whichever path computed it; `handle.remove()` stops it (torch's hook handle)."""
-    handle = RemovableHandle(_observers)
-    _observers[handle.id] = observer
-    return handle
 
 
 def _check_logits(logits: torch.Tensor, n: int, method: str) -> None:
@@ -208,17 +208,19 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
     else:
         with autocast_off(logits.device.type):
             flat = cast(logits.reshape(-1, logits.shape[-1]), out_dtype)
-            triton = kernels(TRITON_KERNELS, logits) if entry.triton and flat.shape[0] > 0 else None
-            if triton is not None:  # CUDA tensors in eager mode (or CPU under the interpreter, forced)
-                x = triton.triton_chart(flat, n, method)
+            path = choose_path(flat, kernel_dtypes=KERNEL_DTYPES)
+            chart_kernel = None
+            if path == "triton" and entry.triton and flat.shape[0] > 0:
+                chart_kernel = kernel(TRITON_KERNELS, "triton_chart")
+            if chart_kernel is not None:
+                x = chart_kernel(flat, n, method)
             elif method == "sinkhorn":
                 x = sinkhorn(flat, n, iters)
+            elif path == "naive" and entry.naive is not None:
+                x = entry.naive(flat, n)
             else:
                 x = entry.chart(flat, n)
         if x.dtype != out_dtype or not x.is_contiguous():
             x = x.to(out_dtype, memory_format=torch.contiguous_format)
         x = x.view(*batch_shape, n, n)
-    if _observers and not torch.compiler.is_compiling():
-        for observer in tuple(_observers.values()):
-            observer(method, x.detach())
     return x

@@ -1,71 +1,50 @@
 """The stream read x_in = H_pre X and, with dynamic maps, the map terms it comes from (docs/ddl_mhc.md,
 'Hyper-connections' and 'Fused sublayer'): `naive.py` is the plain PyTorch reference, `node.py` the autograd
-nodes with hand-written backward passes, `triton.py` the kernel. The model calls the dispatchers below.
-
-Which path runs, from `implementation` (`config.hc_implementation`) and the tensors alone:
-"reference" always takes the naive functions; "fused" takes the Triton kernel on CUDA tensors in eager mode
-(CPU tensors inside `force_triton()`, for tests), outside torch.compile and for float32 / bfloat16
-streams, and the autograd node otherwise (its forward alone when no input needs a gradient).
+nodes with hand-written backward passes, `triton.py` the kernel. The model calls `read_streams`, whose path
+(kernel, node or reference) is chosen by the one rule of `geoformers.modeling.ops.dispatch`.
 """
 
-from collections.abc import Callable
-
 import torch
-from torch import nn
 
-from geoformers.configuration.ddl_mhc import HC_IMPLEMENTATIONS
-from geoformers.modeling.ops.dispatch import kernels
-from geoformers.modeling.ops.stream_read.naive import (
-    map_terms,
-    naive_read_streams,
-    naive_stream_maps,
-    upcast,
-)
-from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead, run_node
+from geoformers.modeling.ops.dispatch import STREAM_DTYPES, choose_path, kernel, run_node
+from geoformers.modeling.ops.stream_read.naive import naive_read_streams, naive_stream_maps, upcast
+from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead
 
-IMPLEMENTATIONS = HC_IMPLEMENTATIONS  # the config field `hc_implementation` takes the same values
+__all__ = ["read_streams"]
 
-__all__ = [
-    "IMPLEMENTATIONS",
-    "check_implementation",
-    "map_terms",
-    "read_streams",
-    "stream_maps_read",
-    "upcast",
-]
+TRITON = "geoformers.modeling.ops.stream_read.triton"
 
 
-def check_implementation(implementation: str) -> None:
-    """A ValueError naming `implementation` unless it is one of IMPLEMENTATIONS."""
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-
-
-def read_streams(weights: torch.Tensor, streams: torch.Tensor, implementation: str) -> torch.Tensor:
-    """x_in = H_pre X: weights (n,) static or (..., n) per token, streams X (..., n, d) -> (..., d)."""
-    check_implementation(implementation)
-    if implementation == "reference":
-        return naive_read_streams(weights, streams)
-    triton = kernels("geoformers.modeling.ops.stream_read.triton", weights, streams)
-    if triton is not None and streams.dtype != torch.float64:
-        return triton.triton_read_streams(weights, streams)
-    return run_node(StreamRead, weights.expand(*streams.shape[:-2], -1), streams)
-
-
-def stream_maps_read(
+def read_streams(
     streams: torch.Tensor,
-    projection: Callable[[torch.Tensor], torch.Tensor],
     pre_bias: torch.Tensor,
-    pre_gate: torch.Tensor,
-    eps: float,
-    implementation: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z, x_in): the dynamic map terms z = vec(X) W^T / rms(vec X) (..., m), at least float32, and the read
-    x_in = softmax(b_pre + g_pre z[..., :n]) X (..., d). "fused" with `projection` a plain `nn.Linear` is
-    one `StreamMapsRead` node; any other projection module (a PEFT LoRA wrapper) is called as it is, so its
-    adapters act and get gradients, and only the read is fused."""
-    check_implementation(implementation)
-    if implementation == "fused" and type(projection) is nn.Linear:
-        return run_node(StreamMapsRead, streams, projection.weight, pre_bias, pre_gate, eps)
-    terms, weights = naive_stream_maps(streams, projection, pre_bias, pre_gate, eps)
-    return terms, read_streams(weights, streams, implementation)
+    pre_gate: torch.Tensor | None = None,
+    projected: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(z, x_in) from streams X (..., n, d) and the read logits b_pre (n,):
+
+    - static maps (`projected` None): z is None and x_in = softmax(b_pre) X;
+    - dynamic maps: `projected` = vec(X) W^T (..., m) is the maps projection's output, already computed by
+      the caller (a plain `nn.Linear` or a PEFT wrapper of one, so adapters act and get gradients), and
+      z = projected / sqrt(mean(vec(X)^2) + eps) (..., m), at least float32, x_in = softmax(b_pre + g_pre
+      z[..., :n]) X, with the gate g_pre (1,).
+
+    x_in (..., d) is in X's dtype. Node: `StreamMapsRead` / `StreamRead`; kernel: the read, after the map
+    terms are formed in PyTorch."""
+    if projected is not None and pre_gate is None:
+        raise TypeError("read_streams: dynamic maps (`projected` given) need `pre_gate`")
+    path = choose_path(streams, pre_bias, projected, kernel_dtypes=STREAM_DTYPES)
+    read_kernel = kernel(TRITON, "triton_read_streams") if path == "triton" else None
+    if projected is None:
+        weights = torch.softmax(upcast(pre_bias), -1)
+        if path == "naive":
+            return None, naive_read_streams(weights, streams)
+        if read_kernel is not None:
+            return None, read_kernel(weights, streams)
+        return None, run_node(StreamRead, weights.expand(*streams.shape[:-2], -1), streams)
+    if path == "naive" or read_kernel is not None:
+        terms, weights = naive_stream_maps(streams, projected, pre_bias, pre_gate, eps)
+        read = naive_read_streams if read_kernel is None else read_kernel
+        return terms, read(weights, streams)
+    return run_node(StreamMapsRead, streams, projected, pre_bias, pre_gate, eps)

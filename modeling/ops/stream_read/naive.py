@@ -6,8 +6,6 @@ streams X in R^{n x d}:
     x_in  = H_pre X = sum_j w_j X_j          the n -> 1 read
 """
 
-from collections.abc import Callable
-
 import torch
 
 FULL_PRECISION = (torch.float32, torch.float64)
@@ -30,27 +28,25 @@ def naive_read_streams(weights: torch.Tensor, streams: torch.Tensor) -> torch.Te
     return (weights.unsqueeze(-1) * streams).sum(-2)
 
 
-def map_terms(
-    streams: torch.Tensor, projection: Callable[[torch.Tensor], torch.Tensor], eps: float
-) -> torch.Tensor:
-    """z = (vec(X) W^T) / sqrt(mean(vec(X)^2) + eps), at least float32: X (..., n, d) -> (..., m), with
-    `projection` the maps projection vec(X) -> vec(X) W^T (an `nn.Linear`, or a PEFT wrapper of one). The
-    RMSNorm gain of mHC's normed state is folded into W, so the normed state is never formed."""
-    flat = streams.flatten(-2)
-    mean_square = torch.linalg.vecdot(upcast(flat), upcast(flat)).unsqueeze(-1) / flat.shape[-1]
+def map_terms(streams: torch.Tensor, projected: torch.Tensor, eps: float) -> torch.Tensor:
+    """z = (vec(X) W^T) / sqrt(mean(vec(X)^2) + eps), at least float32: X (..., n, d) and `projected` =
+    vec(X) W^T (..., m), the maps projection's output (an `nn.Linear`, or a PEFT wrapper of one) -> (..., m).
+    The RMSNorm gain of mHC's normed state is folded into W, so the normed state is never formed."""
+    flat = upcast(streams.flatten(-2))
+    mean_square = (flat * flat).mean(-1, keepdim=True)  # not vecdot: autocast would run it in half precision
     inverse_rms = torch.rsqrt(mean_square + eps)
-    return upcast(projection(flat)) * inverse_rms
+    return upcast(projected) * inverse_rms
 
 
 def naive_stream_maps(
     streams: torch.Tensor,
-    projection: Callable[[torch.Tensor], torch.Tensor],
+    projected: torch.Tensor,
     pre_bias: torch.Tensor,
     pre_gate: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(z, w): the map terms of `map_terms` and the read weights w = softmax(b_pre + g_pre z[..., :n]);
     `naive_read_streams(w, X)` completes the reference of `node.StreamMapsRead`."""
-    terms = map_terms(streams, projection, eps)
+    terms = map_terms(streams, projected, eps)
     pre_logit = upcast(pre_bias) + upcast(pre_gate) * terms[..., : streams.shape[-2]]
     return terms, torch.softmax(pre_logit, -1)
