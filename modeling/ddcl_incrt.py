@@ -57,9 +57,11 @@ from geoformers.modeling.prototypes import (
 ONE_ELEMENT_PARAMETERS = ("prototype_bank.rho",)  # stored 0-d before
 
 
-try:  # saving, Hub code and strict loading (model_io); a Hub copy of this file loads without them
+try:  # in the package: saving, Hub code and strict loading (model_io), which a saved folder does not ship
+    if not __name__.startswith("geoformers."):
+        raise ImportError(f"{__name__} is a saved folder's copy")
     from geoformers.model_io.io_mixin import PretrainedIOMixin
-except ImportError:  # remote code where geoformers is not installed: transformers' own saving and loading
+except ImportError:  # a saved folder's copy, loaded as remote code: transformers' own saving and loading
 
     class PretrainedIOMixin:
         """Nothing added to transformers' `PreTrainedModel`."""
