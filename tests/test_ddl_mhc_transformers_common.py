@@ -99,7 +99,8 @@ class DDLmHCModelTest(common.ModelTesterMixin, GenerationTesterMixin, PipelineTe
         )
 
     def test_config(self):
-        run_config_tests(self, "tests/test_ddl_mhc_config.py", config_class=DDLmHCConfig, hidden_size=37)
+        """A width other than the default that the 4 default heads divide into even rotary halves."""
+        run_config_tests(self, config_class=DDLmHCConfig, hidden_size=40)
 
     def test_reverse_loading_mapping(self):
         """The model's one checkpoint conversion (`one_element_parameters`: legacy 0-d gates and chart weight

@@ -10,7 +10,9 @@ at test time. Nothing of it is copied into this repository.
 The sdist ships only the top level of `tests/`: it lacks `tests/generation`, `tests/exporters`,
 `tests/pipelines` and `tests/utils`. Each mixin that lives there (or imports from there) is then replaced by
 `absent_mixin`: a mixin with one test that is skipped, naming the missing folder and the project tests that
-cover what the mixin checks. With a checkout's `tests/` folder the real mixins run.
+cover what the mixin checks. With a checkout's `tests/` folder the real mixins run. `ConfigTester` is in the
+sdist and runs; of `tests/utils` it reads one dict of arguments, given here (`COMMON_CONFIG_ARGUMENTS`) when
+absent.
 """
 
 import importlib
@@ -143,16 +145,35 @@ def pipeline_tester_mixin(covered_by: str) -> type:
     return absent_mixin("PipelineTesterMixin", "pipelines/", covered_by)
 
 
-def run_config_tests(testcase: unittest.TestCase, covered_by: str, **tester_kwargs) -> None:
-    """transformers' `ConfigTester(testcase, **tester_kwargs).run_common_tests()`, or a skip naming its
-    missing import (`tests/utils/test_configuration_utils.py`) and the project tests given."""
-    if not (_package() / "utils" / "test_configuration_utils.py").is_file():
-        testcase.skipTest(
-            "transformers' ConfigTester imports tests/utils/test_configuration_utils.py, "
-            f"which the transformers {transformers.__version__} sdist does not ship (set "
-            "GEOFORMERS_TRANSFORMERS_TESTS to a checkout's tests/ folder to run it); covered "
-            f"here by {covered_by}"
-        )
+# What ConfigTester's `check_config_arguments_init` passes to a config and reads back: a value other than the
+# default for each of `PreTrainedConfig`'s own arguments, the contents of transformers' `config_common_kwargs`
+# in tests/utils/test_configuration_utils.py, which the sdist does not ship.
+COMMON_CONFIG_ARGUMENTS = {
+    "return_dict": False,
+    "output_hidden_states": True,
+    "output_attentions": True,
+    "dtype": "float16",
+    "chunk_size_feed_forward": 5,
+    "architectures": ["BertModel"],
+    "id2label": {0: "label"},
+    "label2id": {"label": "0"},
+    "problem_type": "regression",
+}
+
+
+def run_config_tests(testcase: unittest.TestCase, **tester_kwargs) -> None:
+    """transformers' `ConfigTester(testcase, **tester_kwargs).run_common_tests()`. Its module imports
+    `config_common_kwargs` from tests/utils/test_configuration_utils.py; where the folder in use lacks that
+    file (the sdist), the import finds `COMMON_CONFIG_ARGUMENTS` under that name. The module also loads the
+    folder's `__init__.py` by path (`direct_transformers_import`), an empty file the sdist leaves out."""
+    folder = _package()
+    (folder / "__init__.py").touch(exist_ok=True)
+    if not (folder / "utils" / "test_configuration_utils.py").is_file():
+        utils = sys.modules.setdefault(f"{PACKAGE}.utils", types.ModuleType(f"{PACKAGE}.utils"))
+        arguments = types.ModuleType(f"{PACKAGE}.utils.test_configuration_utils")
+        arguments.config_common_kwargs = COMMON_CONFIG_ARGUMENTS
+        sys.modules.setdefault(arguments.__name__, arguments)
+        utils.test_configuration_utils = sys.modules[arguments.__name__]
     tester = importlib.import_module(f"{PACKAGE}.test_configuration_common").ConfigTester
     tester(testcase, **tester_kwargs).run_common_tests()
 
