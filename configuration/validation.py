@@ -41,9 +41,15 @@ size = interval(min=1, max=MAX_SIZE)
 layers = interval(min=1, max=MAX_LAYERS)
 
 
+def check_of(validator):
+    """The check inside a transformers field validator (e.g. `size`), to apply it elsewhere."""
+    (check,) = validator().metadata["validator"]
+    return check
+
+
 def optional(validator):
     """A transformers field validator (e.g. `size`) that also lets None through."""
-    (check,) = validator().metadata["validator"]
+    check = check_of(validator)
     return as_validated_field(lambda value: None if value is None else check(value))
 
 
@@ -120,7 +126,7 @@ INHERITED_CHECKS = {
 }
 INHERITED_CHECKS["id2label"].append(check_label_ids)
 INHERITED_CHECKS["label2id"].append(check_label_names)
-INHERITED_CHECKS["chunk_size_feed_forward"].append(interval(min=0, max=MAX_SIZE)().metadata["validator"][0])
+INHERITED_CHECKS["chunk_size_feed_forward"].append(check_of(interval(min=0, max=MAX_SIZE)))
 
 
 class ValidatedConfig(PreTrainedConfig):
@@ -142,6 +148,14 @@ class ValidatedConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         if auto:
             self.dtype = "auto"
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """transformers' `from_dict`, with keyword values of fields (`from_pretrained(path, hidden_size=36,
+        num_attention_heads=6)`) given to the constructor together instead of assigned one by one."""
+        fields = set(cls.__dataclass_fields__) - {"dtype"}  # transformers' own handling keeps "auto"
+        together = {name: kwargs.pop(name) for name in list(kwargs) if name in fields}
+        return super().from_dict({**config_dict, **together}, **kwargs)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "id2label" and self.__dict__.get("_post_init_done", False):

@@ -184,3 +184,14 @@ def test_the_size_bound_leaves_large_models_that_fit():
     DDCLIncrtConfig(num_prototypes=2**24, hidden_size=1024)
     llama_8b = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32)
     DDLmHCConfig(**llama_8b, num_attention_heads=32, num_key_value_heads=8, hc_streams=4)
+
+
+def test_from_pretrained_takes_fields_that_must_agree_together(tmp_path):
+    """transformers' `from_dict` assigns keyword values one by one; the constructor takes them at once."""
+    DDLmHCConfig(vocab_size=50, hidden_size=32, num_attention_heads=4).save_pretrained(tmp_path)
+    loaded = DDLmHCConfig.from_pretrained(
+        tmp_path, hidden_size=36, num_attention_heads=6, num_key_value_heads=6
+    )
+    assert (loaded.hidden_size, loaded.num_attention_heads, loaded.vocab_size) == (36, 6, 50)
+    with pytest.raises(ValueError, match="hidden_size"):
+        DDLmHCConfig.from_pretrained(tmp_path, hidden_size=36)
