@@ -101,7 +101,9 @@ def check_dtype(dtype) -> None:
 
 
 def check_label_ids(id2label) -> None:
-    """transformers' `id2label`: int ids (JSON gives digit strings) 0..n-1, each once."""
+    """transformers' `id2label`: at least one label, int ids (JSON gives digit strings) 0..n-1, each once."""
+    if id2label == {}:
+        raise ValueError("must name at least one label")
     for key in id2label or {}:
         if isinstance(key, str) and not (key.isascii() and key.isdigit()):
             raise TypeError(f"keys must be int label ids or their digit strings, got {key!r}")

@@ -110,6 +110,7 @@ def test_transformers_own_fields_are_checked_without_being_declared_again():
         ({"id2label": {0: 5}}, TypeError),
         ({"id2label": {"a": "b"}}, TypeError),
         ({"id2label": {0: "a", 2: "b"}}, ValueError),
+        ({"id2label": {}}, ValueError),
         ({"chunk_size_feed_forward": -1}, ValueError),
         ({"dtype": "float33"}, ValueError),
     ):
