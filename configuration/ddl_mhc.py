@@ -117,10 +117,13 @@ class DDLmHCConfig(ValidatedConfig):
         super().__post_init__(**kwargs)
 
     def __setattr__(self, name: str, value) -> None:
-        """An assigned `rope_parameters` is standardised as at construction (`rope_type`, `rope_theta`)."""
+        """An assigned `rope_parameters` (None or one dict for all layers) is standardised as at construction
+        (`rope_type`, `rope_theta`)."""
         super().__setattr__(name, value)
-        standard = isinstance(value, dict) and {"rope_type", "rope_theta"} <= value.keys()
-        if name == "rope_parameters" and not standard and self.__dict__.get("_post_init_done"):
+        if name != "rope_parameters" or not self.__dict__.get("_post_init_done"):
+            return
+        flat = value is None or not any(isinstance(entry, dict) for entry in value.values())
+        if flat and not (value and {"rope_type", "rope_theta"} <= value.keys()):
             self.standardize_rope_params()
 
     @property
@@ -144,6 +147,8 @@ class DDLmHCConfig(ValidatedConfig):
 
     def validate_architecture(self) -> None:
         """Heads divide the width, the rotary head width is even, and the chart fits `hc_streams`."""
+        if self.num_key_value_heads is None:  # resolved at construction only, as in Llama
+            raise ValueError("`num_key_value_heads` must be a head count once the config is built, got None")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -181,7 +186,8 @@ class DDLmHCConfig(ValidatedConfig):
         for key, value in rope.items():
             numbers = value if isinstance(value, list) and key != "rope_theta" else [value]
             if key not in ROPE_FLAGS and not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in numbers
+                isinstance(x, (int, float)) and not isinstance(x, bool) and -MAX_FLOAT <= x <= MAX_FLOAT
+                for x in numbers
             ):
                 raise ValueError(
                     f"`rope_parameters['{key}']` must be a finite number (or list of them), got {value!r}"

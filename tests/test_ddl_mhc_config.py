@@ -148,6 +148,8 @@ def test_accepts_the_eos_token_ids_generation_accepts(tmp_path, overrides, value
         ("rms_norm_eps", -1.0, ValueError, "rms_norm_eps"),
         ("use_cache", "yes", TypeError, "use_cache"),
         ("problem_type", "ranking", TypeError, "problem_type"),
+        ("num_key_value_heads", None, ValueError, "num_key_value_heads"),  # None: only at construction
+        ("rope_theta", 10**400, ValueError, "rope_theta"),  # beyond float range
     ],
 )
 def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(field, value, error, named):
@@ -262,3 +264,13 @@ def test_assigned_label_maps_are_normalised_as_at_construction(tmp_path):
     assert config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
     config.save_pretrained(tmp_path)
     assert without_path(DDLmHCConfig.from_pretrained(tmp_path).to_dict()) == without_path(config.to_dict())
+
+
+def test_an_assigned_rope_dict_per_layer_type_is_refused_naming_rope_parameters():
+    """transformers reads a dict keyed by layer type (here "full_attention") as one RoPE dict per layer type;
+    the model has one rotary embedding for all layers (found by tests/test_fuzz_ddl_mhc.py)."""
+    config = DDLmHCConfig(**SMALL)
+    before = config.to_dict()
+    with pytest.raises(ValueError, match="rope_parameters"):
+        config.rope_parameters = {"full_attention": {"rope_type": "default"}}
+    assert config.to_dict() == before
