@@ -155,7 +155,7 @@ class ValidatedConfig(PreTrainedConfig):
     def from_dict(cls, config_dict: dict, **kwargs):
         """transformers' `from_dict`, with keyword values of fields (`from_pretrained(path, hidden_size=36,
         num_attention_heads=6)`) given to the constructor together instead of assigned one by one."""
-        fields = set(cls.__dataclass_fields__) - {"dtype"}  # transformers' own handling keeps "auto"
+        fields = {field.name for field in dataclasses.fields(cls)} - {"dtype"}  # transformers' keeps "auto"
         together = {name: kwargs.pop(name) for name in list(kwargs) if name in fields}
         return super().from_dict({**config_dict, **together}, **kwargs)
 
