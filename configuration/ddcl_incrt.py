@@ -11,12 +11,15 @@ from typing import Literal, get_args
 from huggingface_hub.dataclasses import as_validated_field
 from huggingface_hub.errors import StrictDataclassError
 from transformers import BertConfig
+from transformers.utils.type_validators import interval
 
 from geoformers.configuration.architecture_names import name_non_generator
 from geoformers.configuration.validation import (
+    MAX_FLOAT,
+    MAX_SIZE,
     ValidatedConfig,
     layers,
-    number,
+    optional,
     plain_error,
     size,
     strict_config,
@@ -29,15 +32,15 @@ GATE_THRESHOLDS, GATE_RULES = get_args(GateThreshold), get_args(GateRule)
 # tau enters the prototype block as -||o - p_k||^2 / tau with gradient ||o - p_k||^2 / tau^2 (float32): a
 # floor of 1e-6 keeps both finite for squared distances up to 1e26; the ceiling keeps rho = softplus^-1(tau)
 # finite.
-temperature = number(1e-6, 1e30)
+temperature = interval(min=1e-6, max=1e30)
 # layer_norm_eps below float32's smallest positive number rounds to 0, and the LayerNorm of a constant input
 # (e.g. a model initialised at a tiny initializer_range) is then 0 / 0.
 LAYER_NORM_EPS_FLOOR = 1e-30
 # lambda in loss = task loss + lambda * mean L_q; far above this the sum overflows or swamps the task loss.
 PROTOTYPE_LOSS_WEIGHT_CEILING = 1e6
-positive = number(0.0, low_open=True)
-probability = number(0.0, 1.0, high_open=True)
-step = number(0.0, 1.0, low_open=True)
+positive = interval(min=0.0, max=MAX_FLOAT, exclude_min=True)
+probability = interval(min=0.0, max=1.0, exclude_max=True)
+step = interval(min=0.0, max=1.0, exclude_min=True)
 
 
 @as_validated_field
@@ -60,11 +63,12 @@ class DDCLIncrtConfig(ValidatedConfig):
     `num_heads` (one count per layer) is the single source of truth for the architecture: `grow_head`,
     `prune_head` and `resize_heads` edit it, `from_pretrained` builds exactly that many heads per layer.
 
-    Validated as both configurations are (`configuration/validation.py`): each field's type and range when it
-    is set, the fields that must agree (`num_heads`, `num_hidden_layers` and `max_heads`, `tau_init` and
-    `tau_min`, `bert_config` and `hidden_size`, the token ids and `vocab_size`) at construction, at model
-    build and at `save_pretrained`, so coupled fields can change one at a time. Sizes are at most 2^24,
-    layers 2^14.
+    Validated as both configurations are (`configuration/validation.py`): each field's type and range whenever
+    it is set, and the fields that must agree (`num_heads`, `num_hidden_layers` and `max_heads`, `tau_init`
+    and `tau_min`, `bert_config` and `hidden_size`, `pad_token_id` and `vocab_size`, the size of the model)
+    at construction, on every assignment and `update` (a refused one is undone; change coupled fields together
+    with `update`), at model build and at `save_pretrained`. Sizes are at most 2^24, layers 2^14, weights
+    2^32 elements.
 
     The `gate_*` fields choose the growth rule and hold its parameters; the cadence (optimizer steps between
     checks, tokens and tracker iterations per check) is `IncrtGrowthCallback`'s (docs/growth_gate.md,
@@ -140,33 +144,33 @@ class DDCLIncrtConfig(ValidatedConfig):
     num_hidden_layers: int = layers(default=1)
     num_heads: int | list[int] | None = None
     head_dim: int = size(default=32)
-    max_heads: int | None = size(default=None)
-    num_prototypes: int = number(2, 2**24, integer=True)(default=16)
+    max_heads: int | None = optional(size)(default=None)
+    num_prototypes: int = interval(min=2, max=MAX_SIZE)(default=16)
     tau_init: int | float = temperature(default=1.0)
     tau_min: int | float = temperature(default=0.05)
-    prototype_loss_weight: int | float = number(0.0, PROTOTYPE_LOSS_WEIGHT_CEILING)(default=0.1)
+    prototype_loss_weight: int | float = interval(min=0.0, max=PROTOTYPE_LOSS_WEIGHT_CEILING)(default=0.1)
     max_position_embeddings: int = size(default=512)
-    type_vocab_size: int = number(0, 2**24, integer=True)(default=2)
-    layer_norm_eps: int | float = number(LAYER_NORM_EPS_FLOOR)(default=1e-12)
+    type_vocab_size: int = interval(min=0, max=MAX_SIZE)(default=2)
+    layer_norm_eps: int | float = interval(min=LAYER_NORM_EPS_FLOOR, max=MAX_FLOAT)(default=1e-12)
     hidden_dropout_prob: int | float = probability(default=0.1)
     attention_probs_dropout_prob: int | float = probability(default=0.0)
     classifier_dropout: int | float = probability(default=0.1)
     pooling: Pooling = "cls"
     # a weight standard deviation; above 1 the attention and prototype distances of a fresh model overflow
-    initializer_range: int | float = number(0.0, 1.0, low_open=True)(default=0.02)
+    initializer_range: int | float = interval(min=0.0, max=1.0, exclude_min=True)(default=0.02)
     pad_token_id: int | None = 0
-    gate_theta_w: int | float | None = positive(default=None)
+    gate_theta_w: int | float | None = optional(positive)(default=None)
     gate_threshold: GateThreshold = "relative"
     gate_rule: GateRule = "max_only"
-    gate_phi_w_factor: int | float = number()(default=0.5)
+    gate_phi_w_factor: int | float = interval(min=-MAX_FLOAT, max=MAX_FLOAT)(default=0.5)
     gate_dwell_kappa: int | float = positive(default=2.0)
-    gate_dwell_eps: int | float = number(0.0, 1.0, low_open=True, high_open=True)(default=0.05)
+    gate_dwell_eps: int | float = interval(min=0.0, max=1.0, exclude_min=True, exclude_max=True)(default=0.05)
     gate_use_lambda_min_test: bool = True
     gate_use_dwell: bool = True
     gate_couple_trackers: bool = True
     gate_calibration_factor: int | float = positive(default=0.1)
     gate_calibration_checks: int = size(default=3)
-    gate_prune_factor: int | float = number(0.0)(default=0.05)
+    gate_prune_factor: int | float = interval(min=0.0, max=MAX_FLOAT)(default=0.05)
     gate_prune_patience: int = size(default=3)
     gate_oja_step: int | float = step(default=0.9)
     gate_mca_step: int | float = step(default=0.9)
@@ -232,6 +236,23 @@ class DDCLIncrtConfig(ValidatedConfig):
                     f"`bert_config['hidden_size']` ({encoder_width}) must equal `hidden_size` "
                     f"({self.hidden_size})"
                 )
+
+    def weight_sizes(self) -> dict[str, int]:
+        """The embeddings, each head's projections and prototype bank, and the growth gate's basis
+        (docs/ddcl_incrt.md)."""
+        d, head = self.hidden_size, self.head_dim
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * d
+        per_head = 4 * d * head + self.num_prototypes * head
+        return {
+            "`vocab_size` x `hidden_size`": self.vocab_size * d,
+            "`max_position_embeddings` x `hidden_size`": self.max_position_embeddings * d,
+            "`num_prototypes` x `head_dim`": self.num_prototypes * head,
+            "`hidden_size` x `head_dim`": d * head,
+            "`max_heads` x `hidden_size`": self.max_heads * d,
+            "parameters (`num_heads` x (`num_prototypes`, `hidden_size`) x `head_dim` + the embeddings)": (
+                embeddings + sum(self.num_heads) * per_head + self.num_hidden_layers * self.max_heads * d
+            ),
+        }
 
 
 name_non_generator("DDCLIncrtForSequenceClassification", "AutoModelForSequenceClassification")

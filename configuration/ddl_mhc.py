@@ -12,26 +12,28 @@ from typing import Literal
 
 import torch
 from transformers import AutoModelForCausalLM
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-from transformers.utils.type_validators import activation_fn_key
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RopeParameters
+from transformers.utils.type_validators import activation_fn_key, interval
 
 from geoformers.configuration.architecture_names import name_architecture
 from geoformers.configuration.charts import METHODS, MHC_LITE_MAX_N
 from geoformers.configuration.validation import (
+    MAX_FLOAT,
     MAX_SIZE,
     ValidatedConfig,
     check_number,
     layers,
-    number,
+    optional,
     size,
     strict_config,
 )
 
 Chart = Literal[METHODS]
 FLOAT32_TINY = torch.finfo(torch.float32).tiny  # smallest normal float32: a smaller eps is 0 (flush-to-zero)
+FLOAT32_MAX = torch.finfo(torch.float32).max
 MAX_GATE_INIT = 1e30  # gate x dynamic term (<= ~1e7 at any size here) stays a finite float32 logit
-positive = number(0.0, math.inf, low_open=True, high_open=True)
+ROPE_TYPES = ("default", *ROPE_INIT_FUNCTIONS)
+ROPE_FLAGS = ("rope_type", "type", "truncate")  # the `rope_parameters` entries that are not numbers
 
 
 @strict_config
@@ -65,12 +67,12 @@ class DDLmHCConfig(ValidatedConfig):
     How the ops run is not configured: the tensors choose (docs/ddl_mhc.md, 'Choosing a path'). A saved
     config.json with the former field `hc_implementation` loads; the field is dropped.
 
-    Validation (docs/reliability.md, 'Configs'): each field's type and range when it is set (an invalid value
-    is not stored), the fields that must agree (`hidden_size` and the head counts, `hc_chart` and
-    `hc_streams`, the token ids and `vocab_size`, `rope_parameters`) at construction, at model build and at
-    `save_pretrained`. `rope_theta` and `rope_parameters` stay in step: assigning one updates the other, and
-    `rope_parameters` must build the model's rotary embedding (any transformers RoPE type). Bounds: sizes in
-    [1, 2^24], layers at most 2^14; `rms_norm_eps` any finite value >= 2^-126 (the smallest normal float32)
+    Validation (docs/reliability.md, 'Configs'): each field's type and range whenever it is set, and the
+    fields that must agree (`hidden_size` and the head counts, `hc_chart` and `hc_streams`, `pad_token_id` and
+    `vocab_size`, `rope_parameters`, the size of the model) at construction, on every assignment and `update`
+    (a refused one is undone), at model build and at `save_pretrained`. RoPE is transformers' (`rope_theta`
+    lives in `rope_parameters`; any transformers RoPE type). Bounds: sizes in [1, 2^24], layers at most 2^14,
+    no weight above 2^32 elements; `rms_norm_eps` any finite value >= 2^-126 (the smallest normal float32)
     and `delta_eps` any finite value with `delta_eps`^2 >= 2^-126, so neither rounds to 0;
     `hc_dynamic_gate_init` in [0, 1e30] so that gated logits stay finite in float32.
     """
@@ -82,31 +84,32 @@ class DDLmHCConfig(ValidatedConfig):
     intermediate_size: int = size(default=688)
     num_hidden_layers: int = layers(default=4)
     num_attention_heads: int = size(default=4)
-    num_key_value_heads: int | None = size(default=None)
+    num_key_value_heads: int | None = optional(size)(default=None)
     hidden_act: str = activation_fn_key(default="silu")
     max_position_embeddings: int = size(default=2048)
-    initializer_range: int | float = number(0.0, 1.0, low_open=True)(default=0.02)
-    rms_norm_eps: int | float = number(FLOAT32_TINY, math.inf, high_open=True)(default=1e-6)
+    initializer_range: int | float = interval(min=0.0, max=1.0, exclude_min=True)(default=0.02)
+    rms_norm_eps: int | float = interval(min=FLOAT32_TINY, max=MAX_FLOAT)(default=1e-6)
     use_cache: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     tie_word_embeddings: bool = False
-    rope_theta: int | float = positive(default=10000.0)
-    rope_parameters: dict | None = None  # transformers' RoPE dict; its "rope_theta", when given, wins
+    rope_parameters: RopeParameters | dict | None = None
     attention_bias: bool = False
-    attention_dropout: int | float = number(0.0, 1.0, high_open=True)(default=0.0)
+    attention_dropout: int | float = interval(min=0.0, max=1.0, exclude_max=True)(default=0.0)
     mlp_bias: bool = False
 
     hc_streams: int = size(default=4)
     hc_chart: Chart = "rtbp"
     hc_dynamic: bool = True
-    hc_res_mix_init: int | float = number(0.0, 1.0, low_open=True, high_open=True)(default=0.05)
+    hc_res_mix_init: int | float = interval(min=0.0, max=1.0, exclude_min=True, exclude_max=True)(
+        default=0.05
+    )
     hc_res_mix: Literal["identity", "lazy"] = "identity"
-    hc_dynamic_gate_init: int | float = number(0.0, MAX_GATE_INIT)(default=0.01)
+    hc_dynamic_gate_init: int | float = interval(min=0.0, max=MAX_GATE_INIT)(default=0.01)
     residual: Literal["delta", "add"] = "delta"
-    delta_beta_init: int | float = number(0.0, 2.0, low_open=True, high_open=True)(default=1.0)
-    delta_eps: int | float = number(math.sqrt(FLOAT32_TINY), math.inf, high_open=True)(default=1e-6)
+    delta_beta_init: int | float = interval(min=0.0, max=2.0, exclude_min=True, exclude_max=True)(default=1.0)
+    delta_eps: int | float = interval(min=math.sqrt(FLOAT32_TINY), max=MAX_FLOAT)(default=1e-6)
     stream_expansion: Literal["repeat", "conv"] = "repeat"
     stream_conv_kernel: int = size(default=4)
 
@@ -114,25 +117,27 @@ class DDLmHCConfig(ValidatedConfig):
         kwargs.pop("hc_implementation", None)  # a former field: the tensors choose the path now
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        if self.rope_parameters is not None and "rope_theta" in self.rope_parameters:
-            theta = self.rope_parameters["rope_theta"]
-            check_number("rope_parameters['rope_theta']", theta, 0.0, math.inf, low_open=True, high_open=True)
-            self.rope_theta = theta
         super().__post_init__(**kwargs)
 
     def __setattr__(self, name: str, value) -> None:
-        """After construction, `rope_theta` and `rope_parameters["rope_theta"]` are kept equal."""
+        """An assigned `rope_parameters` (None or one dict for all layers) is standardised as at construction
+        (`rope_type`, `rope_theta`)."""
         super().__setattr__(name, value)
-        if not self.__dict__.get("_post_init_done", False):
+        if name != "rope_parameters" or not self.__dict__.get("_post_init_done"):
             return
-        rope = self.rope_parameters
-        if name == "rope_theta" and isinstance(rope, dict) and rope.get("rope_theta") != value:
-            super().__setattr__("rope_parameters", {**rope, "rope_theta": value})
-        elif name == "rope_parameters" and (rope is None or isinstance(rope, dict)):
-            rope = rope or {}
-            rope = {"rope_type": rope.get("type", "default"), "rope_theta": self.rope_theta, **rope}
-            super().__setattr__("rope_parameters", rope)
-            super().__setattr__("rope_theta", rope["rope_theta"])
+        flat = value is None or not any(isinstance(entry, dict) for entry in value.values())
+        if flat and not (value and {"rope_type", "rope_theta"} <= value.keys()):
+            self.standardize_rope_params()
+
+    @property
+    def rope_theta(self) -> float:
+        """The RoPE base, kept in `rope_parameters` as in transformers' configs (a `rope_theta` argument or
+        config.json key moves there); assigning it updates `rope_parameters`."""
+        return (self.rope_parameters or {}).get("rope_theta", self.default_theta)
+
+    @rope_theta.setter
+    def rope_theta(self, value: float) -> None:
+        self.rope_parameters = {**(self.rope_parameters or {}), "rope_theta": value}
 
     @property
     def layer_types(self) -> list[str]:
@@ -145,6 +150,8 @@ class DDLmHCConfig(ValidatedConfig):
 
     def validate_architecture(self) -> None:
         """Heads divide the width, the rotary head width is even, and the chart fits `hc_streams`."""
+        if self.num_key_value_heads is None:  # resolved at construction only, as in Llama
+            raise ValueError("`num_key_value_heads` must be a head count once the config is built, got None")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
@@ -171,31 +178,52 @@ class DDLmHCConfig(ValidatedConfig):
             )
 
     def validate_rope(self) -> None:
-        """transformers' RoPE checks, then `rope_parameters` must build the model's rotary embedding with
-        finite, positive inverse frequencies."""
+        """transformers' RoPE checks (`RotaryEmbeddingConfigMixin.validate_rope`: the keys each `rope_type`
+        needs), with what it only warns about made errors: a `rope_type` transformers implements, one dict for
+        all layers, finite numbers, `rope_theta` a normal float32 (its inverse powers stay finite) and
+        `factor` >= 1."""
         rope = self.rope_parameters
-        if any(isinstance(value, dict) for value in rope.values()):
-            raise ValueError("`rope_parameters` must be one dict for all layers (no per-layer-type dicts)")
-        rope_type = rope.get("rope_type")
-        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
-            raise ValueError(
-                f"`rope_parameters['rope_type']` must be one of {['default', *ROPE_INIT_FUNCTIONS]}, "
-                f"got {rope_type!r}"
-            )
+        if not isinstance(rope, dict) or rope.get("rope_type") not in ROPE_TYPES:
+            got = rope.get("rope_type") if isinstance(rope, dict) else rope
+            raise ValueError(f"`rope_parameters['rope_type']` must be one of {list(ROPE_TYPES)}, got {got!r}")
+        for key, value in rope.items():
+            numbers = value if isinstance(value, list) and key != "rope_theta" else [value]
+            if key not in ROPE_FLAGS and not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and -MAX_FLOAT <= x <= MAX_FLOAT
+                for x in numbers
+            ):
+                raise ValueError(
+                    f"`rope_parameters['{key}']` must be a finite number (or list of them), got {value!r}"
+                )
+        check_number("rope_parameters['rope_theta']", rope["rope_theta"], FLOAT32_TINY, FLOAT32_MAX)
+        if "factor" in rope:
+            check_number("rope_parameters['factor']", rope["factor"], 1.0)
         try:
             super().validate_rope()
-            with torch.device("cpu"):  # also when a model is built on the meta device (from_pretrained)
-                rotary = LlamaRotaryEmbedding(self)
-        except (ArithmeticError, AttributeError, LookupError, RuntimeError, TypeError, ValueError) as e:
-            raise ValueError(f"`rope_parameters` {rope} cannot build a rotary embedding: {e!r}") from e
-        inv_freq, scaling = rotary.inv_freq, rotary.attention_scaling
-        if not (
-            torch.isfinite(inv_freq).all() and (inv_freq > 0).all() and math.isfinite(scaling) and scaling > 0
-        ):
-            raise ValueError(
-                f"`rope_parameters` {rope} (`rope_theta` = {self.rope_theta}) give non-finite or "
-                "non-positive rotary frequencies or scaling in float32"
-            )
+        except KeyError as error:  # transformers' missing-key error
+            raise ValueError(f"`rope_parameters` {rope}: {error.args[0]}") from None
+
+    def weight_sizes(self) -> dict[str, int]:
+        """The embedding (and untied head), the attention, MLP and hyper-connection projections
+        (docs/ddl_mhc.md, 'Hyper-connections'); the chart logits are at most n^2, or n! for "mhc_lite"."""
+        d, n, heads = self.hidden_size, self.hc_streams, self.num_attention_heads
+        head_dim = self.__dict__.get("head_dim", d // heads)
+        logits = math.factorial(n) if self.hc_chart == "mhc_lite" else n * n
+        embedding = self.vocab_size * d
+        attention = d * head_dim * (2 * heads + 2 * self.num_key_value_heads)
+        mlp = 3 * d * self.intermediate_size
+        maps = n * d * (logits + 2 * n) if self.hc_dynamic else 0
+        layer = attention + mlp + 2 * maps
+        return {
+            "`vocab_size` x `hidden_size`": embedding,
+            "`hidden_size` x `intermediate_size`": d * self.intermediate_size,
+            "`hidden_size` x `num_attention_heads` x head width": d * heads * head_dim,
+            "`hc_streams` x `hidden_size` x the chart logits": n * d * logits,
+            "`hidden_size` x `hc_streams` x `stream_conv_kernel`": d * n * self.stream_conv_kernel,
+            "parameters (`num_hidden_layers` x `hidden_size` x (`intermediate_size`, `hc_streams`, ...) + "
+            "`vocab_size` x `hidden_size`)": self.num_hidden_layers * layer
+            + embedding * (1 if self.tie_word_embeddings else 2),
+        }
 
 
 name_architecture("DDLmHCForCausalLM", AutoModelForCausalLM)

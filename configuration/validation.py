@@ -1,25 +1,56 @@
-"""Config validation, one policy for both models (docs/reliability.md, 'Configs'): huggingface_hub's strict
-dataclass validators, as transformers' own configs use them. A field's type (its annotation) and range
-(`number`) are checked whenever it is set, at construction and on every later assignment, and an invalid value
-is not stored; checks that couple fields are the config's `validate_*` methods, run at construction, at model
-build and at `save_pretrained`. Errors are the `ValueError` / `TypeError` of the failed check, naming the
-field. `check_number` is also the number check of function arguments elsewhere in the package."""
+"""Config validation, one mechanism for both configurations (docs/reliability.md, 'Configs'):
+huggingface_hub's `@strict`, as transformers' configs use it, with transformers' field validators (`interval`,
+`activation_fn_key`) and `validate_*` methods for the fields that must agree. `strict_config` adds what
+transformers' configs leave out:
 
+- an error is the `ValueError` / `TypeError` of the failed check naming the field, no `StrictDataclassError`;
+- `PreTrainedConfig`'s own fields are checked against its annotations (strings there, which `@strict` skips)
+  without declaring them again; `dtype` takes what `from_pretrained` passes ("auto", a dict per sub-model);
+- after construction, an assignment or `update` is also checked by the `validate_*` methods and undone when
+  refused, so fields that must agree change together in one `update`;
+- `validate_size`: no weight of the model has more than `MAX_TENSOR` elements and the model no more than
+  `MAX_PARAMETERS` parameters, the error naming the fields whose product is too large.
+
+`check_number` is the number check of function arguments elsewhere in the package."""
+
+import dataclasses
 import math
-from typing import Literal
+import sys
+import typing
+from functools import partial
 
 import torch
-from huggingface_hub.dataclasses import as_validated_field, strict
+from huggingface_hub.dataclasses import as_validated_field, strict, type_validator
 from huggingface_hub.errors import (
     StrictDataclassClassValidationError,
     StrictDataclassError,
     StrictDataclassFieldValidationError,
 )
 from transformers import PreTrainedConfig
+from transformers.utils.type_validators import interval
 
-ProblemType = Literal["regression", "single_label_classification", "multi_label_classification"]
 MAX_SIZE = 2**24  # sizes; beyond, the tables a model or its checks build take gigabytes
 MAX_LAYERS = 2**14  # layers; beyond, building the per-layer modules alone takes minutes
+MAX_FLOAT = sys.float_info.max  # the upper end of a range that is only required finite
+# Elements of one weight: 16 GiB in float32. The largest weight of a released checkpoint (Llama 3.1 405B's
+# embedding, 128256 x 16384) has half of it.
+MAX_TENSOR = 2**32
+MAX_PARAMETERS = 2**40  # parameters of one model: 4 TiB in float32
+
+size = interval(min=1, max=MAX_SIZE)
+layers = interval(min=1, max=MAX_LAYERS)
+
+
+def check_of(validator):
+    """The check inside a transformers field validator (e.g. `size`), to apply it elsewhere."""
+    (check,) = validator().metadata["validator"]
+    return check
+
+
+def optional(validator):
+    """A transformers field validator (e.g. `size`) that also lets None through."""
+    check = check_of(validator)
+    return as_validated_field(lambda value: None if value is None else check(value))
 
 
 def check_number(
@@ -33,8 +64,7 @@ def check_number(
     integer: bool = False,
 ) -> None:
     """`value` is an int (`integer`) or a finite real number, never a bool, in the interval from `low` to
-    `high`, each end open or closed. The message names `name` (a field's check leaves that to
-    `strict_config`)."""
+    `high`, each end open or closed; the message names `name`."""
     subject = f"`{name}` must be" if name else "must be"
     kind = "an int" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
@@ -51,55 +81,17 @@ def check_number(
         raise ValueError(f"{subject} {'an int' if integer else 'finite'} in {interval}, got {value}")
 
 
-def number(low: float = -math.inf, high: float = math.inf, *, low_open=False, high_open=False, integer=False):
-    """A dataclass field checked by `check_number` whenever it is set, e.g.
-    `number(1, 8, integer=True)(default=4)`.
-    None passes here; the field's annotation says whether None is allowed."""
-
-    def validator(value) -> None:
-        if value is not None:
-            check_number(None, value, low, high, low_open=low_open, high_open=high_open, integer=integer)
-
-    return as_validated_field(validator)
-
-
-size = number(1, MAX_SIZE, integer=True)
-layers = number(1, MAX_LAYERS, integer=True)
-
-
-@as_validated_field
-def label_ids(id2label) -> None:
-    """transformers' `id2label`: int ids (JSON gives digit strings) 0..n-1, each once, to str names."""
-    if id2label is None:
-        return
-    if not id2label:
-        raise ValueError("must name at least one label")
-    for key, label in id2label.items():
-        digits = isinstance(key, str) and key.isascii() and key.isdigit()
-        if not (digits or (isinstance(key, int) and not isinstance(key, bool))) or not isinstance(label, str):
-            raise TypeError(f"must map int label ids to str names, got {key!r}: {label!r}")
-    if sorted(int(key) for key in id2label) != list(range(len(id2label))):
-        raise ValueError(f"keys must be the ids 0 .. {len(id2label) - 1}, each once, got {list(id2label)}")
-
-
-@as_validated_field
-def label_names(label2id) -> None:
-    """transformers' `label2id`: str names to int ids (or their digit strings, as its type allows)."""
-    for label, key in (label2id or {}).items():
-        if isinstance(key, bool) or not (isinstance(key, int) or (isinstance(key, str) and key.isdigit())):
-            raise TypeError(f"must map str names to int label ids, got {label!r}: {key!r}")
-
-
 def _is_dtype(value) -> bool:
     return isinstance(value, torch.dtype) or (
         isinstance(value, str) and (value == "auto" or isinstance(getattr(torch, value, None), torch.dtype))
     )
 
 
-@as_validated_field
-def dtype_name(dtype) -> None:
+def check_dtype(dtype) -> None:
     """What transformers' `from_pretrained(dtype=...)` leaves in a config: None, "auto" (the checkpoint's own
     dtype), a torch.dtype or its name, or a dict of them per sub-model."""
+    if not isinstance(dtype, (str, torch.dtype, dict, type(None))):
+        raise TypeError(f"must be None, 'auto', a torch.dtype, its name or a dict of them, got {dtype!r}")
     for value in dtype.values() if isinstance(dtype, dict) else [dtype]:
         if value is not None and not _is_dtype(value):
             raise ValueError(
@@ -108,24 +100,42 @@ def dtype_name(dtype) -> None:
             )
 
 
-class ValidatedConfig(PreTrainedConfig):
-    """What both configurations add to `PreTrainedConfig`: its fields declared again with the same types as
-    annotations `@strict` can read (its own are strings, which `@strict` skips), checks of the values its
-    `__post_init__` would trip over with an error naming nothing (label maps, `dtype` names, `num_labels`),
-    special token ids inside the vocabulary (an error, where transformers only warns), and an assigned
-    `id2label` normalised as at construction (int keys, `label2id` its inverse; None: the two default
-    labels)."""
+def check_label_ids(id2label) -> None:
+    """transformers' `id2label`: at least one label, int ids (JSON gives digit strings) 0..n-1, each once."""
+    if id2label == {}:
+        raise ValueError("must name at least one label")
+    for key in id2label or {}:
+        if isinstance(key, str) and not (key.isascii() and key.isdigit()):
+            raise TypeError(f"keys must be int label ids or their digit strings, got {key!r}")
+    if id2label is not None and sorted(int(key) for key in id2label) != list(range(len(id2label))):
+        raise ValueError(f"keys must be the ids 0 .. {len(id2label) - 1}, each once, got {list(id2label)}")
 
-    transformers_version: str | None = None
-    architectures: list[str] | None = None
-    output_hidden_states: bool | None = False
-    return_dict: bool | None = True
-    chunk_size_feed_forward: int = number(0, MAX_SIZE, integer=True)(default=0)
-    is_encoder_decoder: bool = False
-    problem_type: ProblemType | None = None
-    id2label: dict[int, str] | dict[str, str] | None = label_ids(default=None)
-    label2id: dict[str, int] | dict[str, str] | None = label_names(default=None)
-    dtype: str | torch.dtype | dict[str, str | torch.dtype] | None = dtype_name(default=None)
+
+def check_label_names(label2id) -> None:
+    """transformers' `label2id`: names to int ids or their digit strings."""
+    for label, key in (label2id or {}).items():
+        if isinstance(key, str) and not key.isdigit():
+            raise TypeError(f"must map str names to int label ids, got {label!r}: {key!r}")
+
+
+# `PreTrainedConfig`'s annotations, which name `torch` without importing it at run time
+PRETRAINED_TYPES = typing.get_type_hints(PreTrainedConfig, localns={"torch": torch})
+INHERITED_CHECKS = {
+    field.name: [check_dtype]
+    if field.name == "dtype"  # its annotation leaves out the dict `from_pretrained` may pass
+    else [partial(type_validator, field.name, expected_type=PRETRAINED_TYPES[field.name])]
+    for field in dataclasses.fields(PreTrainedConfig)
+}
+INHERITED_CHECKS["id2label"].append(check_label_ids)
+INHERITED_CHECKS["label2id"].append(check_label_names)
+INHERITED_CHECKS["chunk_size_feed_forward"].append(check_of(interval(min=0, max=MAX_SIZE)))
+
+
+class ValidatedConfig(PreTrainedConfig):
+    """What both configurations add to `PreTrainedConfig` (no field of its own): `dtype="auto"` kept as
+    transformers' config loads keep it, `num_labels` checked, an assigned `id2label` normalised as at
+    construction (int keys, `label2id` its inverse; None: the two default labels), special token ids inside
+    the vocabulary, and `validate_size` over the config's `weight_sizes`."""
 
     def __post_init__(self, **kwargs):
         if kwargs.get("num_labels") is not None:
@@ -140,6 +150,14 @@ class ValidatedConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         if auto:
             self.dtype = "auto"
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """transformers' `from_dict`, with keyword values of fields (`from_pretrained(path, hidden_size=36,
+        num_attention_heads=6)`) given to the constructor together instead of assigned one by one."""
+        fields = {field.name for field in dataclasses.fields(cls)} - {"dtype"}  # transformers' keeps "auto"
+        together = {name: kwargs.pop(name) for name in list(kwargs) if name in fields}
+        return super().from_dict({**config_dict, **together}, **kwargs)
 
     def __setattr__(self, name: str, value) -> None:
         if name == "id2label" and self.__dict__.get("_post_init_done", False):
@@ -157,9 +175,26 @@ class ValidatedConfig(PreTrainedConfig):
         check_number("num_labels", value, 1, MAX_SIZE, integer=True)
         PreTrainedConfig.num_labels.fset(self, value)
 
+    def weight_sizes(self) -> dict[str, int]:
+        """Element counts of the model's largest weights, each keyed by the product of fields that gives it,
+        and its parameter count, keyed "parameters (...)" with the fields it grows with."""
+        raise NotImplementedError
+
+    def validate_size(self) -> None:
+        """The model can be allocated: no weight above `MAX_TENSOR` elements, no model above
+        `MAX_PARAMETERS` parameters."""
+        for fields, elements in self.weight_sizes().items():
+            bound = MAX_PARAMETERS if fields.startswith("parameters") else MAX_TENSOR
+            if elements > bound:
+                raise ValueError(
+                    f"{fields} = {elements} ({elements / 2**28:.0f} GiB in float32) exceed the 2^"
+                    f"{bound.bit_length() - 1} that a model of this config may have"
+                )
+
     def validate_token_ids(self) -> None:
-        """Every `*_token_id` (transformers' and extra ones) is None or an int in [0, vocab_size);
-        `eos_token_id` may also be a non-empty list of them, and negative (generation's 'never stop')."""
+        """Every `*_token_id` (transformers' and extra ones) is None or an int in [0, vocab_size), an error
+        where transformers only warns; `eos_token_id` may also be a non-empty list of them, and negative
+        (generation's 'never stop')."""
         names = {name for name in (*vars(self), *self.__dataclass_fields__) if name.endswith("_token_id")}
         for name in sorted(names):
             value = getattr(self, name, None)
@@ -183,16 +218,37 @@ def plain_error(error: StrictDataclassError, prefix: str = "") -> ValueError | T
 
 
 def strict_config(cls: type[PreTrainedConfig]) -> type[PreTrainedConfig]:
-    """huggingface_hub's `@strict` on a config class, as transformers' configs use it, raising the
-    `ValueError` / `TypeError` of the failed check (the field named) instead of its `StrictDataclassError`."""
+    """huggingface_hub's `@strict` on a config class, as transformers' configs use it, with the additions in
+    this module's docstring."""
     cls = strict(cls)
+    for name, checks in INHERITED_CHECKS.items():
+        cls.__validators__[name] = [*checks, *cls.__validators__[name]]
     strict_setattr, strict_validate = cls.__setattr__, cls.validate
 
-    def __setattr__(self, name: str, value) -> None:
+    def set_field(self, name: str, value) -> None:
         try:
             strict_setattr(self, name, value)
         except StrictDataclassFieldValidationError as error:
             raise plain_error(error, f"`{name}`: ") from None
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_") or not self.__dict__.get("_post_init_done", False):
+            set_field(self, name, value)  # construction ends with `validate`
+        else:
+            self.update({name: value})
+
+    def update(self, config_dict: dict) -> None:
+        """transformers' `update`, checked as a whole: each value by its field's checks, then the config by
+        its `validate_*` methods; a refused update leaves the config as it was."""
+        before = dict(self.__dict__)
+        try:
+            for name, value in config_dict.items():
+                set_field(self, name, value)
+            self.validate()
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
 
     def validate(self) -> None:
         try:
@@ -201,5 +257,5 @@ def strict_config(cls: type[PreTrainedConfig]) -> type[PreTrainedConfig]:
             raise error.__cause__ from None
 
     validate.__is_defined_by_strict_decorator__ = True  # a subclass may apply `@strict` again
-    cls.__setattr__, cls.validate = __setattr__, validate
+    cls.__setattr__, cls.update, cls.validate = __setattr__, update, validate
     return cls

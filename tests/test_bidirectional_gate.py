@@ -246,7 +246,7 @@ def test_author_pruning_needs_t_prune_consecutive_checks_below_phi_g():
 def test_bidirectional_settings_are_validated():
     with pytest.raises(TypeError, match="`gate_rule`: .* expected one of"):
         bidirectional_config(gate_rule="min_max")
-    with pytest.raises(ValueError, match="`gate_dwell_eps`: must be finite in"):
+    with pytest.raises(ValueError, match="`gate_dwell_eps`: Value must be greater than 0.0"):
         bidirectional_config(gate_dwell_eps=0.0)
     with pytest.raises(TypeError, match="`gate_couple_trackers`: .* expected bool"):
         bidirectional_config(gate_couple_trackers="no")

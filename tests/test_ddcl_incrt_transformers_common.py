@@ -107,12 +107,7 @@ class DDCLIncrtModelTest(common.ModelTesterMixin, *present_mixins("PipelineTeste
         )
 
     def test_config(self):
-        run_config_tests(
-            self,
-            "tests/test_ddcl_incrt_contract.py (standard config attributes, edits)",
-            config_class=DDCLIncrtConfig,
-            hidden_size=37,
-        )
+        run_config_tests(self, config_class=DDCLIncrtConfig, hidden_size=37)
 
     def test_reverse_loading_mapping(self):
         """The model's one checkpoint conversion (`one_element_parameters`: a legacy 0-d `rho` loads as shape

@@ -1,8 +1,8 @@
 """DDLmHCConfig validation (huggingface_hub's strict dataclass validators, as transformers' configs): values
 that used to be accepted and then fail at build (or give NaN later) are refused at construction naming the
-field, transformers' own fields included; an assigned value of the wrong type or range is refused and not
-stored, fields that must agree are checked by `validate()` at model build and save; eps fields accept any
-finite value large enough not to round to 0."""
+field, transformers' own fields included; an assigned or updated value of the wrong type or range, or one that
+breaks the fields that must agree, is refused and undone; a model too large to allocate is refused naming the
+fields; eps fields accept any finite value large enough not to round to 0."""
 
 import copy
 import math
@@ -71,6 +71,17 @@ def without_path(config_dict: dict) -> dict:
         ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}, ValueError, "rope_parameters"),
         ({"num_hidden_layers": 2.5}, TypeError, "num_hidden_layers"),
         ({"num_hidden_layers": 2**40}, ValueError, "num_hidden_layers"),  # was a MemoryError
+        ({"rope_parameters": {"rope_type": "linear", "factor": 0.5}}, ValueError, "factor"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": math.nan}}, ValueError, "factor"),
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, ValueError, "low_freq_factor"),
+        # the size bound: weights that cannot be allocated, named by the fields whose product they are
+        ({"vocab_size": 2**24, "hidden_size": 2**9}, ValueError, "`vocab_size` x `hidden_size`"),
+        (
+            {"hidden_size": 2**16, "intermediate_size": 2**17},
+            ValueError,
+            "`hidden_size` x `intermediate_size`",
+        ),
+        ({"num_hidden_layers": 2**14, "hidden_size": 2**13}, ValueError, "parameters"),
     ],
 )
 def test_rejects_at_construction_what_used_to_fail_later(overrides, error, field):
@@ -137,6 +148,8 @@ def test_accepts_the_eos_token_ids_generation_accepts(tmp_path, overrides, value
         ("rms_norm_eps", -1.0, ValueError, "rms_norm_eps"),
         ("use_cache", "yes", TypeError, "use_cache"),
         ("problem_type", "ranking", TypeError, "problem_type"),
+        ("num_key_value_heads", None, ValueError, "num_key_value_heads"),  # None: only at construction
+        ("rope_theta", 10**400, ValueError, "rope_theta"),  # beyond float range
     ],
 )
 def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(field, value, error, named):
@@ -154,17 +167,37 @@ def test_an_assigned_value_of_the_wrong_type_or_range_is_refused_and_not_stored(
         ("hidden_size", 15, "hidden_size"),
         ("hc_streams", 3, "hc_streams"),  # kromhc needs a power of two
         ("rope_parameters", {"rope_type": "bogus"}, "rope_type"),
+        ("rope_theta", 1e-300, "rope_theta"),  # its inverse powers overflow float32
         ("vocab_size", 5, "pad_token_id"),  # the pad token would leave the vocabulary
         ("sep_token_id", "x", "sep_token_id"),  # an extra token id has no field validator
+        ("vocab_size", 2**24, "`vocab_size` x `hidden_size`"),  # 2^36 elements at width 2^12
     ],
 )
-def test_fields_that_must_agree_are_checked_at_validate_build_and_save(tmp_path, field, value, named):
+def test_an_assignment_or_update_that_breaks_agreement_is_refused_and_undone(tmp_path, field, value, named):
     config = DDLmHCConfig(**SMALL, hc_streams=4, hc_chart="kromhc", pad_token_id=10)
-    setattr(config, field, value)  # coupled fields change one at a time
+    if value == 2**24:  # a width at which the embedding passes 2^32 elements
+        config.update({"vocab_size": 2**20, "hidden_size": 2**12, "intermediate_size": 8})
+    before = copy.deepcopy(config.to_dict())
     error = TypeError if field == "sep_token_id" else ValueError
+    for change in (
+        lambda: setattr(config, field, value),
+        lambda: config.update({field: value, "use_cache": False}),
+    ):
+        with pytest.raises(error, match=named):
+            change()
+        assert config.to_dict() == before
+    config.save_pretrained(tmp_path)
+    assert without_path(DDLmHCConfig.from_pretrained(tmp_path).to_dict()) == without_path(before)
+
+
+def test_an_in_place_edit_is_checked_at_validate_build_and_save(tmp_path):
+    """Editing `rope_parameters` in place assigns nothing: `validate()`, run at model build and at
+    `save_pretrained` (transformers'), refuses it there."""
+    config = DDLmHCConfig(**SMALL)
+    config.rope_parameters["rope_type"] = "bogus"
     save = lambda: config.save_pretrained(tmp_path)  # noqa: E731
     for refused in (config.validate, lambda: DDLmHCForCausalLM(config), save):
-        with pytest.raises(error, match=named):
+        with pytest.raises(ValueError, match="rope_type"):
             refused()
     assert not (tmp_path / "config.json").exists()
 
@@ -173,30 +206,33 @@ def default_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
 
-def test_valid_assignments_reach_the_model_and_rope_stays_in_step():
+def test_valid_assignments_reach_the_model_and_rope_theta_lives_in_rope_parameters():
     config = DDLmHCConfig(**SMALL)
     config.num_hidden_layers = 1
     config.rope_theta = 5e5
-    assert config.rope_parameters["rope_theta"] == 5e5
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 5e5}
     model = DDLmHCForCausalLM(config)
     assert len(model.model.layers) == 1
     torch.testing.assert_close(model.model.rotary_emb.inv_freq.double(), default_inverse_frequencies(5e5, 8))
-    config.rope_parameters = {"rope_type": "linear", "factor": 4.0}
-    assert config.rope_theta == 5e5 == config.rope_parameters["rope_theta"]
+    config.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5}
     rotary = DDLmHCForCausalLM(config).model.rotary_emb
     torch.testing.assert_close(rotary.inv_freq.double(), default_inverse_frequencies(5e5, 8) / 4)
-    config.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}
-    assert config.rope_theta == 1e4
+    config.rope_parameters = {"rope_type": "linear", "factor": 2.0}  # standardised as at construction
+    assert config.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    assert config.rope_theta == 1e4 and "rope_theta" not in config.to_dict()
+    legacy = {**config.to_dict(), "rope_theta": 2e4, "rope_parameters": None}  # a transformers 4 config.json
+    assert DDLmHCConfig.from_dict(legacy).rope_parameters == {"rope_type": "default", "rope_theta": 2e4}
 
 
-def test_fields_that_are_only_valid_together_change_one_at_a_time():
+def test_fields_that_are_only_valid_together_change_together_in_one_update():
     """(32, 4 heads) -> (36, 6 heads): neither field alone is valid (36 / 4 = 9 is odd, 32 % 6 != 0)."""
     config = DDLmHCConfig(**SMALL)
-    config.hidden_size = 36
     with pytest.raises(ValueError, match="hidden_size"):
-        config.validate()
-    config.update({"num_attention_heads": 6, "num_key_value_heads": 6})
-    config.validate()
+        config.hidden_size = 36
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        config.update({"num_attention_heads": 6, "num_key_value_heads": 6})
+    assert (config.hidden_size, config.num_attention_heads) == (32, 4)
+    config.update({"hidden_size": 36, "num_attention_heads": 6, "num_key_value_heads": 6})
     model = DDLmHCForCausalLM(config)
     assert model.model.layers[0].self_attn.q_proj.weight.shape == (36, 36)
     with pytest.raises(TypeError, match="hc_streams"):
@@ -228,3 +264,13 @@ def test_assigned_label_maps_are_normalised_as_at_construction(tmp_path):
     assert config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
     config.save_pretrained(tmp_path)
     assert without_path(DDLmHCConfig.from_pretrained(tmp_path).to_dict()) == without_path(config.to_dict())
+
+
+def test_an_assigned_rope_dict_per_layer_type_is_refused_naming_rope_parameters():
+    """transformers reads a dict keyed by layer type (here "full_attention") as one RoPE dict per layer type;
+    the model has one rotary embedding for all layers (found by tests/test_fuzz_ddl_mhc.py)."""
+    config = DDLmHCConfig(**SMALL)
+    before = config.to_dict()
+    with pytest.raises(ValueError, match="rope_parameters"):
+        config.rope_parameters = {"full_attention": {"rope_type": "default"}}
+    assert config.to_dict() == before

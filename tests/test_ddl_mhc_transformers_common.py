@@ -101,7 +101,8 @@ class DDLmHCModelTest(
         )
 
     def test_config(self):
-        run_config_tests(self, "tests/test_ddl_mhc_config.py", config_class=DDLmHCConfig, hidden_size=37)
+        """A width other than the default that the 4 default heads divide into even rotary halves."""
+        run_config_tests(self, config_class=DDLmHCConfig, hidden_size=40)
 
     def test_generation_tester_mixin_inheritance(self):
         """transformers' check that a model able to generate runs `GenerationTesterMixin`: it needs the real

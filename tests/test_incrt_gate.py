@@ -301,9 +301,9 @@ def test_calibrated_threshold_cascades_when_the_spectrum_grows_and_relative_does
     [
         ({"gate_threshold": "adaptive"}, "`gate_threshold`: .* expected one of", TypeError),
         ({"gate_rule": "both"}, "`gate_rule`: .* expected one of", TypeError),
-        ({"gate_phi_w_factor": math.nan}, "`gate_phi_w_factor`: must be finite in", ValueError),
-        ({"gate_dwell_kappa": 0.0}, "`gate_dwell_kappa`: must be finite in", ValueError),
-        ({"gate_dwell_eps": 1.0}, "`gate_dwell_eps`: must be finite in", ValueError),
+        ({"gate_phi_w_factor": math.nan}, "`gate_phi_w_factor`: Value must be", ValueError),
+        ({"gate_dwell_kappa": 0.0}, "`gate_dwell_kappa`: Value must be greater than 0.0", ValueError),
+        ({"gate_dwell_eps": 1.0}, "`gate_dwell_eps`: Value must be .* smaller than 1.0", ValueError),
         ({"gate_use_dwell": 1}, "`gate_use_dwell`: .* expected bool", TypeError),
         ({"gate_use_lambda_min_test": "yes"}, "`gate_use_lambda_min_test`: .* expected bool", TypeError),
         ({"gate_couple_trackers": None}, "`gate_couple_trackers`: .* expected bool", TypeError),

@@ -194,6 +194,9 @@ INTERNALS = {
             "**kwargs",
         ]
     },
+    ("transformers.utils.type_validators", "interval"): {
+        "parameters": ["min", "max", "exclude_min", "exclude_max"]
+    },
 }
 
 

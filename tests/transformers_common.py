@@ -13,7 +13,8 @@ missing one its module is registered holding an empty class named `Absent<mixin>
 inherits as the mixin. The test modules inherit the real mixins that are there (`present_mixins`) and report
 each missing one as a skipped test naming the missing folder (`mixin_test`); transformers' own tests that
 check for a mixin are skipped with the same reason (`skip_if_absent`). With a checkout's `tests/` folder
-the real mixins run.
+the real mixins run. `ConfigTester` is in the sdist and runs; of `tests/utils` it reads one dict of
+arguments, given here (`COMMON_CONFIG_ARGUMENTS`) when absent.
 """
 
 import importlib
@@ -188,16 +189,35 @@ def mixin_test(test_class: type, covered_by: dict[str, str]):
     return test_transformers_mixin
 
 
-def run_config_tests(testcase: unittest.TestCase, covered_by: str, **tester_kwargs) -> None:
-    """transformers' `ConfigTester(testcase, **tester_kwargs).run_common_tests()`, or a skip naming its
-    missing import (`tests/utils/test_configuration_utils.py`) and the project tests given."""
-    if not (_package() / "utils" / "test_configuration_utils.py").is_file():
-        testcase.skipTest(
-            "transformers' ConfigTester imports tests/utils/test_configuration_utils.py, "
-            f"which the transformers {transformers.__version__} sdist does not ship (set "
-            "GEOFORMERS_TRANSFORMERS_TESTS to a checkout's tests/ folder to run it); covered "
-            f"here by {covered_by}"
-        )
+# What ConfigTester's `check_config_arguments_init` passes to a config and reads back: a value other than the
+# default for each of `PreTrainedConfig`'s own arguments, the contents of transformers' `config_common_kwargs`
+# in tests/utils/test_configuration_utils.py, which the sdist does not ship.
+COMMON_CONFIG_ARGUMENTS = {
+    "return_dict": False,
+    "output_hidden_states": True,
+    "output_attentions": True,
+    "dtype": "float16",
+    "chunk_size_feed_forward": 5,
+    "architectures": ["BertModel"],
+    "id2label": {0: "label"},
+    "label2id": {"label": "0"},
+    "problem_type": "regression",
+}
+
+
+def run_config_tests(testcase: unittest.TestCase, **tester_kwargs) -> None:
+    """transformers' `ConfigTester(testcase, **tester_kwargs).run_common_tests()`. Its module imports
+    `config_common_kwargs` from tests/utils/test_configuration_utils.py; where the folder in use lacks that
+    file (the sdist), the import finds `COMMON_CONFIG_ARGUMENTS` under that name. The module also loads the
+    folder's `__init__.py` by path (`direct_transformers_import`), an empty file the sdist leaves out."""
+    folder = _package()
+    (folder / "__init__.py").touch(exist_ok=True)
+    if not (folder / "utils" / "test_configuration_utils.py").is_file():
+        utils = sys.modules.setdefault(f"{PACKAGE}.utils", types.ModuleType(f"{PACKAGE}.utils"))
+        arguments = types.ModuleType(f"{PACKAGE}.utils.test_configuration_utils")
+        arguments.config_common_kwargs = COMMON_CONFIG_ARGUMENTS
+        sys.modules.setdefault(arguments.__name__, arguments)
+        utils.test_configuration_utils = sys.modules[arguments.__name__]
     tester = importlib.import_module(f"{PACKAGE}.test_configuration_common").ConfigTester
     tester(testcase, **tester_kwargs).run_common_tests()
 
