@@ -11,19 +11,22 @@ from typing import TYPE_CHECKING
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 # first: a transformers release outside the supported range fails here, naming both (docs/versions.md)
-from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
+from geoformers.models.transformers_range import TRANSFORMERS_REQUIREMENT  # noqa: F401
 
 # isort: split
 
 # --- DDCL-INCRT encoder (docs/ddcl_incrt.md) and DDL-mHC causal LM (docs/ddl_mhc.md) ---
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
-from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import (
+    DDCLIncrtForSequenceClassification,
+    DDCLIncrtModel,
+)
+from geoformers.models.ddl_mhc.configuration_ddl_mhc import DDLmHCConfig
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
 
 if TYPE_CHECKING:
     from geoformers.model_io.hub_export import export_for_hub
-    from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc, load_llama
+    from geoformers.models.ddl_mhc.llama_conversion import convert_llama_to_ddl_mhc, load_llama
 
 __version__ = "0.1.0"
 
@@ -39,8 +42,8 @@ AutoModelForCausalLM.register(DDLmHCConfig, DDLmHCForCausalLM)
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
-    "convert_llama_to_ddl_mhc": "geoformers.modeling.llama_conversion",
-    "load_llama": "geoformers.modeling.llama_conversion",
+    "convert_llama_to_ddl_mhc": "geoformers.models.ddl_mhc.llama_conversion",
+    "load_llama": "geoformers.models.ddl_mhc.llama_conversion",
     "export_for_hub": "geoformers.model_io.hub_export",
 }
 _SUBPACKAGES = ("tokenization", "training")

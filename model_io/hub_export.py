@@ -1,6 +1,7 @@
 """Hub export: one folder with the weights, the flat remote code and `auto_map` (written by every
-`save_pretrained`, see `hub_code`), the tokenizer and a model card generated from the model, that loads with
-`trust_remote_code=True` on a machine without `geoformers`; `huggingface_hub.upload_folder` uploads it as is.
+`save_pretrained`, see `remote_code`), the tokenizer and a model card generated from the model, that loads
+with `trust_remote_code=True` on a machine without `geoformers`; `huggingface_hub.upload_folder` uploads it
+as is.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from huggingface_hub import ModelCard, ModelCardData
 
 from geoformers.model_io.remote_code import TASK_AUTO_CLASSES
-from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT
+from geoformers.models.transformers_range import TRANSFORMERS_REQUIREMENT
 
 # Per model type: title, pipeline tag, one-line description and the config fields shown (field, meaning).
 _CARD_FACTS = {

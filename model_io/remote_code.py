@@ -5,13 +5,13 @@ into config.json, so the folder loads with `AutoModel*.from_pretrained(folder, t
 geoformers is not installed.
 
 transformers' remote-code loader follows relative imports between the files of one folder, so each module is
-copied as it is, except its top-level geoformers import lines: `from geoformers.<a>.<b> import <names>` at
-the start of a line becomes `from .<a>_<b> import <names>` (`flat_name`). An indented geoformers import (in a
-`try` block) is what the model's forward does not need, such as the saving and loading of `io_mixin`: it is
-not shipped, and in a copy loaded without geoformers its `except ImportError` branch runs. Modules imported by
-name at run time (the Triton kernels) are not shipped either: in a copy they do not import and the PyTorch
-path runs. A copy loaded as remote code re-saves through transformers' own `custom_object_save`, its files
-being flat already.
+copied as it is, except its top-level geoformers import lines: `from geoformers.models.<module> import
+<names>` at the start of a line becomes `from .<flat name> import <names>` (`flat_name`). An indented
+geoformers import (in a `try` block) is what the model's forward does not need, such as the saving and
+loading of `io_mixin`: it is not shipped, and in a copy its `except ImportError` branch runs. Modules
+imported by name at run time (the Triton kernels) are not shipped either: in a copy they do not import and
+the PyTorch path runs. A copy loaded as remote code re-saves through transformers' own
+`custom_object_save`, its files being flat already.
 """
 
 import importlib.util
@@ -20,6 +20,11 @@ import re
 from pathlib import Path
 
 PACKAGE = "geoformers"
+MODELS = f"{PACKAGE}.models"
+MODEL_HOMES = (
+    "ddl_mhc",
+    "ddcl_incrt",
+)  # geoformers.models.<home>: one model's configuration, modeling and ops
 
 # Auto class names written into `auto_map`, keyed by the model class' role.
 TASK_AUTO_CLASSES = {
@@ -37,10 +42,16 @@ def is_internal(module_name: str) -> bool:
 
 
 def flat_name(module_name: str) -> str:
-    """The file stem a geoformers module ships as: `geoformers.modeling.ddl_mhc` -> `modeling_ddl_mhc`."""
-    if not module_name.startswith(PACKAGE + "."):
-        raise ValueError(f"{module_name!r} is not a module of the {PACKAGE} package")
-    return module_name.removeprefix(PACKAGE + ".").replace(".", "_")
+    """The file stem a geoformers module ships as: its path below `geoformers.models`, without the model's
+    home, dots made underscores (`geoformers.models.ddl_mhc.modeling_ddl_mhc` -> `modeling_ddl_mhc`,
+    `geoformers.models.ddl_mhc.ops.charts.naive` -> `ops_charts_naive`, `geoformers.models.input_checks` ->
+    `input_checks`)."""
+    if not module_name.startswith(MODELS + "."):
+        raise ValueError(f"{module_name!r} is not a module of {MODELS}; only the models' code ships")
+    parts = module_name.removeprefix(MODELS + ".").split(".")
+    if len(parts) > 1 and parts[0] in MODEL_HOMES:
+        parts = parts[1:]
+    return "_".join(parts)
 
 
 def source_file(module_name: str) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from geoformers.modeling.ops.charts import (
+from geoformers.models.ddl_mhc.ops.charts import (
     CHART_VARIANTS,
     CHARTS,
     METHODS,
@@ -35,9 +35,9 @@ from geoformers.modeling.ops.charts import (
     ds_violation,
     num_logits,
 )
-from geoformers.modeling.ops.charts.naive import SCALED, rtbp
-from geoformers.modeling.ops.charts.rtbp_node import schedule_node
-from geoformers.modeling.ops.charts.tbp_node import tbp_node
+from geoformers.models.ddl_mhc.ops.charts.naive import SCALED, rtbp
+from geoformers.models.ddl_mhc.ops.charts.rtbp_node import schedule_node
+from geoformers.models.ddl_mhc.ops.charts.tbp_node import tbp_node
 
 from harness.flag_checks import CheckedParser
 from harness.results import markdown_table, write_results

@@ -29,9 +29,8 @@ from pathlib import Path
 
 import torch
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.modeling.incrt import (
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.incrt import (
     DEFAULT_GATE_TOKENS,
     DEFAULT_TRACKER_STEPS,
     TrackedEigenpair,
@@ -43,6 +42,7 @@ from geoformers.modeling.incrt import (
     spectral_radius_bound,
     track_eigenvector,
 )
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.growth import CADENCE_DEFAULTS
 
 from harness.flag_checks import CheckedParser

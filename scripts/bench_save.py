@@ -19,7 +19,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging
 
-from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+from geoformers.models.ddl_mhc.llama_conversion import convert_llama_to_ddl_mhc
 
 from harness.flag_checks import CheckedParser
 from harness.results import REPO_ROOT, write_results

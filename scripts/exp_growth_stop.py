@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments
 
-from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.growth import HISTORY_FILE, IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
 from geoformers.training.synthetic_tasks import build_spectral_task, task_spec

@@ -46,7 +46,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from geoformers.modeling.incrt import DEFAULT_GATE_TOKENS  # noqa: E402
+from geoformers.models.ddcl_incrt.incrt import DEFAULT_GATE_TOKENS  # noqa: E402
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_nonstationary_stream, task_spec  # noqa: E402
 
 from harness.flags import (  # noqa: E402

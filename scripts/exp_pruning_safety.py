@@ -38,9 +38,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import DataCollatorWithPadding, Trainer, set_seed  # noqa: E402
 
-from geoformers.modeling.bert_conversion import wrap_bert_embeddings  # noqa: E402
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
-from geoformers.modeling.incrt import head_directional_energy  # noqa: E402
+from geoformers.models.ddcl_incrt.bert_conversion import wrap_bert_embeddings  # noqa: E402
+from geoformers.models.ddcl_incrt.incrt import head_directional_energy  # noqa: E402
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
 from geoformers.tokenization import load_bert_tokenizer  # noqa: E402
 from geoformers.training.data import encode_dataset, load_sst2  # noqa: E402
 from geoformers.training.optim import make_optimizer  # noqa: E402

@@ -48,7 +48,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification  # noqa: E402
 
 from harness.analysis import (  # noqa: E402
     grow_order,

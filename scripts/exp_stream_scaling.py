@@ -51,8 +51,8 @@ import torch
 from matplotlib.figure import Figure
 
 import geoformers
-from geoformers.configuration.charts import METHODS
-from geoformers.modeling.ops.charts import ds_violation, num_logits
+from geoformers.models.ddl_mhc.chart_specs import METHODS
+from geoformers.models.ddl_mhc.ops.charts import ds_violation, num_logits
 from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
 
 from harness.causal_lm import (

@@ -26,7 +26,7 @@ from pathlib import Path
 import transformers
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.growth import PLOT_FILE, plot_growth_history
 from geoformers.training.synthetic_tasks import DEFAULT_STRENGTHS, build_spectral_task, task_spec
 

@@ -40,7 +40,7 @@ from transformers import (
 from transformers.utils import logging
 
 import geoformers
-from geoformers.configuration.ddl_mhc import DDLmHCConfig
+from geoformers.models.ddl_mhc.configuration_ddl_mhc import DDLmHCConfig
 from geoformers.tokenization import build_char_tokenizer, unknown_characters
 from geoformers.tokenization.encoding import listed
 from geoformers.training.data import TINY_SHAKESPEARE_HUB_NAME, load_hub_dataset

@@ -1,7 +1,7 @@
 """Plain-Python float64 references for the TBP and RTBP charts (docs/ddl_mhc.md, 'Doubly-stochastic charts').
 
 One matrix at a time, explicit loops, written straight from the definitions, so that the batched PyTorch
-references of `modeling/ops/charts/naive.py` are checked against code that shares nothing with them.
+references of `models/ddl_mhc/ops/charts/naive.py` are checked against code that shares nothing with them.
 Inputs are sequences of floats, outputs lists of rows.
 """
 

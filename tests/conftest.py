@@ -4,7 +4,7 @@
 scripts' shared `harness` package as the scripts do.
 
 Without a GPU, Triton kernels run only in Triton's interpreter, which `triton.jit` selects when a kernel
-is defined, i.e. when a kernel module (`modeling/ops/*/triton.py`) is first imported; setting
+is defined, i.e. when a kernel module (`models/ddl_mhc/ops/*/triton.py`) is first imported; setting
 TRITON_INTERPRET=1 here, before any test module imports them, makes tests/test_triton_kernels.py run them
 on CPU tensors.
 """

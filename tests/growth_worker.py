@@ -23,8 +23,8 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.growth import IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
 from geoformers.training.resume import resume_growth_training

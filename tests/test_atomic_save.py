@@ -129,7 +129,9 @@ def test_saving_over_a_folder_keeps_its_other_files_and_drops_stale_weight_shard
     (target / "checkpoint-5" / "optimizer.pt").write_bytes(b"state")
     target.chmod(0o750)
     two_models["new"].save_pretrained(target)
-    code = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    code = remote_code_files(
+        "geoformers.models.ddl_mhc.modeling_ddl_mhc", "geoformers.models.ddl_mhc.configuration_ddl_mhc"
+    )
     assert sorted(p.name for p in target.iterdir()) == sorted(
         [
             "checkpoint-5",

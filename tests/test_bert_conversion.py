@@ -9,11 +9,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, BertConfig, BertModel
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.model_io.remote_code import remote_code_files
-from geoformers.modeling import wrap_bert_embeddings
-from geoformers.modeling.bert_conversion import bert_parts, freeze_bert_parts, load_bert
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models import wrap_bert_embeddings
+from geoformers.models.ddcl_incrt.bert_conversion import bert_parts, freeze_bert_parts, load_bert
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.tokenization import load_bert_tokenizer
 
 # SST-2 validation sentences (GLUE dev.tsv), real text for the real tokenizer.
@@ -154,7 +154,10 @@ def test_save_load_round_trip_rebuilds_the_same_structure(tiny_bert_path, tmp_pa
     )
     model.prune_head(0, 0)
     model.save_pretrained(tmp_path / "wrapped")
-    code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    code = remote_code_files(
+        "geoformers.models.ddcl_incrt.modeling_ddcl_incrt",
+        "geoformers.models.ddcl_incrt.configuration_ddcl_incrt",
+    )
     assert {"configuration_ddcl_incrt.py", "modeling_ddcl_incrt.py"} <= set(code)
     assert {p.name for p in (tmp_path / "wrapped").iterdir()} == {"config.json", "model.safetensors", *code}
     stored = load_file(tmp_path / "wrapped" / "model.safetensors")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_incrt_gate import DIM, check, planted_problem
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.incrt import (
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.incrt import (
     bidirectional_action,
     build_gate,
     coupled_mca_step,

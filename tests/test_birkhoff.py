@@ -11,7 +11,7 @@ from chart_references import rtbp_reference, split_reference, tbp_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geoformers.modeling.ops.charts import (
+from geoformers.models.ddl_mhc.ops.charts import (
     METHODS,
     MHC_LITE_MAX_N,
     birkhoff,
@@ -21,9 +21,9 @@ from geoformers.modeling.ops.charts import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
 )
-from geoformers.modeling.ops.charts.rtbp_node import schedule_node
-from geoformers.modeling.ops.charts.tbp_node import tbp_node
-from geoformers.modeling.ops.dispatch import ops_path
+from geoformers.models.ddl_mhc.ops.charts.rtbp_node import schedule_node
+from geoformers.models.ddl_mhc.ops.charts.tbp_node import tbp_node
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 
 EXACT_METHODS = ("tbp", "rtbp", "mhc_lite", "kromhc")
 SIZES = (*range(1, 10), 16, 32)

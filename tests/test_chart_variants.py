@@ -1,4 +1,4 @@
-"""The TBP-mHC authors' chart variants (`modeling/ops/charts`, docs/chart_variants.md) and the lazy-minorized
+"""The TBP-mHC authors' chart variants (DDL-mHC `ops/charts`, docs/chart_variants.md) and the lazy-minorized
 H_res mix (`ddl_mhc.lazy_mix`). Independent references: the plain-Python charts of
 `chart_references` with the variant's interval choice swapped in, a plain-Python power-of-two RTBP
 written from the authors' RTBP2N formulas, explicit permutation matrices, hand computations."""
@@ -12,10 +12,10 @@ from chart_references import rtbp_reference, tbp_reference
 from test_birkhoff import random_interior_ds
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.configuration.charts import TRANSPORT_CHARTS, ChartSpec
 from geoformers.model_io.remote_code import remote_code_files
-from geoformers.modeling.ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
-from geoformers.modeling.ops.charts import (
+from geoformers.models.ddl_mhc.chart_specs import TRANSPORT_CHARTS, ChartSpec
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import LAZY_UNIFORM_INIT, lazy_mix, lazy_mix_logits
+from geoformers.models.ddl_mhc.ops.charts import (
     ATBP_ORDERINGS,
     CHART_VARIANTS,
     CHARTS,
@@ -29,19 +29,21 @@ from geoformers.modeling.ops.charts import (
     num_logits,
     variant_logits_from_matrix,
 )
-from geoformers.modeling.ops.charts.naive import INTERVAL_CHOICES, rtbp, tbp
-from geoformers.modeling.ops.charts.rtbp_node import schedule_node
-from geoformers.modeling.ops.charts.tbp_node import tbp_node
-from geoformers.modeling.ops.dispatch import ops_path
+from geoformers.models.ddl_mhc.ops.charts.naive import INTERVAL_CHOICES, rtbp, tbp
+from geoformers.models.ddl_mhc.ops.charts.rtbp_node import schedule_node
+from geoformers.models.ddl_mhc.ops.charts.tbp_node import tbp_node
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 
 
 def test_hub_code_ships_the_chart_table_with_the_variants():
-    files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
-    table = files["configuration_charts.py"]
+    files = remote_code_files(
+        "geoformers.models.ddl_mhc.modeling_ddl_mhc", "geoformers.models.ddl_mhc.configuration_ddl_mhc"
+    )
+    table = files["chart_specs.py"]
     assert all(f'"{method}": ChartSpec(' in table for method in VARIANTS)
-    charts = files["modeling_ops_charts.py"]
+    charts = files["ops_charts.py"]
     assert "_CHARTS: dict[str, _Chart] = {name: _variant(spec) for name, spec in CHARTS.items()}" in charts
-    assert "from .modeling_ops_charts import birkhoff, num_logits" in files["modeling_ddl_mhc.py"]
+    assert "from .ops_charts import birkhoff, num_logits" in files["modeling_ddl_mhc.py"]
 
 
 def test_every_list_of_charts_derives_from_the_one_table():

@@ -10,8 +10,11 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import (
+    DDCLIncrtForSequenceClassification,
+    DDCLIncrtModel,
+)
 
 VOCAB, HIDDEN, HEAD_DIM = 40, 16, 4
 

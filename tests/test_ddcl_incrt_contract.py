@@ -7,8 +7,11 @@ import torch.nn.functional as F
 from transformers import pipeline
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import (
+    DDCLIncrtForSequenceClassification,
+    DDCLIncrtModel,
+)
 from geoformers.tokenization import train_wordpiece
 
 VOCAB, HIDDEN, HEAD_DIM = 40, 16, 4

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 
 VOCAB, HIDDEN, HEAD_DIM, MAX_LENGTH, LABELS = 40, 16, 4, 12, 3
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,7 +166,7 @@ def test_gate_check_refuses_empty_or_non_finite_batches_and_keeps_its_state(call
 
 def test_gate_second_moments_of_a_fully_padded_batch_are_refused_when_values_are_not_checked(monkeypatch):
     """Off CPU the forward does not read the mask; the gate still refuses a batch without real tokens."""
-    import geoformers.modeling.ddcl_incrt as modeling
+    import geoformers.models.ddcl_incrt.modeling_ddcl_incrt as modeling
 
     torch.manual_seed(0)
     model = DDCLIncrtForSequenceClassification(small_config(pooling="mean")).eval()

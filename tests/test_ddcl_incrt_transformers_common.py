@@ -20,8 +20,11 @@ from transformers_common import (
 )
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification, DDCLIncrtModel
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import (
+    DDCLIncrtForSequenceClassification,
+    DDCLIncrtModel,
+)
 
 CONTRACT = "tests/test_ddcl_incrt_contract.py"
 COVERED_BY = {

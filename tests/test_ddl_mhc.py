@@ -18,9 +18,9 @@ from transformers import (
 
 import geoformers
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, DDLmHCModel, convert_llama_to_ddl_mhc
-from geoformers.modeling.ddl_mhc import HyperConnection, StreamExpansion, unit_direction
-from geoformers.modeling.ops.charts import birkhoff, ds_violation
-from geoformers.modeling.ops.stream_write.node import AddMixWrite
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import HyperConnection, StreamExpansion, unit_direction
+from geoformers.models.ddl_mhc.ops.charts import birkhoff, ds_violation
+from geoformers.models.ddl_mhc.ops.stream_write.node import AddMixWrite
 
 VOCAB = 61
 SMALL = dict(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.ops.charts import ds_violation
+from geoformers.models.ddl_mhc.ops.charts import ds_violation
 
 VOCAB = 17
 STEPS = 50

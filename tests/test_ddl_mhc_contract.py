@@ -8,9 +8,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, pipeline
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM
-from geoformers.modeling.llama_conversion import convert_llama_to_ddl_mhc
+from geoformers.models.ddl_mhc.configuration_ddl_mhc import DDLmHCConfig
+from geoformers.models.ddl_mhc.llama_conversion import convert_llama_to_ddl_mhc
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import DDLmHCForCausalLM
 from geoformers.tokenization import build_char_tokenizer
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.input_checks import embeds_bound
+from geoformers.models.input_checks import embeds_bound
 
 VOCAB, HIDDEN = 61, 32
 SMALL = dict(

@@ -26,7 +26,7 @@ from transformers import (
 )
 
 import geoformers
-from geoformers.modeling.ops.charts import ds_violation
+from geoformers.models.ddl_mhc.ops.charts import ds_violation
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.tokenization.char_tokenizer import CHAR_SPECIAL_TOKENS, PAD
 from geoformers.training.data import causal_lm_blocks

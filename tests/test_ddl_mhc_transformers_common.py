@@ -18,8 +18,8 @@ from transformers_common import (
 )
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddl_mhc import DDLmHCConfig
-from geoformers.modeling.ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
+from geoformers.models.ddl_mhc.configuration_ddl_mhc import DDLmHCConfig
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import DDLmHCForCausalLM, DDLmHCModel
 
 CONTRACT = "tests/test_ddl_mhc_contract.py"
 COVERED_BY = {

@@ -11,7 +11,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT
+from geoformers.models.transformers_range import TRANSFORMERS_REQUIREMENT
 
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python >= 3.11's tomllib")
 

@@ -18,9 +18,9 @@ from script_modules import load_script
 from transformers import HfArgumentParser
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
 from geoformers.model_io.remote_code import remote_code_files
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.checkpoints import write_json_atomically
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
@@ -95,7 +95,10 @@ def test_grow_demo_saves_a_checkpoint_that_reloads_with_the_grown_heads(tmp_path
     ]
     summary = grow_demo.main(argv)
     printed = capsys.readouterr().out
-    code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    code = remote_code_files(
+        "geoformers.models.ddcl_incrt.modeling_ddcl_incrt",
+        "geoformers.models.ddcl_incrt.configuration_ddcl_incrt",
+    )
     assert {p.name for p in tmp_path.iterdir()} == {
         "config.json",
         "model.safetensors",

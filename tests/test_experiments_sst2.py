@@ -11,8 +11,8 @@ from script_modules import SCRIPTS, load_script
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainingArguments
 
 import geoformers  # noqa: F401  (registers the Auto classes)
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.data import load_sst2
 
 from harness.recipe import offset_history

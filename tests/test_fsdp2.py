@@ -10,7 +10,7 @@ from fsdp2_worker import CASES, run
 from safetensors.torch import load_file, save_file
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.ddl_mhc import ONE_ELEMENT_PARAMETERS
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import ONE_ELEMENT_PARAMETERS
 
 WORLD_SIZE = 2
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.ops.dispatch import ops_path, run_node
-from geoformers.modeling.ops.stream_read.naive import naive_read_streams
-from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead
-from geoformers.modeling.ops.stream_write.naive import naive_mix_and_write
-from geoformers.modeling.ops.stream_write.node import AddMixWrite, DeltaMixWrite
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path, run_node
+from geoformers.models.ddl_mhc.ops.stream_read.naive import naive_read_streams
+from geoformers.models.ddl_mhc.ops.stream_read.node import StreamMapsRead, StreamRead
+from geoformers.models.ddl_mhc.ops.stream_write.naive import naive_mix_and_write
+from geoformers.models.ddl_mhc.ops.stream_write.node import AddMixWrite, DeltaMixWrite
 
 SMALL = dict(vocab_size=37, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=2)
 

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from transformers.activations import ACT2FN
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.input_checks import embeds_bound
+from geoformers.models.input_checks import embeds_bound
 
 BASE = dict(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2)
 DEEP = int(os.environ.get("GEOFORMERS_FUZZ_EXAMPLES", "0"))  # e.g. 2000: a deeper, randomised run

@@ -12,15 +12,15 @@ from safetensors.torch import load_file
 from test_incrt_gate import DIM, gate_config, planted_problem
 from transformers import Trainer
 
-from geoformers.configuration.ddcl_incrt import GATE_RULES
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.modeling.incrt import (
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import GATE_RULES
+from geoformers.models.ddcl_incrt.incrt import (
     GATE_RULE_CLASSES,
     BidirectionalGate,
     IncrtGate,
     MaxOnlyGate,
     build_gate,
 )
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.growth import IncrtGrowthCallback
 
 # Saved by the code that kept the cadence in the config (gate_check_every=7, gate_num_tokens=24,

@@ -6,7 +6,7 @@ import pytest
 from script_modules import load_script
 from test_experiment_scripts import TINY_MODEL
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
 
 from harness.printing import describe_event
 

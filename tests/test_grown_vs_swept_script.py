@@ -7,8 +7,8 @@ import json
 import pytest
 from script_modules import load_script
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
 
 

@@ -10,8 +10,8 @@ from growth_worker import growth_callback, growth_trainer, parameter_checksum, s
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.training.resume import resume_growth_training
 from geoformers.training.synthetic_tasks import task_spec
 

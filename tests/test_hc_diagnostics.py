@@ -16,7 +16,7 @@ from peft import LoraConfig, TaskType, get_peft_model
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 import geoformers
-from geoformers.modeling.ops.charts import birkhoff
+from geoformers.models.ddl_mhc.ops.charts import birkhoff
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.hc_diagnostics import (
     KEY_PATTERN,

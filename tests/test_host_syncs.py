@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.modeling.value_checks import checks_values, value_checks
+from geoformers.models.value_checks import checks_values, value_checks
 
 SHAPE = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4)
 SYNCING_METHODS = ("item", "__bool__", "__float__", "__int__", "tolist")

@@ -111,19 +111,24 @@ def grown_incrt_model() -> DDCLIncrtForSequenceClassification:
 
 
 def test_shipped_files_are_the_modules_with_only_their_top_level_geoformers_import_lines_made_relative():
-    files = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    files = remote_code_files(
+        "geoformers.models.ddcl_incrt.modeling_ddcl_incrt",
+        "geoformers.models.ddcl_incrt.configuration_ddcl_incrt",
+    )
     assert {
         "modeling_ddcl_incrt.py",
         "configuration_ddcl_incrt.py",
-        "modeling_incrt.py",
-        "modeling_prototypes.py",
-        "configuration_validation.py",
-        "modeling_transformers_range.py",
+        "incrt.py",
+        "prototypes.py",
+        "config_validation.py",
+        "transformers_range.py",
     } <= set(files)
     assert not [name for name in files if name.startswith("model_io")]  # saving and loading stay home
     for name, source in files.items():
         module = next(
-            m for m in sys.modules if m.startswith("geoformers.") and remote_code.flat_name(m) == name[:-3]
+            m
+            for m in sys.modules
+            if m.startswith("geoformers.models.") and remote_code.flat_name(m) == name[:-3]
         )
         original = Path(sys.modules[module].__file__).read_text().splitlines()
         shipped = source.splitlines()
@@ -148,27 +153,39 @@ def test_shipped_files_are_the_modules_with_only_their_top_level_geoformers_impo
 
 
 def test_a_package_ships_as_its_flat_name_and_two_modules_of_one_flat_name_are_refused(monkeypatch):
-    files = remote_code_files("geoformers.configuration")  # a package: its __init__.py
-    assert "from .configuration_ddl_mhc import DDLmHCConfig" in files["configuration.py"]
-    assert {"configuration_ddl_mhc.py", "configuration_ddcl_incrt.py"} <= set(files)
-    fake = {"geoformers.a_b.c": ("", ("geoformers.a.b_c",)), "geoformers.a.b_c": ("", ())}
+    files = remote_code_files("geoformers.models.ddl_mhc.ops.charts")  # a package: its __init__.py
+    assert "from .ops_charts_naive import" in files["ops_charts.py"]
+    assert remote_code.flat_name("geoformers.models.input_checks") == "input_checks"  # shared by both models
+    with pytest.raises(ValueError, match="only the models' code ships"):
+        remote_code.flat_name("geoformers.training.growth")
+    fake = {
+        "geoformers.models.a_b.c": ("", ("geoformers.models.a.b_c",)),
+        "geoformers.models.a.b_c": ("", ()),
+    }
     monkeypatch.setattr(remote_code, "shipped_source", fake.__getitem__)
     with pytest.raises(
-        ValueError, match="geoformers.a_b.c and geoformers.a.b_c would both be shipped as a_b_c.py"
+        ValueError,
+        match="geoformers.models.a_b.c and geoformers.models.a.b_c would both be shipped as a_b_c.py",
     ):
-        remote_code_files("geoformers.a_b.c")
+        remote_code_files("geoformers.models.a_b.c")
 
 
 def test_the_triton_kernels_imported_by_name_are_not_shipped():
-    files = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
-    shipped = {"modeling_ops_dispatch.py", "modeling_ops_charts.py", "modeling_ops_stream_write.py"}
+    files = remote_code_files(
+        "geoformers.models.ddl_mhc.modeling_ddl_mhc", "geoformers.models.ddl_mhc.configuration_ddl_mhc"
+    )
+    shipped = {"ops_dispatch.py", "ops_charts.py", "ops_stream_write.py"}
     assert shipped <= set(files)
     assert not [name for name in files if name.removesuffix(".py").endswith("triton")]
 
 
 @pytest.mark.parametrize(
     "line",
-    ["import geoformers.modeling.ddl_mhc", "from geoformers import DDLmHCConfig", "    import geoformers"],
+    [
+        "import geoformers.models.ddl_mhc.modeling_ddl_mhc",
+        "from geoformers import DDLmHCConfig",
+        "    import geoformers",
+    ],
     ids=["import", "package root", "indented"],
 )
 def test_a_geoformers_import_that_cannot_be_made_relative_fails_the_save_loudly(tmp_path, monkeypatch, line):
@@ -192,7 +209,7 @@ def test_an_indented_geoformers_import_is_left_for_its_except_branch(tmp_path, m
     shipped; in a copy loaded without geoformers its `except ImportError` branch runs."""
     module = tmp_path / "optional_module.py"
     guarded = "try:\n    from geoformers.model_io.io_mixin import Mixin\nexcept ImportError:\n    pass\n"
-    module.write_text(f"from geoformers.modeling.value_checks import checks_values\n\n{guarded}")
+    module.write_text(f"from geoformers.models.value_checks import checks_values\n\n{guarded}")
     real_source_file = remote_code.source_file
     monkeypatch.setattr(
         remote_code,
@@ -200,8 +217,8 @@ def test_an_indented_geoformers_import_is_left_for_its_except_branch(tmp_path, m
         lambda name: str(module) if name == "geoformers.optional_module" else real_source_file(name),
     )
     source, imported = shipped_source("geoformers.optional_module")
-    assert source == f"from .modeling_value_checks import checks_values\n\n{guarded}"
-    assert imported == ("geoformers.modeling.value_checks",)
+    assert source == f"from .value_checks import checks_values\n\n{guarded}"
+    assert imported == ("geoformers.models.value_checks",)
 
 
 def test_grown_ddcl_incrt_loads_anywhere_with_identical_logits(tmp_path):
@@ -307,7 +324,10 @@ def test_stock_save_pretrained_writes_flat_code_and_auto_map(tmp_path):
     folder = tmp_path / "saved"
     model.save_pretrained(folder)
     saved = {p.name for p in folder.iterdir()}
-    code = remote_code_files("geoformers.modeling.ddcl_incrt", "geoformers.configuration.ddcl_incrt")
+    code = remote_code_files(
+        "geoformers.models.ddcl_incrt.modeling_ddcl_incrt",
+        "geoformers.models.ddcl_incrt.configuration_ddcl_incrt",
+    )
     assert saved == {"config.json", "model.safetensors", *code}
     assert all((folder / name).read_text() == source for name, source in code.items())
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
@@ -332,7 +352,9 @@ def test_register_for_auto_class_does_not_ship_the_nested_package_files(tmp_path
     model = tiny_ddl_mhc()
     model.save_pretrained(tmp_path / "saved")
     files = {p.name for p in (tmp_path / "saved").iterdir()}
-    code = remote_code_files("geoformers.modeling.ddl_mhc", "geoformers.configuration.ddl_mhc")
+    code = remote_code_files(
+        "geoformers.models.ddl_mhc.modeling_ddl_mhc", "geoformers.models.ddl_mhc.configuration_ddl_mhc"
+    )
     assert files == {"config.json", "generation_config.json", "model.safetensors", *code}
     assert "ddl_mhc.py" not in files
     assert json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"] == {

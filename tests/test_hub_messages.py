@@ -1,5 +1,5 @@
 """`push_to_hub` where the Hub cannot be reached names what the upload needs and the offline route
-(`model_io/remote_code.py`, `HubCodeMixin.push_to_hub`). The Hub endpoint is a closed port on the loopback
+(`model_io/io_mixin.py`, `PretrainedIOMixin.push_to_hub`). The Hub endpoint is a closed port on the loopback
 interface, so the request fails the way an offline machine's does, without touching any network. A saved
 tokenizer loads where geoformers is not imported, with no "model of type" warning (docs/reliability.md)."""
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.incrt import (
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.incrt import (
     build_gate,
     deflate,
     directional_matrix,

@@ -16,8 +16,8 @@ from transformers import (
 )
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
-from geoformers.modeling.ddl_mhc import HyperConnection
-from geoformers.modeling.ops.dispatch import ops_path
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import HyperConnection
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training import parameter_groups
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("geoformers", "geoformers.modeling", "geoformers.training", "geoformers.tokenization")
+PACKAGES = ("geoformers", "geoformers.models", "geoformers.training", "geoformers.tokenization")
 # what a user of one model never calls at import: the training stack, plotting, PEFT, the conversions
 NOT_AT_IMPORT = (
     "datasets",
@@ -21,8 +21,8 @@ NOT_AT_IMPORT = (
     "sklearn",
     "geoformers.training",
     "geoformers.tokenization",
-    "geoformers.modeling.bert_conversion",
-    "geoformers.modeling.llama_conversion",
+    "geoformers.models.ddcl_incrt.bert_conversion",
+    "geoformers.models.ddl_mhc.llama_conversion",
     "geoformers.model_io.hub_export",
 )
 PROBE = f"""

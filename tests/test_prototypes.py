@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from geoformers.modeling.prototypes import (
+from geoformers.models.ddcl_incrt.prototypes import (
     PrototypeBank,
     assignment_perplexity,
     min_pairwise_distance,

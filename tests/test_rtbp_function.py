@@ -1,4 +1,4 @@
-"""RTBP as one autograd node (`modeling/ops/charts/rtbp_node.py`, docs/rtbp_backward.md) against its
+"""RTBP as one autograd node (`models/ddl_mhc/ops/charts/rtbp_node.py`, docs/rtbp_backward.md) against its
 references: the plain-autograd `naive.rtbp` (outputs and gradients, incl. saturated logits and ties), the
 plain-Python `chart_references.rtbp_reference`, finite differences (gradcheck), and the float32 path; and the
 schedule it shares with the Triton kernels (`schedule.chart_schedule`), TBP's included. The interval
@@ -8,10 +8,10 @@ import pytest
 import torch
 from chart_references import rtbp_reference
 
-from geoformers.modeling.ops.charts import birkhoff, ds_violation
-from geoformers.modeling.ops.charts.naive import PLAIN, rtbp, tbp
-from geoformers.modeling.ops.charts.rtbp_node import ScheduleFunction, _plan, schedule_node
-from geoformers.modeling.ops.charts.schedule import chart_schedule
+from geoformers.models.ddl_mhc.ops.charts import birkhoff, ds_violation
+from geoformers.models.ddl_mhc.ops.charts.naive import PLAIN, rtbp, tbp
+from geoformers.models.ddl_mhc.ops.charts.rtbp_node import ScheduleFunction, _plan, schedule_node
+from geoformers.models.ddl_mhc.ops.charts.schedule import chart_schedule
 
 SIZES = range(1, 10)
 

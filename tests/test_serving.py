@@ -215,7 +215,7 @@ def test_architectures_are_named_where_the_server_looks(tmp_path):
 
     from transformers.cli.serving import model_manager
 
-    # the reason for `configuration/architecture_names.py`: when this fails, transformers no longer looks the
+    # the reason for `models/architecture_names.py`: when this fails, transformers no longer looks the
     # architecture up by name, and the module can go
     source = inspect.getsource(model_manager.ModelLoader._load_model)
     assert "getattr(transformers, config.architectures[0])" in source

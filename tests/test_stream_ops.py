@@ -1,4 +1,4 @@
-"""The stream ops (`modeling/ops/stream_read/`, `modeling/ops/stream_write/`): every autograd node called
+"""The stream ops (DDL-mHC's `ops/stream_read/`, `ops/stream_write/`): every autograd node called
 directly against its naive reference function (outputs and gradients, float64 to rounding and float32 to
 1e-5), and the path each op function takes by the one rule (`ops/dispatch.py`). The Triton kernels are
 compared with the same naive functions in tests/test_triton_kernels.py. On a GPU the nodes run on CUDA
@@ -9,17 +9,17 @@ import pytest
 import torch
 from torch import nn
 
-from geoformers.modeling.ops.dispatch import interpreter_enabled, ops_path, triton_available
-from geoformers.modeling.ops.stream_read import read_streams
-from geoformers.modeling.ops.stream_read.naive import map_terms, naive_read_streams, naive_stream_maps
-from geoformers.modeling.ops.stream_read.node import StreamMapsRead, StreamRead
-from geoformers.modeling.ops.stream_write import write_streams
-from geoformers.modeling.ops.stream_write.naive import (
+from geoformers.models.ddl_mhc.ops.dispatch import interpreter_enabled, ops_path, triton_available
+from geoformers.models.ddl_mhc.ops.stream_read import read_streams
+from geoformers.models.ddl_mhc.ops.stream_read.naive import map_terms, naive_read_streams, naive_stream_maps
+from geoformers.models.ddl_mhc.ops.stream_read.node import StreamMapsRead, StreamRead
+from geoformers.models.ddl_mhc.ops.stream_write import write_streams
+from geoformers.models.ddl_mhc.ops.stream_write.naive import (
     naive_delta_amplitudes,
     naive_delta_write,
     naive_mix_and_write,
 )
-from geoformers.modeling.ops.stream_write.node import AddMixWrite, DeltaMixWrite
+from geoformers.models.ddl_mhc.ops.stream_write.node import AddMixWrite, DeltaMixWrite
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BATCH, N, D = (2, 3), 4, 6

@@ -15,7 +15,7 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_FILES = [ROOT / "__init__.py"] + sorted(
     path
-    for folder in ("configuration", "modeling", "tokenization", "training")
+    for folder in ("models", "model_io", "tokenization", "training")
     for path in (ROOT / folder).rglob("*.py")
 )
 

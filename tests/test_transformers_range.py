@@ -22,8 +22,8 @@ import torch
 from packaging.requirements import Requirement
 
 from geoformers.model_io.remote_code import flat_name
-from geoformers.modeling import transformers_range
-from geoformers.modeling.transformers_range import TRANSFORMERS_REQUIREMENT
+from geoformers.models import transformers_range
+from geoformers.models.transformers_range import TRANSFORMERS_REQUIREMENT
 
 INPUTS = [[1, 5, 7, 3, 2]]
 # argv[1]: the folder; saves a DDL-mHC causal LM and a DDCL-INCRT classifier (export_for_hub) under it and

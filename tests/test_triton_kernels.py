@@ -1,5 +1,5 @@
-"""Triton kernels (`modeling/ops/charts/triton.py`, `modeling/ops/stream_read/triton.py`,
-`modeling/ops/stream_write/triton.py`) against the plain PyTorch references.
+"""Triton kernels (`models/ddl_mhc/ops/charts/triton.py`, `models/ddl_mhc/ops/stream_read/triton.py`,
+`models/ddl_mhc/ops/stream_write/triton.py`) against the plain PyTorch references.
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1, set by
 conftest.py before the kernel modules are imported); with one they run on CUDA tensors. Every kernel is
@@ -18,15 +18,15 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'geoformers[triton]')")
 
-from geoformers.modeling.ops.charts import birkhoff, ds_violation, naive  # noqa: E402
-from geoformers.modeling.ops.charts import triton as chart_kernels  # noqa: E402
-from geoformers.modeling.ops.dispatch import STREAM_DTYPES, choose_path, ops_path  # noqa: E402
-from geoformers.modeling.ops.stream_read import triton as read_kernels  # noqa: E402
-from geoformers.modeling.ops.stream_read.naive import naive_read_streams  # noqa: E402
-from geoformers.modeling.ops.stream_read.triton import triton_read_streams  # noqa: E402
-from geoformers.modeling.ops.stream_write import triton as write_kernels  # noqa: E402
-from geoformers.modeling.ops.stream_write.naive import naive_delta_write, naive_mix_and_write  # noqa: E402
-from geoformers.modeling.ops.stream_write.triton import triton_delta_write, triton_mix_and_write  # noqa: E402
+from geoformers.models.ddl_mhc.ops.charts import birkhoff, ds_violation, naive  # noqa: E402
+from geoformers.models.ddl_mhc.ops.charts import triton as chart_kernels  # noqa: E402
+from geoformers.models.ddl_mhc.ops.dispatch import STREAM_DTYPES, choose_path, ops_path  # noqa: E402
+from geoformers.models.ddl_mhc.ops.stream_read import triton as read_kernels  # noqa: E402
+from geoformers.models.ddl_mhc.ops.stream_read.naive import naive_read_streams  # noqa: E402
+from geoformers.models.ddl_mhc.ops.stream_read.triton import triton_read_streams  # noqa: E402
+from geoformers.models.ddl_mhc.ops.stream_write import triton as write_kernels  # noqa: E402
+from geoformers.models.ddl_mhc.ops.stream_write.naive import naive_delta_write, naive_mix_and_write  # noqa: E402
+from geoformers.models.ddl_mhc.ops.stream_write.triton import triton_delta_write, triton_mix_and_write  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and type(read_kernels._read_forward_kernel).__name__ != "InterpretedFunction":
@@ -49,7 +49,7 @@ def _assert_relative(actual: torch.Tensor, expected: torch.Tensor, tolerance: fl
 
 
 # ----------------------------------------------------------------------------------------------
-# Charts: the Triton kernels called directly against the naive definitions (`modeling/ops/charts/naive.py`)
+# Charts: the Triton kernels called directly against the naive definitions (`ops/charts/naive.py`)
 
 NAIVE = {
     "tbp": naive.tbp,

@@ -13,7 +13,7 @@ from transformers import PreTrainedConfig
 from transformers.utils.type_validators import interval
 
 from geoformers import DDCLIncrtConfig, DDCLIncrtForSequenceClassification, DDLmHCConfig
-from geoformers.configuration.validation import check_number, strict_config
+from geoformers.models.config_validation import check_number, strict_config
 
 
 def test_check_number_integer_accepts_the_bounds_and_refuses_bools_floats_and_out_of_range():

@@ -16,11 +16,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from geoformers.configuration.charts import TRANSPORT_CHARTS
-from geoformers.modeling.ops.charts import naive
-from geoformers.modeling.ops.charts import triton as chart_kernels
-from geoformers.modeling.ops.stream_read import triton as read_kernels
-from geoformers.modeling.ops.stream_write import triton as write_kernels
+from geoformers.models.ddl_mhc.chart_specs import TRANSPORT_CHARTS
+from geoformers.models.ddl_mhc.ops.charts import naive
+from geoformers.models.ddl_mhc.ops.charts import triton as chart_kernels
+from geoformers.models.ddl_mhc.ops.stream_read import triton as read_kernels
+from geoformers.models.ddl_mhc.ops.stream_write import triton as write_kernels
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")

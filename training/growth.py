@@ -61,8 +61,8 @@ from transformers.trainer_callback import ExportableState, TrainerControl, Train
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from geoformers.modeling.incrt import DEFAULT_GATE_TOKENS, DEFAULT_TRACKER_STEPS
+from geoformers.models.ddcl_incrt.incrt import DEFAULT_GATE_TOKENS, DEFAULT_TRACKER_STEPS
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtPreTrainedModel
 from geoformers.training.checkpoints import CompleteCheckpointsCallback, write_json_atomically
 from geoformers.training.optim import sync_optimizer_with_model
 from geoformers.training.reporting import warn_if_unreported

@@ -28,8 +28,8 @@ from torch import nn
 from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import TrainerControl, TrainerState
 
-from geoformers.configuration.validation import check_number
-from geoformers.modeling.ddl_mhc import HyperConnection
+from geoformers.models.config_validation import check_number
+from geoformers.models.ddl_mhc.modeling_ddl_mhc import HyperConnection
 from geoformers.training.reporting import warn_if_unreported
 
 METRICS = ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")

@@ -29,7 +29,7 @@ from torch import nn
 from transformers import Trainer, TrainingArguments
 from transformers.trainer_pt_utils import get_parameter_names
 
-from geoformers.configuration.validation import check_number
+from geoformers.models.config_validation import check_number
 
 # transformers' Trainer.get_decay_parameter_names (and nn.LayerNorm weights), plus the DDCL temperature
 NO_DECAY_PATTERNS = [

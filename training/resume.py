@@ -19,7 +19,7 @@ from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
-from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtPreTrainedModel
 from geoformers.training.checkpoints import checkpoint_problem, latest_complete_checkpoint, read_marker
 from geoformers.training.optim import sync_optimizer_with_model
 

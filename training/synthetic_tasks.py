@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, List, Value
 
-from geoformers.configuration.validation import check_number
+from geoformers.models.config_validation import check_number
 from geoformers.tokenization.arguments import require_int
 from geoformers.tokenization.kmer_tokenizer import AMBIGUOUS_BASE, MAX_KMER_SIZE, NUCLEOTIDES
 from geoformers.tokenization.wordpiece_tokenizer import BERT_SPECIAL_TOKENS

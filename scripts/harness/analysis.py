@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtPreTrainedModel
 
 
 def head_count_law(history: dict) -> list[dict]:

@@ -14,7 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import geoformers
-from geoformers.modeling.ops.dispatch import ops_path
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 from geoformers.tokenization import build_char_tokenizer
 from geoformers.training.data import load_tiny_shakespeare
 

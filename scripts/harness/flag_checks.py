@@ -10,7 +10,7 @@ import math
 
 from transformers import HfArgumentParser
 
-from geoformers.configuration.validation import check_number
+from geoformers.models.config_validation import check_number
 
 # flag -> (low, high, high_open, integer): the ranges torch's optimizers and the Trainer's schedules accept
 TRAINING_RANGES = {

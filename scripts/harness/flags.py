@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments, set_seed
 
-from geoformers.configuration.ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import GATE_RULES, GATE_THRESHOLDS, DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 
 from harness.flag_checks import CheckedParser
 from harness.threads import DEFAULT_THREADS, THREADS_HELP

@@ -9,14 +9,14 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from geoformers.modeling.ddcl_incrt import DDCLIncrtPreTrainedModel
-from geoformers.modeling.incrt import (
+from geoformers.models.ddcl_incrt.incrt import (
     DEFAULT_GATE_TOKENS,
     deflate,
     directional_matrix,
     head_directional_energy,
     interaction_matrix,
 )
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtPreTrainedModel
 
 
 @torch.no_grad()

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from transformers import Trainer
 
-from geoformers.configuration.ddcl_incrt import DDCLIncrtConfig
-from geoformers.modeling.bert_conversion import wrap_bert_embeddings
-from geoformers.modeling.ddcl_incrt import DDCLIncrtForSequenceClassification
+from geoformers.models.ddcl_incrt.bert_conversion import wrap_bert_embeddings
+from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
+from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
 from geoformers.tokenization import load_bert_tokenizer, train_wordpiece
 from geoformers.training.data import encode_dataset, load_sst2
 

@@ -16,8 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
-from geoformers.modeling import ddl_mhc
-from geoformers.modeling.ops.stream_write import naive as stream_write_naive
+from geoformers.models.ddl_mhc import modeling_ddl_mhc
+from geoformers.models.ddl_mhc.ops.stream_write import naive as stream_write_naive
 
 from harness.results import markdown_table
 
@@ -49,12 +49,14 @@ def _scoped(label: str, function):
 def mechanism_scopes(model: torch.nn.Module):
     """Wrap each mechanism of `model` (DDL-mHC or transformers' Llama) in a labelled profiler scope."""
     patches = [
-        (ddl_mhc.HyperConnection, "_map_logits", "maps projection"),  # n = 1: the maps without a read
-        (ddl_mhc, "birkhoff", "chart"),
-        (ddl_mhc, "read_streams", "read"),  # with dynamic maps also their RMS normalisation and gates
-        (ddl_mhc, "write_streams", "mix+write"),
+        # n = 1: the maps without a read
+        (modeling_ddl_mhc.HyperConnection, "_map_logits", "maps projection"),
+        (modeling_ddl_mhc, "birkhoff", "chart"),
+        # with dynamic maps also their RMS normalisation and gates
+        (modeling_ddl_mhc, "read_streams", "read"),
+        (modeling_ddl_mhc, "write_streams", "mix+write"),
         (stream_write_naive, "naive_delta_amplitudes", "delta amplitudes"),
-        (ddl_mhc.DeltaWrite, "forward", "delta amplitudes"),
+        (modeling_ddl_mhc.DeltaWrite, "forward", "delta amplitudes"),
     ]
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, label in patches:
