@@ -6,8 +6,8 @@ Sinkhorn-20, all in one process. Repetitions are interleaved across methods (rou
 noisy, shared CPU slows every method alike. The chart variants (docs/chart_variants.md) get rows of their
 own, timed interleaved with tbp, rtbp and Sinkhorn-20, with their time ratio to the chart they vary.
 Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_function.json`;
-`--tbp_wavefront`: `tbp_wavefront_batch<B>.json`) to `--output_dir` (default outputs/benchmarks;
-`--output_dir benchmarks` replaces the committed report).
+`--tbp_wavefront`: `tbp_wavefront_batch<B>.json`; `--host`: `chart_host.json`) to `--output_dir` (default
+outputs/benchmarks; `--output_dir benchmarks` replaces the committed report).
 
     python scripts/bench_birkhoff.py                       # n in 4 8 16 32, batch 8192
     python scripts/bench_birkhoff.py --sizes 4 8 --reps 9
@@ -15,6 +15,8 @@ Prints markdown tables and writes `birkhoff.json` (`--rtbp_function`: `rtbp_func
         # RTBP: the naive reference (naive.py) vs the one-node chart (rtbp_node.py), fwd and fwd+bwd
     python scripts/bench_birkhoff.py --tbp_wavefront --sizes 4 8 16 --batch 1536
         # TBP and STBP: the wavefront node (tbp_node.py) vs the schedule node (rtbp_node.py)
+    python scripts/bench_birkhoff.py --host --sizes 4 8 --reps 101
+        # decoding: `birkhoff` of 1-8 rows without a gradient, the host path vs the node
 """
 
 import argparse
@@ -38,6 +40,7 @@ from geoformers.models.ddl_mhc.ops.charts import (
 from geoformers.models.ddl_mhc.ops.charts.naive import SCALED, rtbp
 from geoformers.models.ddl_mhc.ops.charts.rtbp_node import schedule_node
 from geoformers.models.ddl_mhc.ops.charts.tbp_node import tbp_node
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 
 from harness.flag_checks import CheckedParser
 from harness.results import markdown_table, write_results
@@ -243,6 +246,83 @@ def bench_tbp_wavefront(n: int, batch: int, reps: int, generator: torch.Generato
     return rows
 
 
+HOST_BENCH_ROWS = (1, 2, 3, 4, 8)
+
+
+def run_host(args, generator: torch.Generator) -> None:
+    """`birkhoff(logits, n, chart)` without a gradient on 1-8 rows of float32 logits (decoding: a token per
+    sequence), the host path (`ops_path("host")`) against the node (`ops_path("node")`): median microseconds
+    per call, every (chart, n, rows, path) timing interleaved; the host path's largest entry difference."""
+    cases = [(m, n, r) for m in ("tbp", "rtbp") for n in args.sizes for r in HOST_BENCH_ROWS]
+    logits = {(m, n, r): torch.randn(r, (n - 1) ** 2, generator=generator) for m, n, r in cases}
+    paths = ("host", "node")
+
+    def timed(case, path) -> float:
+        method, n, _ = case
+        with torch.no_grad(), ops_path(path):
+            start = time.perf_counter()
+            for _ in range(20):
+                birkhoff(logits[case], n, method)
+            return (time.perf_counter() - start) / 20
+
+    seconds = {(case, path): [] for case in cases for path in paths}
+    for case in cases:  # warm-up
+        for path in paths:
+            timed(case, path)
+    for _ in range(args.reps):
+        for case in cases:
+            for path in paths:
+                seconds[case, path].append(timed(case, path))
+    results = []
+    for case in cases:
+        method, n, rows = case
+        host, node = (statistics.median(seconds[case, path]) for path in paths)
+        with torch.no_grad(), ops_path("host"):
+            host_matrix = birkhoff(logits[case], n, method)
+        with torch.no_grad(), ops_path("node"):
+            node_matrix = birkhoff(logits[case], n, method)
+        results.append(
+            {
+                "method": method,
+                "n": n,
+                "rows": rows,
+                "host_us_median": host * 1e6,
+                "node_us_median": node * 1e6,
+                "node_vs_host": node / host,
+                "max_abs_difference": float((host_matrix - node_matrix).abs().max()),
+            }
+        )
+    rows = [
+        [
+            r["method"],
+            r["n"],
+            r["rows"],
+            f"{r['host_us_median']:.1f}",
+            f"{r['node_us_median']:.1f}",
+            f"{r['node_vs_host']:.2f}",
+            f"{r['max_abs_difference']:.1e}",
+        ]  # fmt: skip
+        for r in results
+    ]
+    headers = ["chart", "n", "rows", "host us", "node us", "node / host", "max |host - node|"]
+    print(markdown_table(headers, rows, align="lrrrrrr"))
+    config = {
+        "reps": args.reps,
+        "sizes": args.sizes,
+        "rows": HOST_BENCH_ROWS,
+        "logits": "N(0, 1), float32, no gradient",
+        "timing": "median over interleaved repetitions of the mean of 20 calls",
+        **timing_environment(),
+    }
+    write_results(
+        args.output_dir / "chart_host.json",
+        "bench_birkhoff.py",
+        None,
+        vars(args),
+        {"config": config, "results": results},
+    )
+
+
 def run_tbp_wavefront(args, generator: torch.Generator) -> None:
     results = []
     for n in args.sizes:
@@ -377,6 +457,10 @@ class BenchBirkhoffArguments:
         default=False,
         metadata={"help": "only TBP's wavefront nodes vs the schedule node (tbp_wavefront_batch<B>.json)"},
     )
+    host: bool = field(
+        default=False,
+        metadata={"help": "only decoding's charts of 1-8 rows: the host path vs the node (chart_host.json)"},
+    )
 
 
 def main() -> None:
@@ -394,6 +478,9 @@ def main() -> None:
         return
     if args.tbp_wavefront:
         run_tbp_wavefront(args, generator)
+        return
+    if args.host:
+        run_host(args, generator)
         return
     results = []
     for n in args.sizes:

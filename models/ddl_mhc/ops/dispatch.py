@@ -5,10 +5,14 @@ flash-linear-attention's layers do:
   tensor is on a CUDA device and the data tensor has a dtype the kernel computes in;
 - "node": the op's autograd node with a hand-written backward otherwise (its forward alone when no input
   needs a gradient, `run_node`), and always while torch.compile / export trace;
+- "host": for an op that has one (the transport charts, `charts/host.py`), at most `host_rows` rows of CPU
+  tensors that need no gradient, in eager mode: decoding on a CPU, where one row costs torch's per-op
+  overhead many times over;
 - "naive": the plain PyTorch reference (`naive.py`), only inside `ops_path("naive")` in eager mode.
 
 Tests choose a path with the context manager `ops_path`: "naive" runs the references, "node" keeps the
-kernels off CUDA tensors, and "triton" also sends CPU tensors to the kernels, which then run in Triton's
+kernels off CUDA tensors and the host path off CPU rows, "host" takes the host path at any row count (still
+only without a gradient), and "triton" also sends CPU tensors to the kernels, which then run in Triton's
 interpreter (`TRITON_INTERPRET=1`, read when the kernel modules are first imported). Tracing and the kernel's
 dtypes still apply under "triton" (a float64 stream takes the node). This module never imports triton, so
 it is safe to import without it.
@@ -25,7 +29,7 @@ from typing import Literal, get_args
 
 import torch
 
-Path = Literal["naive", "node", "triton"]
+Path = Literal["naive", "node", "triton", "host"]
 PATHS = get_args(Path)
 STREAM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the stream kernels accumulate in float32
 
@@ -63,21 +67,34 @@ def ops_path(path: Path) -> Iterator[None]:
         _chosen.reset(token)
 
 
+def _needs_gradient(tensors) -> bool:
+    return torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
+
+
 def choose_path(
-    data: torch.Tensor, *others: torch.Tensor | None, kernel_dtypes: tuple[torch.dtype, ...]
+    data: torch.Tensor,
+    *others: torch.Tensor | None,
+    kernel_dtypes: tuple[torch.dtype, ...],
+    host_rows: int = 0,
 ) -> Path:
-    """The path of an op on `data` (the tensor whose dtype the kernel computes in: streams, chart logits) and
-    `others` (None entries ignored): the rule of the module docstring."""
+    """The path of an op on `data` (the tensor whose dtype the kernel computes in: streams, chart logits;
+    its rows: the first dimension) and `others` (None entries ignored): the rule of the module docstring.
+    `host_rows`: the most rows the op's host path takes (0: the op has none)."""
     if torch.compiler.is_compiling():  # first: dynamo cannot trace a ContextVar lookup
         return "node"
     chosen = _chosen.get()
     if chosen == "naive":
         return "naive"
-    if chosen == "node" or not triton_available():
+    tensors = [tensor for tensor in (data, *others) if tensor is not None]
+    if host_rows and chosen in (None, "host") and not _needs_gradient(tensors):
+        on_cpu = all(tensor.device.type == "cpu" for tensor in tensors)
+        if on_cpu and (chosen == "host" or data.shape[0] <= host_rows):
+            return "host"
+    if chosen in ("node", "host") or not triton_available():
         return "node"
     if data.dtype not in kernel_dtypes:
         return "node"
-    devices = {tensor.device.type for tensor in (data, *others) if tensor is not None}
+    devices = {tensor.device.type for tensor in tensors}
     if devices == {"cuda"} or (devices == {"cpu"} and chosen == "triton"):
         return "triton"
     return "node"

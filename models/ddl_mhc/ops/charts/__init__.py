@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from geoformers.models.ddl_mhc.chart_specs import CHART_VARIANTS, CHARTS, METHODS, MHC_LITE_MAX_N, ChartSpec
+from geoformers.models.ddl_mhc.ops.charts.host import host_chart
 from geoformers.models.ddl_mhc.ops.charts.inverse import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
@@ -79,17 +80,24 @@ __all__ = [
 
 TRITON_KERNELS = "geoformers.models.ddl_mhc.ops.charts.triton"
 KERNEL_DTYPES = (torch.float32, torch.float64)  # the chart kernels take float32 or float64 logits
+# The host path takes up to HOST_POINTS // (n-1)^2 rows (decoding: a token per sequence): 5 at n = 4, 1 at
+# n = 8, none from n = 9 on. `python scripts/bench_birkhoff.py --host` (benchmarks/chart_host.json): the
+# host path's time grows with rows x (n-1)^4, the node's barely, and they cross near 5 rows at n = 4 and
+# 1-2 rows at n = 8 (docs/ddl_mhc.md, 'Choosing a path').
+HOST_POINTS = 50
 
 
 class _Chart(NamedTuple):
     """A chart of the table: logits per matrix for n; the chart on logits (B, k) in the result's dtype
     (float32 or float64) -> (B, n, n), n >= 2 for the transport charts; whether Triton kernels exist; its
-    `naive.py` definition where `chart` runs a node (None: `chart` is the naive definition)."""
+    `naive.py` definition where `chart` runs a node (None: `chart` is the naive definition); its host
+    evaluation for a few CPU rows (`host.py`; None: none)."""
 
     num_logits: Callable[[int], int]
     chart: Callable[[torch.Tensor, int], torch.Tensor]
     triton: bool = False
     naive: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    host: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 def _transport_count(n: int) -> int:
@@ -126,7 +134,8 @@ def _variant(spec: ChartSpec) -> _Chart:
     choice = INTERVAL_CHOICES[spec.interval]
     chart, naive = _transport(spec.base, choice), _naive(spec.base, choice)
     if len(spec.orderings) == 1:
-        return _Chart(_transport_count, chart, triton=True, naive=naive)
+        host = lambda flat, n: host_chart(flat, n, spec.base, choice)  # noqa: E731
+        return _Chart(_transport_count, chart, triton=True, naive=naive, host=host)
     k = len(spec.orderings)
     return _Chart(
         lambda n: k * (_transport_count(n) + 1),
@@ -208,7 +217,8 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
     else:
         with autocast_off(logits.device.type):
             flat = cast(logits.reshape(-1, logits.shape[-1]), out_dtype)
-            path = choose_path(flat, kernel_dtypes=KERNEL_DTYPES)
+            host_rows = HOST_POINTS // _transport_count(n) if entry.host is not None else 0
+            path = choose_path(flat, kernel_dtypes=KERNEL_DTYPES, host_rows=host_rows)
             chart_kernel = None
             if path == "triton" and entry.triton and flat.shape[0] > 0:
                 chart_kernel = kernel(TRITON_KERNELS, "triton_chart")
@@ -216,6 +226,8 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
                 x = chart_kernel(flat, n, method)
             elif method == "sinkhorn":
                 x = sinkhorn(flat, n, iters)
+            elif path == "host" and flat.shape[0] > 0:
+                x = entry.host(flat, n)
             elif path == "naive" and entry.naive is not None:
                 x = entry.naive(flat, n)
             else:
