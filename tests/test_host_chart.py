@@ -90,3 +90,13 @@ def test_greedy_decoding_is_the_same_on_the_host_path_and_the_node():
         logits_host = model(host).logits
     assert torch.equal(host, node)
     torch.testing.assert_close(logits_host, logits_node, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_logit_is_refused_on_the_host_path_as_on_the_node(bad, host_calls):
+    logits = torch.zeros(1, 9)
+    logits[0, 4] = bad
+    for path in ("host", "node"):
+        with torch.no_grad(), ops_path(path), pytest.raises(ValueError, match="NaN or infinite"):
+            birkhoff(logits, 4, "rtbp")
+    assert host_calls == [1]

@@ -181,6 +181,10 @@ def _check_logits(logits: torch.Tensor, n: int, method: str) -> None:
         raise ValueError(
             f"{method} with n={n} expects logits of shape (..., {expected}), got {tuple(logits.shape)}"
         )
+
+
+def _check_values(logits: torch.Tensor) -> None:
+    """ValueError for a NaN or infinite logit (the host path checks its rows itself)."""
     if not checks_values(logits):  # a host sync per chart on accelerators; a graph break when compiling
         return
     # One float64 reduction (no float32 overflow) is non-finite iff some logit is; confirm exactly.
@@ -219,6 +223,8 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
             flat = cast(logits.reshape(-1, logits.shape[-1]), out_dtype)
             host_rows = HOST_POINTS // _transport_count(n) if entry.host is not None else 0
             path = choose_path(flat, kernel_dtypes=KERNEL_DTYPES, host_rows=host_rows)
+            if path != "host":
+                _check_values(logits)
             chart_kernel = None
             if path == "triton" and entry.triton and flat.shape[0] > 0:
                 chart_kernel = kernel(TRITON_KERNELS, "triton_chart")

@@ -42,10 +42,12 @@ def _form(slots: list[float], terms: Terms) -> float:
 
 def host_chart(logits: torch.Tensor, n: int, base: str, choice: PlainChoice | ScaledChoice) -> torch.Tensor:
     """Chart `base` ("tbp" or "rtbp") with interval `choice` of CPU logits (B, (n-1)^2) -> (B, n, n) in their
-    dtype, n >= 2."""
+    dtype, n >= 2. ValueError for a NaN or infinite logit."""
     schedule = chart_schedule(base, n)
     matrices = []
     for row in logits.tolist():
+        if not all(map(math.isfinite, row)):
+            raise ValueError("logits contain NaN or infinite values")
         slots = [1.0] + [0.0] * len(schedule.points)
         for k, (total, first, second) in enumerate(schedule.points, start=1):
             high = _form(slots, total) - max(_form(slots, first), 0.0)
