@@ -25,7 +25,7 @@ from huggingface_hub import HfApi
 from transformers import PreTrainedModel
 
 _WEIGHTS_FILE = re.compile(r"(?P<stem>.+?)(?:-\d{5}-of-\d{5})?\.safetensors(?:\.index\.json)?")
-_SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
+SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
 
 
 def link_or_copy(source: str, destination: str) -> None:
@@ -89,7 +89,7 @@ def atomic_save_pretrained(model, save, save_directory, *args, **kwargs):
     """`save(save_directory, *args, **kwargs)` (transformers' `save_pretrained` of `model`, bound) made
     atomic (module docstring). Saves that write on other ranks or write a distributed checkpoint take
     transformers' own path unchanged."""
-    arguments = dict(_SAVE_SIGNATURE.bind(model, save_directory, *args, **kwargs).arguments)
+    arguments = dict(SAVE_SIGNATURE.bind(model, save_directory, *args, **kwargs).arguments)
     target = Path(os.path.realpath(save_directory))
     writes_here = model.should_save_on_this_rank(arguments.get("is_main_process", True))
     if target.is_file() or not writes_here or arguments.get("distributed_checkpoint"):
@@ -128,4 +128,11 @@ def atomic_save_pretrained(model, save, save_directory, *args, **kwargs):
     return result
 
 
-__all__ = ["atomic_save_pretrained", "carry_over", "link_or_copy", "replace_folder", "staging_folder"]
+__all__ = [
+    "SAVE_SIGNATURE",
+    "atomic_save_pretrained",
+    "carry_over",
+    "link_or_copy",
+    "replace_folder",
+    "staging_folder",
+]

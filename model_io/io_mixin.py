@@ -8,18 +8,14 @@ transformers' own saving and loading (`remote_code`). A class loaded as remote c
 geoformers) keeps transformers' behaviour too, whose `custom_object_save` re-ships its flat files.
 """
 
-import inspect
 import os
 
 from huggingface_hub import constants
 from huggingface_hub.errors import HfHubHTTPError, HTTPError
-from transformers import PreTrainedModel
 
-from geoformers.model_io.atomic_save import atomic_save_pretrained
+from geoformers.model_io.atomic_save import SAVE_SIGNATURE, atomic_save_pretrained
 from geoformers.model_io.remote_code import is_internal, write_remote_code
 from geoformers.model_io.strict_loading import check_model_type, refuse_foreign_base_keys
-
-_SAVE_SIGNATURE = inspect.signature(PreTrainedModel.save_pretrained)
 
 
 class PretrainedIOMixin:
@@ -61,7 +57,7 @@ class PretrainedIOMixin:
         parent_save = super().save_pretrained
 
         def save_with_code(folder, *args, **kwargs):
-            arguments = _SAVE_SIGNATURE.bind(self, folder, *args, **kwargs).arguments
+            arguments = SAVE_SIGNATURE.bind(self, folder, *args, **kwargs).arguments
             if self.should_save_on_this_rank(arguments.get("is_main_process", True)):
                 os.makedirs(folder, exist_ok=True)
                 self.config.auto_map = write_remote_code(self, folder)

@@ -24,6 +24,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -140,6 +141,18 @@ def bench_variants(
     ]
 
 
+def interleaved_seconds(timings: dict, reps: int) -> dict:
+    """key -> the seconds of `reps` calls of `timings[key]()` (each returns the seconds it measured), the keys
+    in turn (round robin) after one warm-up call each (the plan cache, the allocator)."""
+    for timing in timings.values():
+        timing()
+    seconds = {key: [] for key in timings}
+    for _ in range(reps):
+        for key, timing in timings.items():
+            seconds[key].append(timing())
+    return seconds
+
+
 def bench_rtbp_function(
     n: int, batch: int, reps: int, generator: torch.Generator, device: str = "cpu"
 ) -> list[dict]:
@@ -170,13 +183,8 @@ def bench_rtbp_function(
         return time.perf_counter() - start
 
     timers = {"fwd": forward, "fwd+bwd": forward_backward}
-    cases = [(name, kind) for kind in timers for name in charts]
-    for name, kind in cases:  # warm-up: the plan cache, the allocator
-        timers[kind](charts[name])
-    seconds = {case: [] for case in cases}
-    for _ in range(reps):
-        for name, kind in cases:
-            seconds[name, kind].append(timers[kind](charts[name]))
+    timings = {(name, kind): partial(timers[kind], charts[name]) for kind in timers for name in charts}
+    seconds = interleaved_seconds(timings, reps)
     rows = []
     for kind in timers:
         reference, function = (statistics.median(seconds[name, kind]) for name in charts)
@@ -219,13 +227,8 @@ def bench_tbp_wavefront(n: int, batch: int, reps: int, generator: torch.Generato
         return time.perf_counter() - start
 
     timers = {"fwd": forward, "fwd+bwd": forward_backward}
-    cases = [(chart, kind) for kind in timers for chart in charts]
-    for chart, kind in cases:  # warm-up
-        timers[kind](charts[chart])
-    seconds = {case: [] for case in cases}
-    for _ in range(reps):
-        for chart, kind in cases:
-            seconds[chart, kind].append(timers[kind](charts[chart]))
+    timings = {(chart, kind): partial(timers[kind], charts[chart]) for kind in timers for chart in charts}
+    seconds = interleaved_seconds(timings, reps)
     rows = []
     for kind in timers:
         for method in ("tbp", "stbp"):
@@ -265,14 +268,8 @@ def run_host(args, generator: torch.Generator) -> None:
                 birkhoff(logits[case], n, method)
             return (time.perf_counter() - start) / 20
 
-    seconds = {(case, path): [] for case in cases for path in paths}
-    for case in cases:  # warm-up
-        for path in paths:
-            timed(case, path)
-    for _ in range(args.reps):
-        for case in cases:
-            for path in paths:
-                seconds[case, path].append(timed(case, path))
+    timings = {(case, path): partial(timed, case, path) for case in cases for path in paths}
+    seconds = interleaved_seconds(timings, args.reps)
     results = []
     for case in cases:
         method, n, rows = case

@@ -67,8 +67,9 @@ def ops_path(path: Path) -> Iterator[None]:
         _chosen.reset(token)
 
 
-def _needs_gradient(tensors) -> bool:
-    return torch.is_grad_enabled() and any(tensor.requires_grad for tensor in tensors)
+def _needs_gradient(values) -> bool:
+    """Whether autograd records an op on `values` (non-tensors ignored)."""
+    return torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
 
 
 def choose_path(
@@ -130,6 +131,6 @@ class _NoTape:
 def run_node(node: type[torch.autograd.Function], *args):
     """`node.apply(*args)`, or its forward alone when no input needs a gradient (decoding, evaluation): the
     same outputs without building an autograd node (about 20 us per call on a CPU)."""
-    if torch.is_grad_enabled() and any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
+    if _needs_gradient(args):
         return node.apply(*args)
     return node.forward(_NoTape(), *args)
