@@ -6,6 +6,11 @@
 - continuous batching: `generate_batch` of `--requests` requests arriving together over the paged cache
   (generated tokens per second, all requests).
 
+With `--host_crossing` it measures instead where the hyper-connection's host path (docs/ddl_mhc.md,
+'Choosing a path') stops paying: one sublayer's read and write on `--host_rows` tokens at `--host_streams`
+streams, width the first of `--widths`, on the host path against the node (`ops_path("host")` /
+`ops_path("node")`, interleaved), written to bench_decode_host.json.
+
 Each rate is measured twice: per second of wall time and per second of this process's CPU time (on a machine
 shared with other jobs the CPU time is the comparable number: a preempted process loses wall time, not CPU
 time). Prints the medians of `--reps` repetitions and their ratios; writes them to
@@ -13,6 +18,7 @@ time). Prints the medians of `--reps` repetitions and their ratios; writes them 
 
     python scripts/bench_decode.py                              # widths 128 512 768, 3 reps
     python scripts/bench_decode.py --widths 512 --reps 5 --hc_streams 4 --residual add
+    python scripts/bench_decode.py --host_crossing --widths 512 --reps 5
 """
 
 import argparse
@@ -31,6 +37,7 @@ from transformers import (
 from transformers.utils import logging
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
+from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 
 from harness.flag_checks import CheckedParser, check_flag
 from harness.results import REPO_ROOT, write_results
@@ -56,12 +63,24 @@ class BenchDecodeArguments:
         default=REPO_ROOT / "outputs" / "benchmarks", metadata={"help": "folder of bench_decode.json"}
     )
     threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
+    host_crossing: bool = field(
+        default=False, metadata={"help": "measure one sublayer on the host path against the node instead"}
+    )
+    host_streams: list[int] = field(default_factory=lambda: [2, 3, 4, 8], metadata={"help": "streams n"})
+    host_rows: list[int] = field(
+        default_factory=lambda: [1, 2, 4, 8, 12, 16, 24, 32], metadata={"help": "tokens per call"}
+    )
+    host_calls: int = field(default=200, metadata={"help": "calls timed per repetition"})
 
 
 def check(args: BenchDecodeArguments) -> None:
     """This script's own flag values (docs/experiments.md, 'Flags'), before any model is built."""
-    for name in ("layers", "hc_streams", "prompt_length", "new_tokens", "requests", "reps"):
+    for name in ("layers", "hc_streams", "prompt_length", "new_tokens", "requests", "reps", "host_calls"):
         check_flag(name, getattr(args, name), 1, integer=True)
+    if not args.host_streams or min(args.host_streams) < 2:
+        raise ValueError(f"--host_streams must be >= 2 (n = 1 has no host path), got {args.host_streams}")
+    if not args.host_rows or min(args.host_rows) < 1:
+        raise ValueError(f"--host_rows must be >= 1, got {args.host_rows}")
     if not args.widths or any(width < 64 or width % 64 for width in args.widths):
         raise ValueError(f"--widths must be multiples of 64 (64-wide heads), got {args.widths}")
     if args.residual not in ("delta", "add"):
@@ -115,6 +134,38 @@ def continuous_batching(model, prompts: list[list[int]], new_tokens: int) -> tup
     return generated / wall, generated / cpu
 
 
+def host_crossing(args: BenchDecodeArguments) -> None:
+    """CPU microseconds of one delta sublayer's read and write (no gradient) on the host path and the node."""
+    width, results = args.widths[0], []
+    for n in args.host_streams:
+        torch.manual_seed(0)
+        config = DDLmHCConfig(
+            vocab_size=256, hidden_size=width, intermediate_size=4 * width, num_hidden_layers=1,
+            num_attention_heads=width // 64, hc_streams=n, residual=args.residual, hc_chart=args.hc_chart,
+        )  # fmt: skip
+        layer = DDLmHCForCausalLM(config).eval().model.layers[0].mlp_connection
+        for rows in args.host_rows:
+            streams, output = torch.randn(rows, 1, n, width), torch.randn(rows, 1, width)
+
+            def sublayer(layer=layer, streams=streams, output=output):
+                for _ in range(args.host_calls):
+                    _, maps = layer.read(streams)
+                    layer(streams, output, maps)
+
+            times = {"host": [], "node": []}
+            with torch.no_grad():
+                for _ in range(args.reps + 1):  # the first repetition warms up
+                    for path in times:
+                        with ops_path(path):
+                            times[path].append(timed(sublayer)[2] / args.host_calls * 1e6)
+            host, node = (statistics.median(times[path][1:]) for path in ("host", "node"))
+            results.append(dict(streams=n, rows=rows, host_us=host, node_us=node, ratio=node / host))
+            timings = f"host {host:7.1f} us  node {node:7.1f} us  node / host {node / host:.2f}"
+            print(f"n {n} rows {rows:3d}  {timings}")
+    path = args.output_dir / "bench_decode_host.json"
+    write_results(path, "bench_decode.py", None, asdict(args), {"sublayer": results})
+
+
 def main() -> None:
     parser = CheckedParser(
         BenchDecodeArguments, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,6 +175,9 @@ def main() -> None:
     set_threads(args.threads)
     logging.disable_progress_bar()
     logging.set_verbosity_error()
+    if args.host_crossing:
+        host_crossing(args)
+        return
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 256, (1, args.prompt_length), generator=generator)
     lengths = torch.randint(

@@ -38,6 +38,8 @@ def test_every_script_takes_threads(name, monkeypatch, capsys):
         ("bench_save.py", ["--threads", "-3"], "--threads"),
         ("bench_decode.py", ["--widths", "100"], "--widths"),
         ("bench_decode.py", ["--reps", "0"], "--reps"),
+        ("bench_decode.py", ["--host_crossing", "--host_streams", "1"], "--host_streams"),
+        ("bench_decode.py", ["--host_crossing", "--host_rows", "0"], "--host_rows"),
         ("bench_causal_lm.py", ["--weight_decay", "-0.1"], "--weight_decay"),
         ("exp_stream_scaling.py", ["--max_grad_norm", "-1"], "--max_grad_norm"),
         ("upcycle_llama.py", ["--per_device_train_batch_size", "0"], "--per_device_train_batch_size"),

@@ -67,6 +67,8 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from geoformers.models.ddl_mhc.causal_lm_loss import causal_lm_loss
 from geoformers.models.ddl_mhc.configuration_ddl_mhc import DDLmHCConfig
 from geoformers.models.ddl_mhc.ops.charts import birkhoff, num_logits
+from geoformers.models.ddl_mhc.ops.dispatch import choose_path
+from geoformers.models.ddl_mhc.ops.host_connection import host_read, host_rows, host_write
 from geoformers.models.ddl_mhc.ops.precision import autocast_off
 from geoformers.models.ddl_mhc.ops.stream_read import read_streams
 from geoformers.models.ddl_mhc.ops.stream_read.naive import map_terms, upcast
@@ -270,6 +272,7 @@ class HyperConnection(nn.Module):
         self.res_gate = nn.Parameter(torch.zeros(1)) if dynamic and mixes else None
         self.write_gate = nn.Parameter(torch.zeros(1)) if dynamic and write_size else None
         self.delta = DeltaWrite(d, n, config.delta_eps) if config.residual == "delta" else None
+        self.host_rows = host_rows(n) if dynamic and mixes else 0  # the host path (ops/host_connection.py)
         reshape_scalars_on_load(self, ONE_ELEMENT_PARAMETERS)
 
     def _map_logits(self, streams: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -290,8 +293,17 @@ class HyperConnection(nn.Module):
             for bias, gate, term in zip(biases, gates, terms.split(self.map_sizes, -1), strict=True)
         )
 
+    def _on_host(self, streams: torch.Tensor) -> bool:
+        """Whether the one rule sends this sublayer to its host path (decoding a few rows on a CPU)."""
+        rows = streams.shape[:-2].numel()
+        path = choose_path(streams, self.pre_bias, kernel_dtypes=(), host_rows=self.host_rows, rows=rows)
+        return path == "host" and rows > 0
+
     def read(self, streams: torch.Tensor) -> tuple[torch.Tensor, StreamMaps]:
         """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d)."""
+        if self.host_rows and self._on_host(streams):
+            hidden, h_res, write_logit, res_logit = host_read(self, streams)
+            return hidden, StreamMaps(h_res, write_logit, res_logit)
         if self.num_streams == 1:
             _, _, write_logit = self._map_logits(streams)
             return streams.squeeze(-2), StreamMaps(None, write_logit, None)
@@ -331,6 +343,10 @@ class HyperConnection(nn.Module):
         self, streams: torch.Tensor, sublayer_output: torch.Tensor, maps: StreamMaps
     ) -> tuple[torch.Tensor, StreamMixing]:
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
+        if self.host_rows and self._on_host(streams):
+            h_res, write_logit = maps.h_res, maps.write_logit
+            updated, beta, direction = host_write(self, streams, sublayer_output, h_res, write_logit)
+            return updated, StreamMixing(h_res, beta, direction, maps.res_logit)
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)
             updated = write_streams(maps.h_res, streams, direction, beta=beta, value=value)

@@ -5,9 +5,9 @@ flash-linear-attention's layers do:
   tensor is on a CUDA device and the data tensor has a dtype the kernel computes in;
 - "node": the op's autograd node with a hand-written backward otherwise (its forward alone when no input
   needs a gradient, `run_node`), and always while torch.compile / export trace;
-- "host": for an op that has one (the transport charts, `charts/host.py`), at most `host_rows` rows of CPU
-  tensors that need no gradient, in eager mode: decoding on a CPU, where one row costs torch's per-op
-  overhead many times over;
+- "host": for an op that has one (the transport charts, `charts/host.py`; the hyper-connection with dynamic
+  maps, `host_connection.py`), at most `host_rows` rows of CPU tensors that need no gradient, in eager mode:
+  decoding on a CPU, where one row costs torch's per-op overhead many times over;
 - "naive": the plain PyTorch reference (`naive.py`), only inside `ops_path("naive")` in eager mode.
 
 Tests choose a path with the context manager `ops_path`: "naive" runs the references, "node" keeps the
@@ -77,10 +77,11 @@ def choose_path(
     *others: torch.Tensor | None,
     kernel_dtypes: tuple[torch.dtype, ...],
     host_rows: int = 0,
+    rows: int | None = None,
 ) -> Path:
-    """The path of an op on `data` (the tensor whose dtype the kernel computes in: streams, chart logits;
-    its rows: the first dimension) and `others` (None entries ignored): the rule of the module docstring.
-    `host_rows`: the most rows the op's host path takes (0: the op has none)."""
+    """The path of an op on `data` (the tensor whose dtype the kernel computes in: streams, chart logits)
+    and `others` (None entries ignored): the rule of the module docstring. `host_rows`: the most rows the op's
+    host path takes (0: the op has none); `rows`: the op's rows (default: `data`'s first dimension)."""
     if torch.compiler.is_compiling():  # first: dynamo cannot trace a ContextVar lookup
         return "node"
     chosen = _chosen.get()
@@ -89,7 +90,8 @@ def choose_path(
     tensors = [tensor for tensor in (data, *others) if tensor is not None]
     if host_rows and chosen in (None, "host") and not _needs_gradient(tensors):
         on_cpu = all(tensor.device.type == "cpu" for tensor in tensors)
-        if on_cpu and (chosen == "host" or data.shape[0] <= host_rows):
+        rows = data.shape[0] if rows is None else rows
+        if on_cpu and (chosen == "host" or rows <= host_rows):
             return "host"
     if chosen in ("node", "host") or not triton_available():
         return "node"

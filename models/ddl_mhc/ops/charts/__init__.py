@@ -29,8 +29,15 @@ from typing import NamedTuple
 
 import torch
 
-from geoformers.models.ddl_mhc.chart_specs import CHART_VARIANTS, CHARTS, METHODS, MHC_LITE_MAX_N, ChartSpec
-from geoformers.models.ddl_mhc.ops.charts.host import host_chart
+from geoformers.models.ddl_mhc.chart_specs import (
+    CHART_VARIANTS,
+    CHARTS,
+    METHODS,
+    MHC_LITE_MAX_N,
+    TRANSPORT_CHARTS,
+    ChartSpec,
+)
+from geoformers.models.ddl_mhc.ops.charts.host import host_chart, host_chart_rows
 from geoformers.models.ddl_mhc.ops.charts.inverse import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
@@ -71,6 +78,7 @@ __all__ = [
     "ChartSpec",
     "ScaledChoice",
     "birkhoff",
+    "chart_rows",
     "ds_violation",
     "num_logits",
     "rtbp_logits_from_matrix",
@@ -242,3 +250,14 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
             x = x.to(out_dtype, memory_format=torch.contiguous_format)
         x = x.view(*batch_shape, n, n)
     return x
+
+
+def chart_rows(rows: list[list[float]], n: int, method: str, dtype: torch.dtype) -> list[list[float]]:
+    """The chart `method` of logit rows given as Python floats -> the row-major n x n entries of each, as
+    Python floats, for the host path of the hyper-connection (`ops/host_connection.py`): the transport charts
+    of one ordering are evaluated on the host (`host.host_chart_rows`, float64), the others by `birkhoff` on
+    logits of `dtype` (the node path's logits dtype). n >= 2; ValueError for a NaN or infinite logit."""
+    spec = CHARTS[method]
+    if spec.base in TRANSPORT_CHARTS and len(spec.orderings) == 1:
+        return host_chart_rows(rows, n, spec.base, INTERVAL_CHOICES[spec.interval])
+    return birkhoff(torch.tensor(rows, dtype=dtype), n, method).view(-1, n * n).tolist()

@@ -18,7 +18,7 @@ from geoformers.models.ddl_mhc.ops.charts.naive import PlainChoice, ScaledChoice
 from geoformers.models.ddl_mhc.ops.charts.schedule import Terms, chart_schedule
 
 
-def _sigmoid(z: float) -> float:
+def sigmoid(z: float) -> float:
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))
     e = math.exp(z)
@@ -28,8 +28,8 @@ def _sigmoid(z: float) -> float:
 def _fraction(choice: PlainChoice | ScaledChoice, logit: float, width: float) -> float:
     """f(t) of `choice` on an interval of `width` (the node's `choice.point`, as a fraction)."""
     if isinstance(choice, PlainChoice):
-        return _sigmoid(logit)
-    fraction = _sigmoid(choice.beta * logit / (max(width, 0.0) + choice.eps))
+        return sigmoid(logit)
+    fraction = sigmoid(choice.beta * logit / (max(width, 0.0) + choice.eps))
     return choice.rho + (1 - 2 * choice.rho) * fraction
 
 
@@ -40,12 +40,15 @@ def _form(slots: list[float], terms: Terms) -> float:
     return total
 
 
-def host_chart(logits: torch.Tensor, n: int, base: str, choice: PlainChoice | ScaledChoice) -> torch.Tensor:
-    """Chart `base` ("tbp" or "rtbp") with interval `choice` of CPU logits (B, (n-1)^2) -> (B, n, n) in their
-    dtype, n >= 2. ValueError for a NaN or infinite logit."""
+def host_chart_rows(
+    rows: list[list[float]], n: int, base: str, choice: PlainChoice | ScaledChoice
+) -> list[list[float]]:
+    """Chart `base` ("tbp" or "rtbp") with interval `choice` of logit rows ((n-1)^2 Python floats each) -> one
+    row-major list of the n x n entries per row, in Python floats (float64), n >= 2. ValueError for a NaN or
+    infinite logit. The host path of the hyper-connection (`ops/host_connection.py`) calls it directly."""
     schedule = chart_schedule(base, n)
     matrices = []
-    for row in logits.tolist():
+    for row in rows:
         if not all(map(math.isfinite, row)):
             raise ValueError("logits contain NaN or infinite values")
         slots = [1.0] + [0.0] * len(schedule.points)
@@ -55,5 +58,11 @@ def host_chart(logits: torch.Tensor, n: int, base: str, choice: PlainChoice | Sc
             width = high - low
             slots[k] = low + width * _fraction(choice, row[schedule.slot_logit[k - 1]], width)
         matrices.append([max(_form(slots, entry), 0.0) for entry in schedule.entries])
+    return matrices
+
+
+def host_chart(logits: torch.Tensor, n: int, base: str, choice: PlainChoice | ScaledChoice) -> torch.Tensor:
+    """`host_chart_rows` of CPU logits (B, (n-1)^2) -> (B, n, n) in their dtype, rounded once."""
+    matrices = host_chart_rows(logits.tolist(), n, base, choice)
     result = torch.tensor(matrices, dtype=torch.float64).view(-1, n, n)
     return result.to(logits.dtype)

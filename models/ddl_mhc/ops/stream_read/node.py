@@ -73,12 +73,12 @@ class StreamMapsRead(torch.autograd.Function):
         with autocast_off(streams.device.type):
             full = upcast(flat)
             inverse_rms = torch.rsqrt(torch.linalg.vecdot(full, full) / (n * d) + eps).unsqueeze(-1)
-            terms = upcast(projected.reshape(flat.shape[0], -1)) * inverse_rms
+            terms = upcast(projected.reshape(flat.shape[0], projected.shape[-1])) * inverse_rms
             weights = torch.softmax(upcast(pre_bias) + upcast(pre_gate) * terms[:, :n], -1)
             hidden = weighted_stream_sum(weights, flat.view(-1, n, d))
         ctx.save_for_backward(flat, pre_gate, inverse_rms, terms, weights)
         ctx.shape, ctx.projected = streams.shape, (projected.shape, projected.dtype)
-        return terms.view(*batch, -1), hidden.view(*batch, d)
+        return terms.view(*batch, terms.shape[-1]), hidden.view(*batch, d)
 
     @staticmethod
     def backward(ctx, grad_terms, grad_hidden):
