@@ -58,7 +58,7 @@ def _mixing(connection: nn.Module) -> tuple[float, float, float]:
     sigmoid(res_mix_logit), or the lazy mix's softmax(res_mix_logits)."""
     if connection.res_mix_logits is not None:
         return tuple(_softmax(connection.res_mix_logits.tolist()))
-    mix = sigmoid(connection.res_mix_logit.item())
+    mix = sigmoid(connection.res_mix_logit.tolist()[0])
     return 1.0 - mix, mix, 0.0
 
 
@@ -71,8 +71,8 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
     squares = torch.linalg.vecdot(upcast(flat), upcast(flat)).tolist()
     pre_size, res_size, write_size = connection.map_sizes
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
-    gates = [connection.pre_gate.item()] * pre_size + [connection.res_gate.item()] * res_size
-    gates += [connection.write_gate.item()] * write_size
+    gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
+    gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
     weights, res_logits, write_logits = [], [], []
     for projection, square in zip(projected, squares, strict=True):
         scale = 1.0 / math.sqrt(square / (n * d) + connection.eps)
@@ -81,7 +81,7 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
         weights.append(_softmax(logits[:n]))
         res_logits.append(logits[n : n + res_size])
         write_logits.append(logits[n + res_size :])
-    maps_dtype = torch.promote_types(streams.dtype, torch.float32)
+    maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
     identity, chart, uniform = _mixing(connection)
     h_res = []
     for entries in chart_rows(res_logits, n, connection.chart, maps_dtype):
