@@ -7,7 +7,8 @@ around both sublayers of every layer. Norm, rotary embedding, MLP and attention 
 modules (the attention goes through `ALL_ATTENTION_FUNCTIONS`: eager, sdpa, ...). The stream modules below
 (`HyperConnection`, `DeltaWrite`, `StreamExpansion`, `StreamReadout`) hold the parameters and call the ops
 by name: `read_streams` (`ops/stream_read/`), `birkhoff` (the chart), `write_streams` (`ops/stream_write/`);
-one rule chooses each op's Triton kernel or autograd node from the tensors alone (`ops/dispatch.py`).
+one rule chooses each op's Triton kernel or autograd node from the tensors alone (`ops/dispatch.py`), and for
+a few decoded tokens on a CPU the whole hyper-connection's host path (`ops/host_connection.py`).
 `hc_streams=1, residual="add"` is exactly
 `LlamaForCausalLM` (same module names, so `llama_conversion.py` is a state-dict copy).
 

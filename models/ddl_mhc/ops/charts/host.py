@@ -6,11 +6,16 @@ operations, which the node runs as some forty tensor ops of one row each, so tor
 whole cost. Here the chart's schedule (`schedule.chart_schedule`: the points' forms T, a1, a2 and the
 entries, affine in the slots [1, x_1, ..., x_K]) is evaluated row by row in Python floats, which are float64:
 x_k = L + (U - L) f(t_k) with L = relu(a2), U = T - relu(a1) and the interval choice's fraction f, the
-entries clamped at 0 and rounded once, as in the node. No autograd: the rule picks this path only for CPU
-tensors that need no gradient (`dispatch.choose_path`); its reference is `naive.py` (tests compare them).
+entries clamped at 0 and rounded once, as in the node. The schedule of each (chart, n) is turned once into a
+straight-line Python function of one row (`_row_program`, as `torch.fx` emits Python for a graph): the same
+float operations in the same order as walking the forms, about three times faster. No autograd: the rule
+picks this path only for CPU tensors that need no gradient (`dispatch.choose_path`); its reference is
+`naive.py` (tests compare them).
 """
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -33,11 +38,37 @@ def _fraction(choice: PlainChoice | ScaledChoice, logit: float, width: float) ->
     return choice.rho + (1 - 2 * choice.rho) * fraction
 
 
-def _form(slots: list[float], terms: Terms) -> float:
-    total = 0.0
-    for slot, coefficient in terms:
-        total += slots[slot] * coefficient
-    return total
+def _form(terms: Terms) -> str:
+    """Python source of an affine form over the slots s0 = 1, s1, ..., summed from 0.0 in the terms' order."""
+    return "".join(["(0.0", *(f" + s{slot} * {float(coefficient)!r}" for slot, coefficient in terms), ")"])
+
+
+@functools.cache
+def _row_program(base: str, n: int, plain: bool) -> Callable[..., list[float]]:
+    """`evaluate(row, fraction)`: the chart of one row of logits as row-major entries, compiled from the
+    schedule: per point, high = T - max(a1, 0), low = max(a2, 0), x = low + (high - low) f with f =
+    `sigmoid(t)` written out when `plain`, else `fraction(t, high - low)`; per entry, max(form, 0)."""
+    schedule = chart_schedule(base, n)
+    lines = ["def evaluate(row, fraction):", "    s0 = 1.0"]
+    for k, (total, first, second) in enumerate(schedule.points, start=1):
+        lines.append(f"    high = {_form(total)} - max({_form(first)}, 0.0)")
+        lines.append(f"    low = max({_form(second)}, 0.0)")
+        lines.append(f"    t = row[{schedule.slot_logit[k - 1]}]")
+        if plain:  # `sigmoid`, inline
+            lines += [
+                "    if t >= 0:",
+                "        f = 1.0 / (1.0 + exp(-t))",
+                "    else:",
+                "        e = exp(t)",
+            ]
+            lines.append("        f = e / (1.0 + e)")
+        else:
+            lines.append("    f = fraction(t, high - low)")
+        lines.append(f"    s{k} = low + (high - low) * f")
+    lines.append(f"    return [{', '.join(f'max({_form(entry)}, 0.0)' for entry in schedule.entries)}]")
+    namespace = {"exp": math.exp}
+    exec(compile("\n".join(lines), f"<{base} chart, n = {n}>", "exec"), namespace)  # noqa: S102
+    return namespace["evaluate"]
 
 
 def host_chart_rows(
@@ -46,18 +77,14 @@ def host_chart_rows(
     """Chart `base` ("tbp" or "rtbp") with interval `choice` of logit rows ((n-1)^2 Python floats each) -> one
     row-major list of the n x n entries per row, in Python floats (float64), n >= 2. ValueError for a NaN or
     infinite logit. The host path of the hyper-connection (`ops/host_connection.py`) calls it directly."""
-    schedule = chart_schedule(base, n)
+    plain = isinstance(choice, PlainChoice)
+    evaluate = _row_program(base, n, plain)
+    fraction = None if plain else functools.partial(_fraction, choice)
     matrices = []
     for row in rows:
         if not all(map(math.isfinite, row)):
             raise ValueError("logits contain NaN or infinite values")
-        slots = [1.0] + [0.0] * len(schedule.points)
-        for k, (total, first, second) in enumerate(schedule.points, start=1):
-            high = _form(slots, total) - max(_form(slots, first), 0.0)
-            low = max(_form(slots, second), 0.0)
-            width = high - low
-            slots[k] = low + width * _fraction(choice, row[schedule.slot_logit[k - 1]], width)
-        matrices.append([max(_form(slots, entry), 0.0) for entry in schedule.entries])
+        matrices.append(evaluate(row, fraction))
     return matrices
 
 
