@@ -34,15 +34,15 @@ __all__ = ["host_read", "host_rows", "host_write"]
 
 # The host path takes up to min(HOST_MAX_ROWS, HOST_POINTS // (n-1)^2) rows: its Python work grows with
 # rows x the chart's (n-1)^2 logits, the node's time barely with rows. The two cross, for one delta sublayer
-# at width 512 (docs/ddl_mhc.md, 'Choosing a path'), near 24 rows at n = 2, 18 at n = 3, 12 at n = 4 and 4
-# at n = 8.
-HOST_POINTS = 108
-HOST_MAX_ROWS = 18
+# at width 512, near 32 rows at n = 2, 30 at n = 3, 20 at n = 4 and 7 at n = 8 (docs/ddl_mhc.md, 'Choosing a
+# path'; `python scripts/bench_decode.py --host_crossing --widths 512 --reps 5 --output_dir benchmarks`).
+HOST_POINTS = 144
+HOST_MAX_ROWS = 24
 
 
 def host_rows(num_streams: int) -> int:
-    """The most rows (tokens) the host path takes at n >= 2 streams: 18 at n = 2 and 3, 12 at n = 4, 2 at
-    n = 8, none from n = 12 on."""
+    """The most rows (tokens) the host path takes at n >= 2 streams: 24 at n = 2 and 3, 16 at n = 4, 2 at
+    n = 8, none from n = 14 on."""
     return min(HOST_MAX_ROWS, HOST_POINTS // (num_streams - 1) ** 2)
 
 
