@@ -121,6 +121,20 @@ def test_the_rule_takes_the_host_path_only_for_a_few_cpu_rows_without_a_gradient
     assert host_calls == [most, 40]
 
 
+def test_a_jit_trace_records_the_node_not_the_host_paths_constants(host_calls):
+    layer = connection(4, "delta", dtype=torch.float32).requires_grad_(False)  # a traced function's constants
+
+    def sublayer(streams, output):
+        _, maps = layer.read(streams)
+        return layer(streams, output, maps)[0]
+
+    with torch.no_grad():
+        traced = torch.jit.trace(sublayer, (torch.randn(1, 4, 16), torch.randn(1, 16)), check_trace=False)
+        streams, output = torch.randn(1, 4, 16), torch.randn(1, 16)  # other values than the trace saw
+        torch.testing.assert_close(traced(streams, output), sublayer(streams, output), rtol=1e-5, atol=1e-5)
+    assert host_calls == [1]  # the eager call only
+
+
 @pytest.mark.parametrize("residual", ["delta", "add"])
 def test_greedy_decoding_and_continuous_batching_give_the_nodes_tokens(residual, host_calls):
     torch.manual_seed(0)

@@ -4,7 +4,8 @@ flash-linear-attention's layers do:
 - "triton": the op's Triton kernel, when triton is installed, no torch.compile / export is tracing, every
   tensor is on a CUDA device and the data tensor has a dtype the kernel computes in;
 - "node": the op's autograd node with a hand-written backward otherwise (its forward alone when no input
-  needs a gradient, `run_node`), and always while torch.compile / export trace;
+  needs a gradient, `run_node`), and always while torch.compile / export or `torch.jit.trace` trace (a host
+  path's Python floats would be baked into the trace as constants);
 - "host": for an op that has one (the transport charts, `charts/host.py`; the hyper-connection with dynamic
   maps, `host_connection.py`), at most `host_rows` rows of CPU tensors that need no gradient, in eager mode:
   decoding on a CPU, where one row costs torch's per-op overhead many times over;
@@ -82,7 +83,7 @@ def choose_path(
     """The path of an op on `data` (the tensor whose dtype the kernel computes in: streams, chart logits)
     and `others` (None entries ignored): the rule of the module docstring. `host_rows`: the most rows the op's
     host path takes (0: the op has none); `rows`: the op's rows (default: `data`'s first dimension)."""
-    if torch.compiler.is_compiling():  # first: dynamo cannot trace a ContextVar lookup
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # first: dynamo cannot trace a ContextVar
         return "node"
     chosen = _chosen.get()
     if chosen == "naive":
