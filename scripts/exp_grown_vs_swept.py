@@ -2,7 +2,10 @@
 best fixed head count for less compute than trying the head counts?
 
 Per task (`planted`: `exp_synthetic.py`'s planted spectral task; `cov2`: `exp_cov2.py`'s synthetic CoV-2
-lineages; `sst2`: `exp_sst2.py` from scratch at batch 32), with that script's recipe and defaults unchanged:
+lineages; `sst2`: `exp_sst2.py` from scratch at batch 32), with that script's recipe and defaults unchanged;
+`needs2`, `needs4`: the majority-relations task with k = 2, 4 relations (`build_majority_relations_task`,
+docs/growth_gate.md, 'A task that needs k heads') on `exp_synthetic.py`'s recipe with the shape that makes
+its head need k (`NEEDS_K_DEFAULTS`: [CLS] pooling, head_dim 1, no prototype loss):
 
 - static models with every head count of `--static_heads` (default 1..8, the shapes' hidden // head_dim),
   trained in the same phases as a grown run (pre-growth, then the rest) with no growth callback, so they
@@ -43,7 +46,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
-from geoformers.training.synthetic_tasks import LINEAGES, build_spectral_task, task_spec  # noqa: E402
+from geoformers.training.synthetic_tasks import (  # noqa: E402
+    LINEAGES,
+    build_majority_relations_task,
+    build_spectral_task,
+    task_spec,
+)
 
 from harness import cov2, sst2, synthetic  # noqa: E402
 from harness.flag_checks import CheckedParser  # noqa: E402
@@ -60,7 +68,11 @@ from harness.results import (  # noqa: E402
 )
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads  # noqa: E402
 
-TASK_NAMES = ("planted", "cov2", "sst2")
+TASK_NAMES = ("planted", "cov2", "sst2", "needs2", "needs4")
+NEEDS_K_TASKS = {"needs2": 2, "needs4": 4}  # task name -> number of majority relations k
+# The needs-k recipe's own defaults before `--task_flags` (docs/growth_gate.md, 'A task that needs k heads'):
+# one query position, heads of one dimension, and no L_q term (with 0.1 no static model left chance).
+NEEDS_K_DEFAULTS = ["--pooling", "cls", "--head_dim", "1", "--prototype_loss_weight", "0"]
 
 
 @dataclass
@@ -110,15 +122,28 @@ def prepare(task: str, extra: list[str], threads: int):
             )
 
         return train
-    if task == "planted":
-        args = synthetic.parse_args(["--no_ablation", *extra])
-        data = build_spectral_task(
-            args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.task_seed
-        )
+    if task == "planted" or task in NEEDS_K_TASKS:
+        if task == "planted":
+            args = synthetic.parse_args(["--no_ablation", *extra])
+            data = build_spectral_task(
+                args.strengths,
+                num_train=args.num_train,
+                num_validation=args.num_validation,
+                seed=args.task_seed,
+            )
+        else:
+            args = synthetic.parse_args(["--no_ablation", *NEEDS_K_DEFAULTS, *extra])
+            data = build_majority_relations_task(
+                NEEDS_K_TASKS[task],
+                num_train=args.num_train,
+                num_validation=args.num_validation,
+                seed=args.task_seed,
+            )
+        spec = task_spec(data)
         shape = {
-            "vocab_size": task_spec(data)["vocab_size"],
-            "max_position_embeddings": task_spec(data)["seq_len"],
-            "num_labels": 2,
+            "vocab_size": spec["vocab_size"],
+            "max_position_embeddings": spec["seq_len"],
+            "num_labels": spec.get("num_classes", 2),
         }
     else:
         args = cov2.parse_args(extra)

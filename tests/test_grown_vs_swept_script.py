@@ -9,7 +9,7 @@ from script_modules import load_script
 
 from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
+from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,8 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
         ["--tolerance", "1"],
         ["--task_flags", "bert=--num_train_epochs 1"],
         ["--tasks", "imdb"],
+        ["--tasks", "needs3"],
+        ["--task_flags", "needs3=--max_steps 2"],
     ],
 )
 def test_bad_flags_are_refused(script, argv):
@@ -149,3 +151,52 @@ def test_a_tiny_planted_sweep_end_to_end_and_its_resumption(script, tmp_path, mo
 
     monkeypatch.setattr(script, "run_one", no_training)
     assert script.main(argv)["planted"]["summary"] == result["summary"]
+
+
+def test_a_tiny_needs_k_sweep_builds_the_task_and_shape_of_its_head_need(script, tmp_path):
+    tiny = "--max_steps 8 --pre_growth_steps 4 --num_train 64 --num_validation 32 --probe_rows 16"
+    argv = [
+        "--tasks",
+        "needs2",
+        "needs4",
+        "--seeds",
+        "1",
+        "--static_heads",
+        "2",
+        "--max_heads",
+        "3",
+        "--output_dir",
+        str(tmp_path),
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--task_flags",
+        f"needs2={tiny}",
+        f"needs4={tiny} --hidden_size 16",
+    ]
+    results = script.main(argv)
+    for task, k, hidden in (("needs2", 2, 64), ("needs4", 4, 16)):
+        runs = json.loads((tmp_path / f"{task}.json").read_text())["runs"]
+        assert [(r["kind"], r["initial_heads"], r["max_heads"]) for r in runs] == [
+            ("static", 2, 2),
+            ("grown", 1, 3),
+        ]
+        assert results[task]["summary"]["knee_heads"] == 2
+        spec = task_spec(build_majority_relations_task(k, num_train=64, num_validation=32, seed=0))
+        for run in runs:
+            # the needs-k shape, read from the parameter count: heads of one dimension, 2^k classes
+            fresh = DDCLIncrtForSequenceClassification(
+                DDCLIncrtConfig(
+                    vocab_size=spec["vocab_size"],
+                    max_position_embeddings=spec["seq_len"],
+                    hidden_size=hidden,
+                    head_dim=1,
+                    num_heads=run["num_heads"],
+                    max_heads=run["max_heads"],
+                    num_prototypes=16,
+                    num_labels=2**k,
+                    type_vocab_size=0,
+                    pooling="cls",
+                )
+            )
+            assert run["parameters"] == sum(p.numel() for p in fresh.parameters())
+            assert run["steps"] == 8 and 0 <= run["accuracy"] <= 1
