@@ -89,18 +89,22 @@ class Trained:
 
 
 def prepare(task: str, extra: list[str], threads: int):
-    """train(seed, heads, grow, max_heads, folder) -> Trained: the task's recipe (its script's parser and
-    defaults, the sweep's `--threads`, then `extra`) on data built once."""
+    """train(seed, heads, grow, max_heads, folder, flags) -> Trained: the task's recipe (its script's parser
+    and defaults, the sweep's `--threads`, then `extra`, then the run's own `flags`, which must not change
+    the data) on data built once."""
     extra = ["--threads", str(threads), *extra]
     if task == "sst2":
         args = sst2.parse_args(["--per_device_train_batch_size", "32", *extra])
         set_threads(args.threads)
         _, tokenizer, (train_rows, dev) = sst2.load_data(args)
 
-        def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
+        def train(
+            seed: int, heads: int, grow: bool, max_heads: int, folder: Path, flags: list[str]
+        ) -> Trained:
+            base = sst2.parse_args(["--per_device_train_batch_size", "32", *extra, *flags]) if flags else args
             one = argparse.Namespace(
                 **{
-                    **vars(args),
+                    **vars(base),
                     "seed": seed,
                     "initial_heads": heads,
                     "max_heads": max_heads,
@@ -123,8 +127,13 @@ def prepare(task: str, extra: list[str], threads: int):
 
         return train
     if task == "planted" or task in NEEDS_K_TASKS:
+        defaults = ["--no_ablation", *(NEEDS_K_DEFAULTS if task in NEEDS_K_TASKS else [])]
+
+        def parse(flags: list[str]) -> argparse.Namespace:
+            return synthetic.parse_args([*defaults, *extra, *flags])
+
+        args = parse([])
         if task == "planted":
-            args = synthetic.parse_args(["--no_ablation", *extra])
             data = build_spectral_task(
                 args.strengths,
                 num_train=args.num_train,
@@ -132,7 +141,6 @@ def prepare(task: str, extra: list[str], threads: int):
                 seed=args.task_seed,
             )
         else:
-            args = synthetic.parse_args(["--no_ablation", *NEEDS_K_DEFAULTS, *extra])
             data = build_majority_relations_task(
                 NEEDS_K_TASKS[task],
                 num_train=args.num_train,
@@ -146,7 +154,11 @@ def prepare(task: str, extra: list[str], threads: int):
             "num_labels": spec.get("num_classes", 2),
         }
     else:
-        args = cov2.parse_args(extra)
+
+        def parse(flags: list[str]) -> argparse.Namespace:
+            return cov2.parse_args([*extra, *flags])
+
+        args = parse([])
         data, vocab_size, sequence_length = cov2.build_task(args)
         shape = {
             "vocab_size": vocab_size,
@@ -155,8 +167,8 @@ def prepare(task: str, extra: list[str], threads: int):
         }
     set_threads(args.threads)
 
-    def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
-        one = copy.copy(args)
+    def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path, flags: list[str]) -> Trained:
+        one = parse(flags) if flags else copy.copy(args)
         one.seed, one.initial_heads, one.max_heads = seed, heads, max_heads
         model = build_model(one, **shape)
         initial = parameter_count(model)
@@ -186,7 +198,12 @@ def step_parameters(history: dict | None, steps: int, initial: int, final: int) 
 def run_one(train, planned: dict, folder: Path) -> dict:
     """One planned run (`plan`) -> its record: the plan's fields and what training measured."""
     trained = train(
-        planned["seed"], planned["initial_heads"], planned["kind"] == "grown", planned["max_heads"], folder
+        planned["seed"],
+        planned["initial_heads"],
+        planned["kind"] == "grown",
+        planned["max_heads"],
+        folder,
+        planned.get("grown_flags", []),
     )
     final = parameter_count(trained.model)
     history = trained.history
@@ -205,23 +222,37 @@ def run_one(train, planned: dict, folder: Path) -> dict:
     }
 
 
-def plan(args: argparse.Namespace, flags: list[str]) -> list[dict]:
+def plan(args: argparse.Namespace, flags: list[str], grown_flags: list[str]) -> list[dict]:
     """The runs of a task: every static count of `--static_heads` (cap = its heads) and the grown model (one
-    head, cap `--max_heads`), for every seed."""
+    head, cap `--max_heads`, with `grown_flags` after the task's flags), for every seed."""
     static = [
         {"kind": "static", "seed": seed, "initial_heads": heads, "max_heads": heads, "flags": flags}
         for heads in args.static_heads
         for seed in args.seeds
     ]
     return static + [
-        {"kind": "grown", "seed": seed, "initial_heads": 1, "max_heads": args.max_heads, "flags": flags}
+        {
+            "kind": "grown",
+            "seed": seed,
+            "initial_heads": 1,
+            "max_heads": args.max_heads,
+            "flags": flags,
+            "grown_flags": grown_flags,
+        }
         for seed in args.seeds
     ]
 
 
 def run_key(run: dict) -> tuple:
-    """What makes two runs the same run."""
-    return run["kind"], run["initial_heads"], run["seed"], run["max_heads"], tuple(run["flags"])
+    """What makes two runs the same run (a run saved before `--grown_flags` existed had none)."""
+    return (
+        run["kind"],
+        run["initial_heads"],
+        run["seed"],
+        run["max_heads"],
+        tuple(run["flags"]),
+        tuple(run.get("grown_flags", ())),
+    )
 
 
 def summarise(runs: list[dict], tolerance: float) -> dict:
@@ -331,6 +362,21 @@ class SweepArguments:
             "help": 'flags passed on to one task\'s recipe, e.g. cov2="--genome_length 600"',
         },
     )
+    grown_flags: list[str] = field(
+        default_factory=list,
+        metadata={
+            "metavar": 'TASK="FLAGS"',
+            "help": "flags for one task's grown runs only, after its --task_flags (a gate setting, e.g. "
+            'needs2="--gate_calibration_factor 0.3"); the static runs stay comparable',
+        },
+    )
+    static_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder of earlier results (e.g. results/grown_vs_swept): static runs found in its "
+            "<task>.json are taken from there instead of trained again"
+        },
+    )
     output_dir: str = field(
         default=str(REPO_ROOT / "outputs" / "grown_vs_swept"),
         metadata={"help": "results/grown_vs_swept: the committed run"},
@@ -350,13 +396,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if not 0 <= args.tolerance < 1:
         parser.error(f"--tolerance must lie in [0, 1), got {args.tolerance}")
-    task_flags = {task: [] for task in TASK_NAMES}
-    for item in args.task_flags:
-        task, _, flags = item.partition("=")
-        if task not in TASK_NAMES:
-            parser.error(f'--task_flags takes TASK="FLAGS" with TASK in {list(TASK_NAMES)}, got {item!r}')
-        task_flags[task] = shlex.split(flags)
-    args.task_flags = task_flags
+    for name in ("task_flags", "grown_flags"):
+        per_task = {task: [] for task in TASK_NAMES}
+        for item in getattr(args, name):
+            task, _, flags = item.partition("=")
+            if task not in TASK_NAMES:
+                parser.error(f'--{name} takes TASK="FLAGS" with TASK in {list(TASK_NAMES)}, got {item!r}')
+            per_task[task] = shlex.split(flags)
+        setattr(args, name, per_task)
+    if args.static_from is not None and not Path(args.static_from).is_dir():
+        parser.error(f"--static_from must be an existing folder, got {args.static_from!r}")
     return args
 
 
@@ -368,9 +417,12 @@ def main(argv: list[str] | None = None) -> dict:
     for task in args.tasks:
         path = output / f"{task}.json"
         done = saved_runs(path, run_key)
+        if args.static_from is not None:
+            earlier = saved_runs(Path(args.static_from) / f"{task}.json", run_key)
+            done.update({key: run for key, run in earlier.items() if run["kind"] == "static"})
         train = prepare(task, args.task_flags[task], args.threads)
         runs = []
-        for planned in plan(args, args.task_flags[task]):
+        for planned in plan(args, args.task_flags[task], args.grown_flags[task]):
             key = run_key(planned)
             if key not in done:
                 kind = "grown" if planned["kind"] == "grown" else f"static{planned['initial_heads']}"

@@ -87,6 +87,8 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
         ["--tasks", "imdb"],
         ["--tasks", "needs3"],
         ["--task_flags", "needs3=--max_steps 2"],
+        ["--grown_flags", "bert=--gate_calibration_factor 0.3"],
+        ["--static_from", "no/such/folder"],
     ],
 )
 def test_bad_flags_are_refused(script, argv):
@@ -153,7 +155,7 @@ def test_a_tiny_planted_sweep_end_to_end_and_its_resumption(script, tmp_path, mo
     assert script.main(argv)["planted"]["summary"] == result["summary"]
 
 
-def test_a_tiny_needs_k_sweep_builds_the_task_and_shape_of_its_head_need(script, tmp_path):
+def test_a_tiny_needs_k_sweep_builds_the_task_and_shape_of_its_head_need(script, tmp_path, monkeypatch):
     tiny = "--max_steps 8 --pre_growth_steps 4 --num_train 64 --num_validation 32 --probe_rows 16"
     argv = [
         "--tasks",
@@ -200,3 +202,42 @@ def test_a_tiny_needs_k_sweep_builds_the_task_and_shape_of_its_head_need(script,
             )
             assert run["parameters"] == sum(p.numel() for p in fresh.parameters())
             assert run["steps"] == 8 and 0 <= run["accuracy"] <= 1
+
+    # grown runs with their own gate flags, the static runs taken from the first sweep's files
+    trained = []
+    run_one = script.run_one
+
+    def counting(train, planned, folder):
+        trained.append((planned["kind"], planned["grown_flags"]))
+        return run_one(train, planned, folder)
+
+    monkeypatch.setattr(script, "run_one", counting)
+    factors = []
+    build_model = script.build_model
+
+    def recording(args, **shape):
+        factors.append(args.gate_calibration_factor)
+        return build_model(args, **shape)
+
+    monkeypatch.setattr(script, "build_model", recording)
+    again = [
+        *argv[: argv.index("--output_dir")],
+        "--output_dir",
+        str(tmp_path / "factor"),
+        "--runs_dir",
+        str(tmp_path / "runs_factor"),
+        "--task_flags",
+        f"needs2={tiny}",
+        f"needs4={tiny} --hidden_size 16",
+        "--static_from",
+        str(tmp_path),
+        "--grown_flags",
+        "needs2=--gate_calibration_factor 0.5",
+    ]
+    script.main(again)
+    factor = ["--gate_calibration_factor", "0.5"]
+    assert trained == [("grown", factor), ("grown", [])]
+    runs = json.loads((tmp_path / "factor" / "needs2.json").read_text())["runs"]
+    first = json.loads((tmp_path / "needs2.json").read_text())["runs"]
+    assert runs[0] == first[0] and runs[1]["grown_flags"] == factor
+    assert factors == [0.5, 0.1]  # the grown needs2 run got its flag; needs4's grown run the default
