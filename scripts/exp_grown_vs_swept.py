@@ -54,6 +54,7 @@ from geoformers.training.synthetic_tasks import (  # noqa: E402
 )
 
 from harness import cov2, sst2, synthetic  # noqa: E402
+from harness.analysis import heads_at_factor  # noqa: E402
 from harness.flag_checks import CheckedParser  # noqa: E402
 from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy  # noqa: E402
@@ -69,6 +70,7 @@ from harness.results import (  # noqa: E402
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads  # noqa: E402
 
 TASK_NAMES = ("planted", "cov2", "sst2", "needs2", "needs4")
+STUDY_FACTORS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6)
 NEEDS_K_TASKS = {"needs2": 2, "needs4": 4}  # task name -> number of majority relations k
 # The needs-k recipe's own defaults before `--task_flags` (docs/growth_gate.md, 'A task that needs k heads'):
 # one query position, heads of one dimension, and no L_q term (with 0.1 no static model left chance).
@@ -219,6 +221,22 @@ def run_one(train, planned: dict, folder: Path) -> dict:
         "growth_end": None
         if history is None
         else [e["action"] for e in history["events"] if e["action"] in ("stop", "full")],
+        "heads_at_factor": factor_study(history, trained.model.config),
+    }
+
+
+def factor_study(history: dict | None, config) -> dict | None:
+    """For a grown run of the default rule (max_only, relative theta_w): per `STUDY_FACTORS` entry at or
+    above the run's `gate_calibration_factor`, the heads per layer it would have stopped at
+    (`heads_at_factor`, docs/growth_gate.md, 'Why the gate over-grows'); None otherwise."""
+    relative = config.gate_theta_w is None and config.gate_threshold == "relative"
+    if history is None or not relative or config.gate_rule != "max_only":
+        return None
+    run_factor = config.gate_calibration_factor
+    return {
+        str(factor): [layer["heads"] for layer in heads_at_factor(history, factor, run_factor)]
+        for factor in STUDY_FACTORS
+        if factor >= run_factor
     }
 
 
@@ -311,6 +329,16 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
         "under_a_third_of_the_sweep": max(summary["time_ratio"], summary["compute_ratio"]) < 1 / 3,
         "heads_at_the_knee": statistics.median(heads) == knee,
     }
+    studied = [r["heads_at_factor"] for r in grown if r.get("heads_at_factor")]
+    if len(studied) == len(grown):
+        summary["factor_study"] = {
+            factor: {
+                "heads": [sum(study[factor]) for study in studied],
+                "median": statistics.median(sum(study[factor]) for study in studied),
+            }
+            for factor in studied[0]
+            if all(factor in study for study in studied)
+        }
     return summary
 
 

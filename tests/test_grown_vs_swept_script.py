@@ -77,6 +77,49 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
     assert "grown" not in script.summarise(runs[:6], tolerance=0.015)
 
 
+def test_factor_study_of_a_run_and_its_summary(script):
+    def check(step, lambda_max, action, heads):  # theta_w = 0.1 ||A_sym||_F with ||A_sym||_F = 1
+        return {
+            "step": step,
+            "lambda_max": [lambda_max],
+            "theta_w": [0.1],
+            "action": [action],
+            "num_heads": [heads],
+        }
+
+    history = {
+        "initial_num_heads": [1],
+        "checks": [check(1, 0.45, "grow", 2), check(2, 0.22, "grow", 3), check(3, 0.05, "stop", 3)],
+    }
+    study = script.factor_study(history, DDCLIncrtConfig())
+    # stops at ratio 0.45 for factors >= 0.45, at 0.22 for factors in [0.22, 0.45), else where the run did
+    assert study == {
+        "0.1": [3],
+        "0.15": [3],
+        "0.2": [3],
+        "0.25": [2],
+        "0.3": [2],
+        "0.35": [2],
+        "0.4": [2],
+        "0.5": [1],
+        "0.6": [1],
+    }
+    higher = script.factor_study(history, DDCLIncrtConfig(gate_calibration_factor=0.3))
+    assert list(higher) == ["0.3", "0.35", "0.4", "0.5", "0.6"]
+    assert script.factor_study(history, DDCLIncrtConfig(gate_rule="bidirectional")) is None
+    assert script.factor_study(None, DDCLIncrtConfig()) is None
+    runs = [record("static", 1, 0.9, 10, 100), record("static", 2, 0.9, 10, 100)]
+    for heads, cut in ((3, 2), (4, 2), (2, 1)):
+        runs.append(
+            {**record("grown", 1, 0.9, 10, 100, [heads]), "heads_at_factor": {"0.1": [heads], "0.3": [cut]}}
+        )
+    summary = script.summarise(runs, tolerance=0.005)
+    assert summary["factor_study"] == {
+        "0.1": {"heads": [3, 4, 2], "median": 3},
+        "0.3": {"heads": [2, 2, 1], "median": 2},
+    }
+
+
 @pytest.mark.parametrize(
     "argv",
     [
