@@ -534,6 +534,23 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
         run_growth_training(model, args, signed, output_dir=tmp_path, gate_window_steps=2)
 
 
+def test_regrow_keeps_checking_after_a_stop(tmp_path):
+    """--regrow: the callback's stop is not final, so the gate checks at every step to the end; without it the
+    first stop ends the checks (theta_w = 50 ||A_sym||_F: lambda_max is below it at every check)."""
+    task = build_spectral_task(num_train=64, num_validation=8, seed=0)
+    steps = {}
+    for regrow in (False, True):
+        args = tiny_args(max_steps=10, pre_growth_steps=2, check_every=1, gate_calibration_factor=50.0)
+        args.regrow = regrow
+        model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
+        run = run_growth_training(model, args, task["train"], output_dir=tmp_path / str(regrow))
+        steps[regrow] = [check["step"] for check in run.history["checks"]]
+        assert {e["action"] for e in run.history["events"]} == {"stop"} and model.config.num_heads == [1]
+    assert steps[True] == list(range(3, 11)) and steps[False] == steps[True][: len(steps[False])]
+    assert len(steps[False]) < len(steps[True])
+    assert experiment_parser().parse_args(["--regrow"]).regrow and not tiny_args().regrow
+
+
 def test_gate_spectrum_matches_a_float64_reference():
     args = tiny_args(initial_heads=2)
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2).eval()
