@@ -20,7 +20,8 @@ PAGES = [
     *sorted((ROOT / "model_cards").glob("*.md")),
 ]
 COMMAND = re.compile(r"python3? scripts/(\w+\.py)([^`\n|]*)")
-FLAG = re.compile(r"(?<![\w-])--([A-Za-z_][\w-]*)")
+# a flag right after "=" or a quote is the value of another flag (`--grown_flags TASK="--flag"`)
+FLAG = re.compile(r"(?<![\w=\"-])--([A-Za-z_][\w-]*)")
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
