@@ -23,6 +23,11 @@ choosing a count costs a user; the mean cost over seeds per count). The claim te
 Writes `<output_dir>/<task>.json` after every run and `<task>.png` (static accuracy vs heads, grown runs
 marked) at the end of a task. A run already in the file with the same kind, heads, seed, cap and task flags
 (`--task_flags TASK="..."`, passed on to that task's recipe) is kept, so an interrupted sweep resumes.
+`--grown_flags TASK="..."` adds flags to the grown runs only (a gate setting) and `--static_from DIR` takes
+the static runs from DIR/<task>.json, so a gate change retrains only the grown models. A grown run of the
+default rule also records `heads_at_factor`: the heads it would have stopped at under each higher
+`gate_calibration_factor` of `STUDY_FACTORS` (docs/growth_gate.md, "Why the gate's count does not follow the
+task").
 
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 sst2
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 --seeds 0 --static_heads 1 2 \\
@@ -228,7 +233,7 @@ def run_one(train, planned: dict, folder: Path) -> dict:
 def factor_study(history: dict | None, config) -> dict | None:
     """For a grown run of the default rule (max_only, relative theta_w): per `STUDY_FACTORS` entry at or
     above the run's `gate_calibration_factor`, the heads per layer it would have stopped at
-    (`heads_at_factor`, docs/growth_gate.md, 'Why the gate over-grows'); None otherwise."""
+    (`heads_at_factor`; docs/growth_gate.md, "Why the gate's count does not follow the task"); else None."""
     relative = config.gate_theta_w is None and config.gate_threshold == "relative"
     if history is None or not relative or config.gate_rule != "max_only":
         return None

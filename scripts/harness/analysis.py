@@ -145,7 +145,7 @@ def stop_summary(history: dict) -> list[dict]:
 def heads_at_factor(history: dict, factor: float, run_factor: float) -> list[dict]:
     """Per layer: the heads a run of the default rule (max_only, relative theta_w) would have ended with at
     `gate_calibration_factor` = `factor` >= `run_factor` (the run's), read off the run's checks
-    (docs/growth_gate.md, 'Why the gate over-grows').
+    (docs/growth_gate.md, "Why the gate's count does not follow the task").
 
     theta_w = factor x ||A_sym||_F, and a check records lambda_max and theta_w = run_factor x ||A_sym||_F, so
     its ratio lambda_max / ||A_sym||_F = run_factor x lambda_max / theta_w. A higher factor changes no
