@@ -1,6 +1,7 @@
 """Synthetic classification tasks with a planted, exactly known structure: k directional relations
-(`build_spectral_task`), a stream whose relations switch at a step (`build_nonstationary_stream`) and
-SARS-CoV-2-like variant genomes (`build_cov2_variant_task`).
+(`build_spectral_task`), k majority bits whose head need is k (`build_majority_relations_task`), a stream
+whose relations switch at a step (`build_nonstationary_stream`) and SARS-CoV-2-like variant genomes
+(`build_cov2_variant_task`).
 
 Every builder returns `datasets` objects with `input_ids`, `attention_mask` and integer `labels` columns,
 ready for a `Trainer`, is deterministic from `seed`, shares BERT's special-token ids (`[PAD]`=0 `[UNK]`=1
@@ -241,7 +242,7 @@ def build_majority_relations_task(
     Why k heads (docs/growth_gate.md, 'A task that needs k heads'): read at one query position
     (`pooling="cls"`; the [CLS] residual carries nothing about the row) by heads of `head_dim=1`, a head
     returns one number, a softmax average of its values. Attending to a_i, b_i with values +1, -1 it returns
-    (count a_i - count b_i) / (its weight sum): the sign of z_i whatever n_i. One head attending to two
+    (count a_i - count b_i) / (its weight sum), whose sign gives z_i whatever n_i. One head attending to two
     relations returns a weighted sum of their margins, divided by a weight sum that varies with n_i: the
     signs are no longer separable in general, so each relation wants a head of its own.
     """
