@@ -2,7 +2,10 @@
 best fixed head count for less compute than trying the head counts?
 
 Per task (`planted`: `exp_synthetic.py`'s planted spectral task; `cov2`: `exp_cov2.py`'s synthetic CoV-2
-lineages; `sst2`: `exp_sst2.py` from scratch at batch 32), with that script's recipe and defaults unchanged:
+lineages; `sst2`: `exp_sst2.py` from scratch at batch 32), with that script's recipe and defaults unchanged;
+`needs2`, `needs4`: the majority-relations task with k = 2, 4 relations (`build_majority_relations_task`,
+docs/growth_gate.md, 'A task that needs k heads') on `exp_synthetic.py`'s recipe with the shape that makes
+its head need k (`NEEDS_K_DEFAULTS`: [CLS] pooling, head_dim 1, no prototype loss):
 
 - static models with every head count of `--static_heads` (default 1..8, the shapes' hidden // head_dim),
   trained in the same phases as a grown run (pre-growth, then the rest) with no growth callback, so they
@@ -20,6 +23,11 @@ choosing a count costs a user; the mean cost over seeds per count). The claim te
 Writes `<output_dir>/<task>.json` after every run and `<task>.png` (static accuracy vs heads, grown runs
 marked) at the end of a task. A run already in the file with the same kind, heads, seed, cap and task flags
 (`--task_flags TASK="..."`, passed on to that task's recipe) is kept, so an interrupted sweep resumes.
+`--grown_flags TASK="..."` adds flags to the grown runs only (a gate setting) and `--static_from DIR` takes
+the static runs from DIR/<task>.json, so a gate change retrains only the grown models. A grown run of the
+default rule also records `heads_at_factor`: the heads it would have stopped at under each higher
+`gate_calibration_factor` of `STUDY_FACTORS` (docs/growth_gate.md, "Why the gate's count does not follow the
+task").
 
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 sst2
     python scripts/exp_grown_vs_swept.py --tasks planted cov2 --seeds 0 --static_heads 1 2 \\
@@ -43,9 +51,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import DataCollatorWithPadding, set_seed  # noqa: E402
 
-from geoformers.training.synthetic_tasks import LINEAGES, build_spectral_task, task_spec  # noqa: E402
+from geoformers.training.synthetic_tasks import (  # noqa: E402
+    LINEAGES,
+    build_majority_relations_task,
+    build_spectral_task,
+    task_spec,
+)
 
 from harness import cov2, sst2, synthetic  # noqa: E402
+from harness.analysis import heads_at_factor  # noqa: E402
 from harness.flag_checks import CheckedParser  # noqa: E402
 from harness.flags import build_model  # noqa: E402
 from harness.probes import evaluate_accuracy  # noqa: E402
@@ -60,7 +74,12 @@ from harness.results import (  # noqa: E402
 )
 from harness.threads import DEFAULT_THREADS, THREADS_HELP, set_threads  # noqa: E402
 
-TASK_NAMES = ("planted", "cov2", "sst2")
+TASK_NAMES = ("planted", "cov2", "sst2", "needs2", "needs4")
+STUDY_FACTORS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6)
+NEEDS_K_TASKS = {"needs2": 2, "needs4": 4}  # task name -> number of majority relations k
+# The needs-k recipe's own defaults before `--task_flags` (docs/growth_gate.md, 'A task that needs k heads'):
+# one query position, heads of one dimension, and no L_q term (with 0.1 no static model left chance).
+NEEDS_K_DEFAULTS = ["--pooling", "cls", "--head_dim", "1", "--prototype_loss_weight", "0"]
 
 
 @dataclass
@@ -77,18 +96,22 @@ class Trained:
 
 
 def prepare(task: str, extra: list[str], threads: int):
-    """train(seed, heads, grow, max_heads, folder) -> Trained: the task's recipe (its script's parser and
-    defaults, the sweep's `--threads`, then `extra`) on data built once."""
+    """train(seed, heads, grow, max_heads, folder, flags) -> Trained: the task's recipe (its script's parser
+    and defaults, the sweep's `--threads`, then `extra`, then the run's own `flags`, which must not change
+    the data) on data built once."""
     extra = ["--threads", str(threads), *extra]
     if task == "sst2":
         args = sst2.parse_args(["--per_device_train_batch_size", "32", *extra])
         set_threads(args.threads)
         _, tokenizer, (train_rows, dev) = sst2.load_data(args)
 
-        def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
+        def train(
+            seed: int, heads: int, grow: bool, max_heads: int, folder: Path, flags: list[str]
+        ) -> Trained:
+            base = sst2.parse_args(["--per_device_train_batch_size", "32", *extra, *flags]) if flags else args
             one = argparse.Namespace(
                 **{
-                    **vars(args),
+                    **vars(base),
                     "seed": seed,
                     "initial_heads": heads,
                     "max_heads": max_heads,
@@ -110,18 +133,39 @@ def prepare(task: str, extra: list[str], threads: int):
             )
 
         return train
-    if task == "planted":
-        args = synthetic.parse_args(["--no_ablation", *extra])
-        data = build_spectral_task(
-            args.strengths, num_train=args.num_train, num_validation=args.num_validation, seed=args.task_seed
-        )
+    if task == "planted" or task in NEEDS_K_TASKS:
+        defaults = ["--no_ablation", *(NEEDS_K_DEFAULTS if task in NEEDS_K_TASKS else [])]
+
+        def parse(flags: list[str]) -> argparse.Namespace:
+            return synthetic.parse_args([*defaults, *extra, *flags])
+
+        args = parse([])
+        if task == "planted":
+            data = build_spectral_task(
+                args.strengths,
+                num_train=args.num_train,
+                num_validation=args.num_validation,
+                seed=args.task_seed,
+            )
+        else:
+            data = build_majority_relations_task(
+                NEEDS_K_TASKS[task],
+                num_train=args.num_train,
+                num_validation=args.num_validation,
+                seed=args.task_seed,
+            )
+        spec = task_spec(data)
         shape = {
-            "vocab_size": task_spec(data)["vocab_size"],
-            "max_position_embeddings": task_spec(data)["seq_len"],
-            "num_labels": 2,
+            "vocab_size": spec["vocab_size"],
+            "max_position_embeddings": spec["seq_len"],
+            "num_labels": spec.get("num_classes", 2),
         }
     else:
-        args = cov2.parse_args(extra)
+
+        def parse(flags: list[str]) -> argparse.Namespace:
+            return cov2.parse_args([*extra, *flags])
+
+        args = parse([])
         data, vocab_size, sequence_length = cov2.build_task(args)
         shape = {
             "vocab_size": vocab_size,
@@ -130,8 +174,8 @@ def prepare(task: str, extra: list[str], threads: int):
         }
     set_threads(args.threads)
 
-    def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path) -> Trained:
-        one = copy.copy(args)
+    def train(seed: int, heads: int, grow: bool, max_heads: int, folder: Path, flags: list[str]) -> Trained:
+        one = parse(flags) if flags else copy.copy(args)
         one.seed, one.initial_heads, one.max_heads = seed, heads, max_heads
         model = build_model(one, **shape)
         initial = parameter_count(model)
@@ -161,7 +205,12 @@ def step_parameters(history: dict | None, steps: int, initial: int, final: int) 
 def run_one(train, planned: dict, folder: Path) -> dict:
     """One planned run (`plan`) -> its record: the plan's fields and what training measured."""
     trained = train(
-        planned["seed"], planned["initial_heads"], planned["kind"] == "grown", planned["max_heads"], folder
+        planned["seed"],
+        planned["initial_heads"],
+        planned["kind"] == "grown",
+        planned["max_heads"],
+        folder,
+        planned.get("grown_flags", []),
     )
     final = parameter_count(trained.model)
     history = trained.history
@@ -177,26 +226,56 @@ def run_one(train, planned: dict, folder: Path) -> dict:
         "growth_end": None
         if history is None
         else [e["action"] for e in history["events"] if e["action"] in ("stop", "full")],
+        "heads_at_factor": factor_study(history, trained.model.config),
     }
 
 
-def plan(args: argparse.Namespace, flags: list[str]) -> list[dict]:
+def factor_study(history: dict | None, config) -> dict | None:
+    """For a grown run of the default rule (max_only, relative theta_w): per `STUDY_FACTORS` entry at or
+    above the run's `gate_calibration_factor`, the heads per layer it would have stopped at
+    (`heads_at_factor`; docs/growth_gate.md, "Why the gate's count does not follow the task"); else None."""
+    relative = config.gate_theta_w is None and config.gate_threshold == "relative"
+    if history is None or not relative or config.gate_rule != "max_only":
+        return None
+    run_factor = config.gate_calibration_factor
+    return {
+        str(factor): [layer["heads"] for layer in heads_at_factor(history, factor, run_factor)]
+        for factor in STUDY_FACTORS
+        if factor >= run_factor
+    }
+
+
+def plan(args: argparse.Namespace, flags: list[str], grown_flags: list[str]) -> list[dict]:
     """The runs of a task: every static count of `--static_heads` (cap = its heads) and the grown model (one
-    head, cap `--max_heads`), for every seed."""
+    head, cap `--max_heads`, with `grown_flags` after the task's flags), for every seed."""
     static = [
         {"kind": "static", "seed": seed, "initial_heads": heads, "max_heads": heads, "flags": flags}
         for heads in args.static_heads
         for seed in args.seeds
     ]
     return static + [
-        {"kind": "grown", "seed": seed, "initial_heads": 1, "max_heads": args.max_heads, "flags": flags}
+        {
+            "kind": "grown",
+            "seed": seed,
+            "initial_heads": 1,
+            "max_heads": args.max_heads,
+            "flags": flags,
+            "grown_flags": grown_flags,
+        }
         for seed in args.seeds
     ]
 
 
 def run_key(run: dict) -> tuple:
-    """What makes two runs the same run."""
-    return run["kind"], run["initial_heads"], run["seed"], run["max_heads"], tuple(run["flags"])
+    """What makes two runs the same run (a run saved before `--grown_flags` existed had none)."""
+    return (
+        run["kind"],
+        run["initial_heads"],
+        run["seed"],
+        run["max_heads"],
+        tuple(run["flags"]),
+        tuple(run.get("grown_flags", ())),
+    )
 
 
 def summarise(runs: list[dict], tolerance: float) -> dict:
@@ -255,6 +334,16 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
         "under_a_third_of_the_sweep": max(summary["time_ratio"], summary["compute_ratio"]) < 1 / 3,
         "heads_at_the_knee": statistics.median(heads) == knee,
     }
+    studied = [r["heads_at_factor"] for r in grown if r.get("heads_at_factor")]
+    if len(studied) == len(grown):
+        summary["factor_study"] = {
+            factor: {
+                "heads": [sum(study[factor]) for study in studied],
+                "median": statistics.median(sum(study[factor]) for study in studied),
+            }
+            for factor in studied[0]
+            if all(factor in study for study in studied)
+        }
     return summary
 
 
@@ -306,6 +395,21 @@ class SweepArguments:
             "help": 'flags passed on to one task\'s recipe, e.g. cov2="--genome_length 600"',
         },
     )
+    grown_flags: list[str] = field(
+        default_factory=list,
+        metadata={
+            "metavar": 'TASK="FLAGS"',
+            "help": "flags for one task's grown runs only, after its --task_flags (a gate setting, e.g. "
+            'needs2="--gate_calibration_factor 0.3"); the static runs stay comparable',
+        },
+    )
+    static_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "a folder of earlier results (e.g. results/grown_vs_swept): static runs found in its "
+            "<task>.json are taken from there instead of trained again"
+        },
+    )
     output_dir: str = field(
         default=str(REPO_ROOT / "outputs" / "grown_vs_swept"),
         metadata={"help": "results/grown_vs_swept: the committed run"},
@@ -325,13 +429,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if not 0 <= args.tolerance < 1:
         parser.error(f"--tolerance must lie in [0, 1), got {args.tolerance}")
-    task_flags = {task: [] for task in TASK_NAMES}
-    for item in args.task_flags:
-        task, _, flags = item.partition("=")
-        if task not in TASK_NAMES:
-            parser.error(f'--task_flags takes TASK="FLAGS" with TASK in {list(TASK_NAMES)}, got {item!r}')
-        task_flags[task] = shlex.split(flags)
-    args.task_flags = task_flags
+    for name in ("task_flags", "grown_flags"):
+        per_task = {task: [] for task in TASK_NAMES}
+        for item in getattr(args, name):
+            task, _, flags = item.partition("=")
+            if task not in TASK_NAMES:
+                parser.error(f'--{name} takes TASK="FLAGS" with TASK in {list(TASK_NAMES)}, got {item!r}')
+            per_task[task] = shlex.split(flags)
+        setattr(args, name, per_task)
+    if args.static_from is not None and not Path(args.static_from).is_dir():
+        parser.error(f"--static_from must be an existing folder, got {args.static_from!r}")
     return args
 
 
@@ -343,9 +450,12 @@ def main(argv: list[str] | None = None) -> dict:
     for task in args.tasks:
         path = output / f"{task}.json"
         done = saved_runs(path, run_key)
+        if args.static_from is not None:
+            earlier = saved_runs(Path(args.static_from) / f"{task}.json", run_key)
+            done.update({key: run for key, run in earlier.items() if run["kind"] == "static"})
         train = prepare(task, args.task_flags[task], args.threads)
         runs = []
-        for planned in plan(args, args.task_flags[task]):
+        for planned in plan(args, args.task_flags[task], args.grown_flags[task]):
             key = run_key(planned)
             if key not in done:
                 kind = "grown" if planned["kind"] == "grown" else f"static{planned['initial_heads']}"

@@ -20,7 +20,9 @@ PAGES = [
     *sorted((ROOT / "model_cards").glob("*.md")),
 ]
 COMMAND = re.compile(r"python3? scripts/(\w+\.py)([^`\n|]*)")
-FLAG = re.compile(r"(?<![\w-])--([A-Za-z_][\w-]*)")
+# a flag right after "=" (`--grown_flags TASK=--flag`) or inside quotes is another flag's value
+FLAG = re.compile(r"(?<![\w=-])--([A-Za-z_][\w-]*)")
+QUOTED = re.compile(r'"[^"\n]*"')
 
 pytestmark = pytest.mark.usefixtures("restore_torch_threads")
 
@@ -32,7 +34,7 @@ def documented_commands() -> dict[str, dict[str, set[str]]]:
         text = re.sub(r"\\\n\s*", " ", page.read_text(encoding="utf-8"))
         for script, arguments in COMMAND.findall(text):
             flags = commands[script]
-            for flag in FLAG.findall(arguments):
+            for flag in FLAG.findall(QUOTED.sub('""', arguments)):
                 flags[flag].add(str(page.relative_to(ROOT)))
     return commands
 

@@ -33,6 +33,7 @@ from harness import recipe
 from harness.analysis import (
     grow_order,
     head_count_law,
+    heads_at_factor,
     spectrum_head_count_law,
     stop_summary,
     temperature_split,
@@ -533,6 +534,23 @@ def test_continuous_growth_is_one_regrowing_trainer_whose_gate_reads_only_recent
         run_growth_training(model, args, signed, output_dir=tmp_path, gate_window_steps=2)
 
 
+def test_regrow_keeps_checking_after_a_stop(tmp_path):
+    """--regrow: the callback's stop is not final, so the gate checks at every step to the end; without it the
+    first stop ends the checks (theta_w = 50 ||A_sym||_F: lambda_max is below it at every check)."""
+    task = build_spectral_task(num_train=64, num_validation=8, seed=0)
+    steps = {}
+    for regrow in (False, True):
+        args = tiny_args(max_steps=10, pre_growth_steps=2, check_every=1, gate_calibration_factor=50.0)
+        args.regrow = regrow
+        model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2)
+        run = run_growth_training(model, args, task["train"], output_dir=tmp_path / str(regrow))
+        steps[regrow] = [check["step"] for check in run.history["checks"]]
+        assert {e["action"] for e in run.history["events"]} == {"stop"} and model.config.num_heads == [1]
+    assert steps[True] == list(range(3, 11)) and steps[False] == steps[True][: len(steps[False])]
+    assert len(steps[False]) < len(steps[True])
+    assert experiment_parser().parse_args(["--regrow"]).regrow and not tiny_args().regrow
+
+
 def test_gate_spectrum_matches_a_float64_reference():
     args = tiny_args(initial_heads=2)
     model = build_model(args, vocab_size=48, max_position_embeddings=24, num_labels=2).eval()
@@ -636,6 +654,41 @@ def test_spectrum_head_count_law_matches_a_hand_computation():
     assert quiet["kappa_T"] is None
     with pytest.raises(ValueError, match="theta_w"):
         spectrum_head_count_law(spectra, theta_w=[0.1], observed_heads=[4, 1])
+
+
+def test_heads_at_a_higher_factor_by_hand():
+    def check(step, lambda_max, theta_w, action, heads):
+        return {
+            "step": step,
+            "lambda_max": [lambda_max],
+            "theta_w": [theta_w],
+            "action": [action],
+            "num_heads": [heads],
+        }
+
+    # a run at factor 0.1; ratios lambda_max / ||A_sym||_F = 0.1 lambda_max / theta_w: .5, .3, .4, .15, .08
+    history = {
+        "initial_num_heads": [1],
+        "checks": [
+            check(201, 0.5, 0.1, "grow", 2),
+            check(202, 0.3, 0.1, "pending", 2),
+            check(203, 0.8, 0.2, "grow", 3),
+            check(204, 0.15, 0.1, "grow", 4),
+            check(205, 0.08, 0.1, "stop", 4),
+        ],
+    }
+    expected = {  # factor -> (heads, heads if the pending check had stopped, step of the stop)
+        0.1: (4, 4, 205),
+        0.2: (3, 3, 204),  # the grow at ratio 0.15 becomes a stop
+        0.35: (3, 2, 204),  # 0.4 still grows; the pending 0.3 could have stopped with two heads
+        0.6: (1, 1, 201),
+    }
+    for factor, (heads, bound, step) in expected.items():
+        assert heads_at_factor(history, factor, 0.1) == [
+            {"layer": 0, "heads": heads, "heads_if_pending_stop": bound, "step": step}
+        ]
+    with pytest.raises(ValueError, match="factor"):
+        heads_at_factor(history, 0.05, 0.1)
 
 
 def test_head_count_law_is_undefined_without_growth_or_contraction():

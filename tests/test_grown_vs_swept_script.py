@@ -9,7 +9,7 @@ from script_modules import load_script
 
 from geoformers.models.ddcl_incrt.configuration_ddcl_incrt import DDCLIncrtConfig
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenceClassification
-from geoformers.training.synthetic_tasks import build_spectral_task, task_spec
+from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,49 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
     assert "grown" not in script.summarise(runs[:6], tolerance=0.015)
 
 
+def test_factor_study_of_a_run_and_its_summary(script):
+    def check(step, lambda_max, action, heads):  # theta_w = 0.1 ||A_sym||_F with ||A_sym||_F = 1
+        return {
+            "step": step,
+            "lambda_max": [lambda_max],
+            "theta_w": [0.1],
+            "action": [action],
+            "num_heads": [heads],
+        }
+
+    history = {
+        "initial_num_heads": [1],
+        "checks": [check(1, 0.45, "grow", 2), check(2, 0.22, "grow", 3), check(3, 0.05, "stop", 3)],
+    }
+    study = script.factor_study(history, DDCLIncrtConfig())
+    # stops at ratio 0.45 for factors >= 0.45, at 0.22 for factors in [0.22, 0.45), else where the run did
+    assert study == {
+        "0.1": [3],
+        "0.15": [3],
+        "0.2": [3],
+        "0.25": [2],
+        "0.3": [2],
+        "0.35": [2],
+        "0.4": [2],
+        "0.5": [1],
+        "0.6": [1],
+    }
+    higher = script.factor_study(history, DDCLIncrtConfig(gate_calibration_factor=0.3))
+    assert list(higher) == ["0.3", "0.35", "0.4", "0.5", "0.6"]
+    assert script.factor_study(history, DDCLIncrtConfig(gate_rule="bidirectional")) is None
+    assert script.factor_study(None, DDCLIncrtConfig()) is None
+    runs = [record("static", 1, 0.9, 10, 100), record("static", 2, 0.9, 10, 100)]
+    for heads, cut in ((3, 2), (4, 2), (2, 1)):
+        runs.append(
+            {**record("grown", 1, 0.9, 10, 100, [heads]), "heads_at_factor": {"0.1": [heads], "0.3": [cut]}}
+        )
+    summary = script.summarise(runs, tolerance=0.005)
+    assert summary["factor_study"] == {
+        "0.1": {"heads": [3, 4, 2], "median": 3},
+        "0.3": {"heads": [2, 2, 1], "median": 2},
+    }
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -85,6 +128,10 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
         ["--tolerance", "1"],
         ["--task_flags", "bert=--num_train_epochs 1"],
         ["--tasks", "imdb"],
+        ["--tasks", "needs3"],
+        ["--task_flags", "needs3=--max_steps 2"],
+        ["--grown_flags", "bert=--gate_calibration_factor 0.3"],
+        ["--static_from", "no/such/folder"],
     ],
 )
 def test_bad_flags_are_refused(script, argv):
@@ -149,3 +196,91 @@ def test_a_tiny_planted_sweep_end_to_end_and_its_resumption(script, tmp_path, mo
 
     monkeypatch.setattr(script, "run_one", no_training)
     assert script.main(argv)["planted"]["summary"] == result["summary"]
+
+
+def test_a_tiny_needs_k_sweep_builds_the_task_and_shape_of_its_head_need(script, tmp_path, monkeypatch):
+    tiny = "--max_steps 8 --pre_growth_steps 4 --num_train 64 --num_validation 32 --probe_rows 16"
+    argv = [
+        "--tasks",
+        "needs2",
+        "needs4",
+        "--seeds",
+        "1",
+        "--static_heads",
+        "2",
+        "--max_heads",
+        "3",
+        "--output_dir",
+        str(tmp_path),
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--task_flags",
+        f"needs2={tiny}",
+        f"needs4={tiny} --hidden_size 16",
+    ]
+    results = script.main(argv)
+    for task, k, hidden in (("needs2", 2, 64), ("needs4", 4, 16)):
+        runs = json.loads((tmp_path / f"{task}.json").read_text())["runs"]
+        assert [(r["kind"], r["initial_heads"], r["max_heads"]) for r in runs] == [
+            ("static", 2, 2),
+            ("grown", 1, 3),
+        ]
+        assert results[task]["summary"]["knee_heads"] == 2
+        spec = task_spec(build_majority_relations_task(k, num_train=64, num_validation=32, seed=0))
+        for run in runs:
+            # the needs-k shape, read from the parameter count: heads of one dimension, 2^k classes
+            fresh = DDCLIncrtForSequenceClassification(
+                DDCLIncrtConfig(
+                    vocab_size=spec["vocab_size"],
+                    max_position_embeddings=spec["seq_len"],
+                    hidden_size=hidden,
+                    head_dim=1,
+                    num_heads=run["num_heads"],
+                    max_heads=run["max_heads"],
+                    num_prototypes=16,
+                    num_labels=2**k,
+                    type_vocab_size=0,
+                    pooling="cls",
+                )
+            )
+            assert run["parameters"] == sum(p.numel() for p in fresh.parameters())
+            assert run["steps"] == 8 and 0 <= run["accuracy"] <= 1
+
+    # grown runs with their own gate flags, the static runs taken from the first sweep's files
+    trained = []
+    run_one = script.run_one
+
+    def counting(train, planned, folder):
+        trained.append((planned["kind"], planned["grown_flags"]))
+        return run_one(train, planned, folder)
+
+    monkeypatch.setattr(script, "run_one", counting)
+    factors = []
+    build_model = script.build_model
+
+    def recording(args, **shape):
+        factors.append(args.gate_calibration_factor)
+        return build_model(args, **shape)
+
+    monkeypatch.setattr(script, "build_model", recording)
+    again = [
+        *argv[: argv.index("--output_dir")],
+        "--output_dir",
+        str(tmp_path / "factor"),
+        "--runs_dir",
+        str(tmp_path / "runs_factor"),
+        "--task_flags",
+        f"needs2={tiny}",
+        f"needs4={tiny} --hidden_size 16",
+        "--static_from",
+        str(tmp_path),
+        "--grown_flags",
+        "needs2=--gate_calibration_factor 0.5",
+    ]
+    script.main(again)
+    factor = ["--gate_calibration_factor", "0.5"]
+    assert trained == [("grown", factor), ("grown", [])]
+    runs = json.loads((tmp_path / "factor" / "needs2.json").read_text())["runs"]
+    first = json.loads((tmp_path / "needs2.json").read_text())["runs"]
+    assert runs[0] == first[0] and runs[1]["grown_flags"] == factor
+    assert factors == [0.5, 0.1]  # the grown needs2 run got its flag; needs4's grown run the default

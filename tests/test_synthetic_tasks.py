@@ -1,6 +1,7 @@
 """Synthetic tasks: the planted structure of the spectral task, the non-stationary stream and the CoV-2
 genomes, read back from the token rows; determinism; bad arguments."""
 
+import itertools
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ from geoformers.tokenization import build_kmer_tokenizer, kmerize
 from geoformers.training import synthetic_tasks
 from geoformers.training.synthetic_tasks import (
     build_cov2_variant_task,
+    build_majority_relations_task,
     build_nonstationary_stream,
     build_spectral_task,
     task_spec,
@@ -115,6 +117,84 @@ def test_task_spec_round_trips_and_rejects_plain_datasets():
     assert task_spec(task.map(lambda row: row))["task"] == "spectral_relations"
     with pytest.raises(ValueError, match="task spec"):
         task_spec(Dataset.from_dict({"x": [1]}))
+
+
+# ------------------------------------------------------------------------------------ majority relations task
+
+
+def majority_labels(input_ids: np.ndarray, relations: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row and relation, how many of its tokens there are, and the label sum_i [a_i wins] 2^i, counted
+    from the token rows (an independent reading of the data)."""
+    a_counts = np.stack([(input_ids == r["a_token"]).sum(axis=1) for r in relations], axis=1)
+    b_counts = np.stack([(input_ids == r["b_token"]).sum(axis=1) for r in relations], axis=1)
+    bits = (a_counts > b_counts).astype(int)
+    return a_counts + b_counts, bits @ (2 ** np.arange(len(relations)))
+
+
+@pytest.mark.parametrize("num_relations", [1, 2, 4])
+def test_majority_task_labels_are_the_majority_bits(num_relations):
+    task = build_majority_relations_task(num_relations, num_train=480, num_validation=33, seed=1)
+    spec = task_spec(task)
+    assert spec["num_classes"] == 2**num_relations and spec["counts"] == [1, 3, 5]
+    assert [(r["a_token"], r["b_token"]) for r in spec["relations"]] == [
+        (5 + 2 * i, 6 + 2 * i) for i in range(num_relations)
+    ]
+    for split, size in (("train", 480), ("validation", 33)):
+        ids = np.array(task[split]["input_ids"])
+        labels = np.array(task[split]["labels"])
+        assert ids.shape == (size, 24) and (ids[:, 0] == 2).all() and (ids[:, -1] == 3).all()
+        assert ids[:, 1:-1].min() >= 5 and ids.max() < 48
+        totals, recomputed = majority_labels(ids, spec["relations"])
+        np.testing.assert_array_equal(recomputed, labels)
+        assert set(np.unique(totals)) == {1, 3, 5}  # every count of `counts` occurs (480 rows)
+        class_counts = np.bincount(labels, minlength=2**num_relations)
+        assert class_counts.max() - class_counts.min() <= 1 and class_counts.sum() == size
+        assert task[split].features["labels"].num_classes == 2**num_relations
+    # the bits are independent: each pair of relations shows all four patterns equally often (480 / 4)
+    _, labels = majority_labels(np.array(task["train"]["input_ids"]), spec["relations"])
+    for first, second in itertools.combinations(range(num_relations), 2):
+        pairs = ((labels >> first) & 1) * 2 + ((labels >> second) & 1)
+        assert np.bincount(pairs, minlength=4).tolist() == [120] * 4
+
+
+def test_majority_task_margins_cover_every_share():
+    # counts (3,): the winner holds 2 or 3 of the 3 tokens, both about equally often
+    task = build_majority_relations_task(1, counts=(3,), num_train=2000, num_validation=2, seed=0)
+    ids = np.array(task["train"]["input_ids"])
+    winner = np.maximum((ids == 5).sum(axis=1), (ids == 6).sum(axis=1))
+    assert set(winner.tolist()) == {2, 3} and abs((winner == 3).mean() - 0.5) < 0.05  # std ~ 0.011
+
+
+def test_majority_task_is_deterministic_from_the_seed():
+    first = build_majority_relations_task(3, num_train=64, num_validation=8, seed=5)
+    again = build_majority_relations_task(3, num_train=64, num_validation=8, seed=5)
+    other = build_majority_relations_task(3, num_train=64, num_validation=8, seed=6)
+    assert first["train"]["input_ids"] == again["train"]["input_ids"]
+    assert first["train"]["input_ids"] != other["train"]["input_ids"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_relations": 0}, "num_relations"),
+        ({"num_relations": 9, "seq_len": 64}, "num_relations"),
+        ({"num_relations": 2.0}, "num_relations"),
+        ({"num_relations": True}, "num_relations"),
+        ({"counts": (2, 3)}, "counts"),
+        ({"counts": (3, 1)}, "counts"),
+        ({"counts": ()}, "counts"),
+        ({"counts": "135"}, "counts"),
+        ({"counts": (1, 0)}, "counts"),
+        ({"num_relations": 4, "seq_len": 21}, "seq_len"),  # 4 relations x 5 tokens + [CLS] [SEP] = 22
+        ({"vocab_size": 9}, "vocab_size"),
+        ({"num_train": 1}, "num_train"),
+        ({"num_validation": 2.5}, "num_validation"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_majority_task_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_majority_relations_task(**kwargs)
 
 
 # ------------------------------------------------------------------------------------ non-stationary stream
@@ -280,7 +360,14 @@ def test_builders_are_importable_from_the_training_package():
 
     assert (
         training.build_spectral_task,
+        training.build_majority_relations_task,
         training.build_nonstationary_stream,
         training.build_cov2_variant_task,
         training.task_spec,
-    ) == (build_spectral_task, build_nonstationary_stream, build_cov2_variant_task, task_spec)
+    ) == (
+        build_spectral_task,
+        build_majority_relations_task,
+        build_nonstationary_stream,
+        build_cov2_variant_task,
+        task_spec,
+    )

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from geoformers.training.resume import resume_growth_training
     from geoformers.training.synthetic_tasks import (
         build_cov2_variant_task,
+        build_majority_relations_task,
         build_nonstationary_stream,
         build_spectral_task,
         task_spec,
@@ -32,6 +33,7 @@ _LAZY = {
     "CompleteCheckpointsCallback": "geoformers.training.checkpoints",
     "IncrtGrowthCallback": "geoformers.training.growth",
     "build_cov2_variant_task": "geoformers.training.synthetic_tasks",
+    "build_majority_relations_task": "geoformers.training.synthetic_tasks",
     "build_nonstationary_stream": "geoformers.training.synthetic_tasks",
     "build_spectral_task": "geoformers.training.synthetic_tasks",
     "causal_lm_blocks": "geoformers.training.data",
@@ -64,6 +66,7 @@ __all__ = [
     "HyperConnectionDiagnosticsCallback",
     "IncrtGrowthCallback",
     "build_cov2_variant_task",
+    "build_majority_relations_task",
     "build_nonstationary_stream",
     "build_spectral_task",
     "causal_lm_blocks",

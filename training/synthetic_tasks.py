@@ -1,6 +1,7 @@
 """Synthetic classification tasks with a planted, exactly known structure: k directional relations
-(`build_spectral_task`), a stream whose relations switch at a step (`build_nonstationary_stream`) and
-SARS-CoV-2-like variant genomes (`build_cov2_variant_task`).
+(`build_spectral_task`), k majority bits whose head need is k (`build_majority_relations_task`), a stream
+whose relations switch at a step (`build_nonstationary_stream`) and SARS-CoV-2-like variant genomes
+(`build_cov2_variant_task`).
 
 Every builder returns `datasets` objects with `input_ids`, `attention_mask` and integer `labels` columns,
 ready for a `Trainer`, is deterministic from `seed`, shares BERT's special-token ids (`[PAD]`=0 `[UNK]`=1
@@ -200,6 +201,97 @@ def build_spectral_task(
         input_ids = _relation_sequences(rng, labels, relations, fillers, seq_len)
         columns = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "labels": labels}
         splits[split] = _to_dataset(columns, ["0", "1"], spec)
+    return DatasetDict(splits)
+
+
+MAX_MAJORITY_RELATIONS = 8
+DEFAULT_MAJORITY_COUNTS = (1, 3, 5)
+
+
+def _check_counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """Odd positive ints, distinct and increasing: the possible numbers of tokens of one relation in a row."""
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or not counts:
+        raise ValueError(f"counts must be a non-empty sequence of odd ints, got {counts!r}")
+    for count in counts:
+        require_int("counts", count, 1)
+        if count % 2 == 0:
+            raise ValueError(f"counts must be odd (a majority always exists), got {list(counts)}")
+    if any(second <= first for first, second in itertools.pairwise(counts)):
+        raise ValueError(f"counts must be strictly increasing, got {list(counts)}")
+    return tuple(counts)
+
+
+def build_majority_relations_task(
+    num_relations: int = 2,
+    *,
+    counts: Sequence[int] = DEFAULT_MAJORITY_COUNTS,
+    num_train: int = 4000,
+    num_validation: int = 1000,
+    vocab_size: int = 48,
+    seq_len: int = 24,
+    seed: int = 0,
+) -> DatasetDict:
+    """Classify k = `num_relations` majority bits at once: 2^k classes, a task whose head need is k.
+
+    Construction. Relation i owns the tokens a_i = 5 + 2i and b_i = 6 + 2i. In every row it places n_i
+    tokens drawn from {a_i, b_i} at random positions among uniform fillers, n_i uniform over `counts` (odd,
+    so there is no tie), and the majority's share m_i uniform over (n_i + 1) / 2 .. n_i. The bit z_i is 1
+    when a_i is the majority; the bits are independent and uniform (classes balanced to within one row) and
+    the label is sum_i z_i 2^i, so every relation decides it (Bayes accuracy 1).
+
+    Why k heads (docs/growth_gate.md, 'A task that needs k heads'): read at one query position
+    (`pooling="cls"`; the [CLS] residual carries nothing about the row) by heads of `head_dim=1`, a head
+    returns one number, a softmax average of its values. Attending to a_i, b_i with values +1, -1 it returns
+    (count a_i - count b_i) / (its weight sum), whose sign gives z_i whatever n_i. One head attending to two
+    relations returns a weighted sum of their margins, divided by a weight sum that varies with n_i: the
+    signs are no longer separable in general, so each relation wants a head of its own.
+    """
+    require_int("num_relations", num_relations, 1)
+    if num_relations > MAX_MAJORITY_RELATIONS:
+        raise ValueError(f"num_relations must be <= {MAX_MAJORITY_RELATIONS}, got {num_relations}")
+    counts = _check_counts(counts)
+    require_int("vocab_size", vocab_size, NUM_SPECIAL_TOKENS + 2 * num_relations + 1)
+    slots = max(counts)
+    require_int("seq_len", seq_len, num_relations * slots + 2)
+    require_int("num_train", num_train, 2)
+    require_int("num_validation", num_validation, 2)
+    require_int("seed", seed, 0)
+    relations = [
+        {"a_token": NUM_SPECIAL_TOKENS + 2 * index, "b_token": NUM_SPECIAL_TOKENS + 2 * index + 1}
+        for index in range(num_relations)
+    ]
+    num_classes = 2**num_relations
+    rng = np.random.default_rng(seed)
+    fillers = np.arange(NUM_SPECIAL_TOKENS + 2 * num_relations, vocab_size)
+    spec = {
+        "task": "majority_relations",
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "special_tokens": list(BERT_SPECIAL_TOKENS),
+        "counts": list(counts),
+        "relations": relations,
+        "num_classes": num_classes,
+        "bayes_accuracy": 1.0,
+    }
+    splits = {}
+    for split, size in (("train", num_train), ("validation", num_validation)):
+        labels = rng.permutation(np.arange(size) % num_classes).astype(np.int64)
+        content = fillers[rng.integers(0, len(fillers), size=(size, seq_len - 2))]
+        positions = np.argsort(rng.random((size, seq_len - 2)), axis=1)
+        rows = np.arange(size)[:, None]
+        slot = np.arange(slots)[None, :]
+        for index, relation in enumerate(relations):
+            total = rng.choice(counts, size=size)[:, None]
+            majority = rng.integers((total + 1) // 2, total + 1)
+            a_first = ((labels >> index) & 1)[:, None] == 1
+            tokens = np.where((slot < majority) == a_first, relation["a_token"], relation["b_token"])
+            placed = slot < total
+            where = positions[:, index * slots : (index + 1) * slots]
+            content[np.broadcast_to(rows, where.shape)[placed], where[placed]] = tokens[placed]
+        input_ids = _wrap_special(content)
+        columns = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "labels": labels}
+        splits[split] = _to_dataset(columns, [str(c) for c in range(num_classes)], spec)
     return DatasetDict(splits)
 
 

@@ -142,6 +142,48 @@ def stop_summary(history: dict) -> list[dict]:
     return layers
 
 
+def heads_at_factor(history: dict, factor: float, run_factor: float) -> list[dict]:
+    """Per layer: the heads a run of the default rule (max_only, relative theta_w) would have ended with at
+    `gate_calibration_factor` = `factor` >= `run_factor` (the run's), read off the run's checks
+    (docs/growth_gate.md, "Why the gate's count does not follow the task").
+
+    theta_w = factor x ||A_sym||_F, and a check records lambda_max and theta_w = run_factor x ||A_sym||_F, so
+    its ratio lambda_max / ||A_sym||_F = run_factor x lambda_max / theta_w. A higher factor changes no
+    verdict before the first settled check (grow or stop) whose ratio is <= factor: it stops there, with the
+    heads the layer had before that check (`heads`, `step`). Pending checks (trackers not converged) are
+    skipped; with the higher floor factor x ||A_sym||_F one of them may have settled into a stop earlier,
+    so `heads_if_pending_stop` counts a pending check with ratio <= factor as a stop (a lower bound).
+    A layer whose checks never fall to the factor keeps the run's end (`step` None).
+    """
+    if not factor >= run_factor > 0:
+        raise ValueError(
+            f"factor must be >= run_factor > 0 (a lower factor grows beyond the run), got {factor}"
+        )
+    layers = []
+    for layer, initial in enumerate(history["initial_num_heads"]):
+        heads, bound, step = initial, None, None
+        for check in history["checks"]:
+            action = check["action"][layer]
+            if action == "calibrating":
+                continue
+            ratio = run_factor * check["lambda_max"][layer] / check["theta_w"][layer]
+            if ratio <= factor and action == "pending" and bound is None:
+                bound = heads
+            if ratio <= factor and action in ("grow", "stop", "full"):
+                step = check["step"]
+                break
+            heads = check["num_heads"][layer]
+        layers.append(
+            {
+                "layer": layer,
+                "heads": heads,
+                "heads_if_pending_stop": heads if bound is None else bound,
+                "step": step,
+            }
+        )
+    return layers
+
+
 def temperature_split(temperatures: list[list[float]], tau_min: float, tau_init: float) -> list[dict]:
     """Per layer: heads are "local" when tau moved more than halfway from tau_init to tau_min
     (tau - tau_min < (tau_init - tau_min) / 2: sharp, near-hard assignment), "global" otherwise

@@ -98,6 +98,13 @@ class GrowthArguments:
     gate_calibration_factor: float = 0.1
     gate_prune_factor: float = field(default=0.0, metadata={"help": "phi_g / theta_w; 0: no pruning"})
     gate_prune_patience: int = 3
+    regrow: bool = field(
+        default=False,
+        metadata={
+            "help": "IncrtGrowthCallback(regrow=True): a stop verdict is not final, every later check may "
+            "grow the layer again (no finite stop; docs/growth_gate.md, 'A task that needs k heads')"
+        },
+    )
 
 
 @dataclass

@@ -199,7 +199,7 @@ def run_growth_training(
                 gate_batch_size=args.gate_batch_size,
                 gate_num_tokens=args.gate_num_tokens,
                 save_plot=False,
-                regrow=continuous,
+                regrow=continuous or args.regrow,
                 gate_rows=gate_rows,
                 start_step=max(args.pre_growth_steps - start, 0),
             )
