@@ -27,6 +27,7 @@ from geoformers.training.hc_diagnostics import (
     row_entropy,
     saturated_fraction,
     stream_spread,
+    stream_use,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -172,6 +173,22 @@ def test_stream_metrics_of_a_model_equal_its_stream_states():
         assert metrics[f"hc/stream_rank/{layer}.mlp"] == pytest.approx(float(rank), rel=1e-9)
         assert 1.0 < metrics[f"hc/stream_rank/{layer}.mlp"] < STREAMS
         assert f"hc/stream_spread/{layer}.attn" not in metrics
+
+
+def test_stream_use_reduces_the_diagnostics_to_four_numbers():
+    model = randomise_maps(tiny_model(), scale=3.0)
+    metrics = hc_diagnostics(model, IDS)
+    summary = stream_use(metrics)
+    assert summary["stream_spread_last"] == metrics[f"hc/stream_spread/{LAYERS - 1}.mlp"]
+    assert summary["stream_rank_last"] == metrics[f"hc/stream_rank/{LAYERS - 1}.mlp"]
+    entropies = [metrics[f"hc/row_entropy/{name}"] for name in SUBLAYER_NAMES]
+    assert summary["h_res_row_entropy_mean"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-12)
+    gains = [metrics[f"hc/gain_{d}/{name}"] for d in ("forward", "backward") for name in SUBLAYER_NAMES]
+    assert summary["composite_gain_max"] == max(gains)
+    with pytest.raises(ValueError, match="`metrics` must hold hc_diagnostics keys"):
+        stream_use({**metrics, "loss": 1.0})
+    with pytest.raises(ValueError, match="`metrics` lacks"):
+        stream_use(hc_diagnostics(tiny_model(hc_streams=1), IDS))
 
 
 # ----------------------------------------------------------------------------------------------

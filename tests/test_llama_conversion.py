@@ -552,36 +552,47 @@ def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
 
 
 def test_upcycling_script_branches_in_lockstep(tmp_path):
-    """`upcycle_llama.py`'s two Trainers: the upcycled run joins at the switch and both then see the same
-    batches; every evaluation after it finds both arms at the same step (the exact add conversion keeps
-    them together)."""
+    """`upcycle_llama.py`'s Trainers: the upcycled runs (one per symmetry breaking) join at the switch and all
+    then see the same batches; every evaluation after it finds every arm at the same step (the exact add
+    conversions keep them together), and records whether the streams are used."""
     script = load_script("upcycle_llama.py")
     text = tmp_path / "text.txt"
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 60, encoding="utf-8")
     argv = [
-        *("--data", str(text), "--max_steps", "6", "--switch_step", "2", "--eval_steps", "2"),
-        "--threads",
+        *("--data", str(text), "--max_steps", "8", "--switch_step", "2", "--eval_steps", "2"),
+        *("--stop_step", "6", "--symmetry_breaking", "read_spread", "write_spread", "--threads", "1"),
+        *("--warmup_steps", "1", "--eval_batches", "2", "--block_size", "16", "--output_dir", str(tmp_path)),
     ]
-    argv += [
-        "1",
-        "--warmup_steps",
-        "1",
-        "--eval_batches",
-        "2",
-        "--block_size",
-        "16",
-        "--output_dir",
-        str(tmp_path),
-    ]
-    result = script.run(script.make_parser().parse_args(argv), torch.device("cpu"))
-    assert [len(result["losses"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
-    assert [len(result["seconds"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
+    args = script.make_parser().parse_args(argv)
+    result = script.run(args, torch.device("cpu"))
+    arms = ["llama", "upcycled:read_spread", "upcycled:write_spread"]
+    assert [len(result["losses"][arm]) for arm in arms] == [6, 4, 4]
+    assert [len(result["seconds"][arm]) for arm in arms] == [6, 4, 4]
     # then the new maps train and the arms drift apart slowly (3e-4 here), far less than a step moves the
     # loss (about 0.06): a step out of line would show
-    assert result["losses"]["upcycled"] == pytest.approx(result["losses"]["llama"][2:], rel=2e-3)
-    assert result["losses"]["upcycled"][0] == pytest.approx(result["losses"]["llama"][2], abs=1e-5)
+    for arm in arms[1:]:
+        assert result["losses"][arm] == pytest.approx(result["losses"]["llama"][2:], rel=2e-3)
+        assert result["losses"][arm][0] == pytest.approx(result["losses"]["llama"][2], abs=1e-5)
+        assert result["switch_gap"][arm] < 1e-5
     assert [entry["step"] for entry in result["history"]] == [0, 2, 4, 6]
-    assert result["switch_gap"] < 1e-5
     for entry in result["history"][1:]:
-        for split in ("train", "val"):
-            assert entry["upcycled"][split] == pytest.approx(entry["llama"][split], rel=2e-3), entry["step"]
+        for arm in arms[1:]:
+            for split in ("train", "val"):
+                assert entry[arm][split] == pytest.approx(entry["llama"][split], rel=2e-3), entry["step"]
+    at_switch = result["history"][1]
+    assert at_switch["upcycled:read_spread"]["stream_spread_last"] < 1e-5
+    assert at_switch["upcycled:read_spread"]["stream_rank_last"] == pytest.approx(1.0, abs=1e-3)
+    assert at_switch["upcycled:write_spread"]["stream_spread_last"] > 0.02
+    assert abs(at_switch["upcycled:write_spread"]["composite_gain_max"] - 1) < 1e-5
+    summary = script.summarize(args, result)
+    assert summary["steps"] == 6 and summary["schedule_steps"] == 8
+    assert set(summary["final_stream_use"]) == set(arms[1:])
+    script.plot(args, result, tmp_path / "losses.png")
+    assert (tmp_path / "losses.png").stat().st_size > 10_000
+    for bad in (
+        ["--stop_step", "2"],
+        ["--stop_step", "5"],
+        ["--symmetry_breaking", "layer_read", "layer_read"],
+    ):
+        with pytest.raises(ValueError, match="--stop_step|--symmetry_breaking"):
+            script.run(script.make_parser().parse_args([*argv, *bad]), torch.device("cpu"))

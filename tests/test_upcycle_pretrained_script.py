@@ -70,6 +70,8 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     for arm in ("add", "delta"):
         assert 0 < arms[arm]["h_res_row_entropy_mean"] <= math.log(4) + 1e-6
         assert arms[arm]["composite_gain_max"] >= 1.0 - 1e-5
+        assert 0 <= arms[arm]["stream_spread_last"] < 0.1 and 1 <= arms[arm]["stream_rank_last"] < 4
+        assert record["history"][arm][0]["stream_spread_last"] < 1e-5  # equal streams at the converted point
     assert "h_res_row_entropy_mean" not in arms["llama"]
     assert record["lowest_perplexity_at_equal_tokens"] in arms
     assert (tmp_path / "whole" / "perplexity.png").stat().st_size > 10_000
@@ -96,10 +98,17 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
         assert resumed["history"][arm] == record["history"][arm], arm
     assert not saved.exists()
 
-    # a subset of the arms is the same run for those arms
-    pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add"))
-    assert list(pair["arms"]) == ["llama", "add"]
-    assert pair["history"] == {arm: record["history"][arm] for arm in ("llama", "add")}
+    # a subset of the arms is the same run for those arms; a symmetry-breaking arm starts exact too
+    pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add", "add_write_spread"))
+    assert list(pair["arms"]) == ["llama", "add", "add_write_spread"]
+    assert {arm: pair["history"][arm] for arm in ("llama", "add")} == {
+        arm: record["history"][arm] for arm in ("llama", "add")
+    }
+    spread = pair["arms"]["add_write_spread"]
+    assert spread["logit_gap_to_llama"] < 1e-5 and spread["val_perplexity_before"] == pytest.approx(
+        before["llama"], rel=1e-5
+    )
+    assert pair["history"]["add_write_spread"][0]["stream_spread_last"] > 0.02
 
 
 def test_bad_flags_are_named_before_anything_loads(checkpoint, tmp_path, capsys):
@@ -108,6 +117,7 @@ def test_bad_flags_are_named_before_anything_loads(checkpoint, tmp_path, capsys)
     script = load_script("exp_upcycle_pretrained.py")
     bad = [("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1"), ("--learning_rate", "-1")]
     bad += [("--threads", "-1"), *(("--arms", *arms) for arms in (["add", "delta"], ["llama", "llama"]))]
+    bad += [("--arms", "llama", "add_spread")]
     for flag, *values in bad:
         argv = arguments(checkpoint, tmp_path / "run", flag, *values)
         argv[argv.index("--model") + 1] = str(tmp_path / "no-such-model")

@@ -204,6 +204,33 @@ def hc_diagnostics(
     return metrics
 
 
+def stream_use(metrics: dict[str, float]) -> dict[str, float]:
+    """Whether the streams are used, in four numbers from `hc_diagnostics`' dict (docs/hc_diagnostics.md,
+    'Are the streams used'): the stream spread and effective rank leaving the last layer, the mean H_res row
+    entropy over sublayers and the largest composite gain (forward or backward, any sublayer)."""
+    by_metric: dict[str, dict[int, float]] = {}
+    for key, value in metrics.items():
+        match = KEY_PATTERN.match(key)
+        if match is None:
+            raise ValueError(
+                f"`metrics` must hold hc_diagnostics keys 'hc/<metric>/<layer>.<sublayer>', got {key!r}"
+            )
+        by_metric.setdefault(match["metric"], {})[(int(match["layer"]), match["sublayer"])] = value
+    needed = ("stream_spread", "stream_rank", "row_entropy", "gain_forward", "gain_backward")
+    missing = [metric for metric in needed if metric not in by_metric]
+    if missing:
+        raise ValueError(f"`metrics` lacks {missing}: the diagnostics of a model with hc_streams > 1")
+    last = max(by_metric["stream_spread"])
+    gains = [*by_metric["gain_forward"].values(), *by_metric["gain_backward"].values()]
+    entropies = list(by_metric["row_entropy"].values())
+    return {
+        "stream_spread_last": by_metric["stream_spread"][last],
+        "stream_rank_last": by_metric["stream_rank"][last],
+        "h_res_row_entropy_mean": sum(entropies) / len(entropies),
+        "composite_gain_max": max(gains),
+    }
+
+
 class HyperConnectionDiagnosticsCallback(TrainerCallback):
     """`hc_diagnostics` on a fixed probe batch every `every` optimizer steps, merged into that step's Trainer
     log record: the printed logs and `state.log_history` (hence `trainer_state.json`), and the `report_to`
@@ -284,4 +311,5 @@ __all__ = [
     "row_entropy",
     "saturated_fraction",
     "stream_spread",
+    "stream_use",
 ]
