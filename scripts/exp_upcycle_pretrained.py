@@ -264,11 +264,11 @@ def summarize(runs: dict) -> dict:
 
 def plot(runs: dict, path: Path) -> None:
     """Held-out perplexity of the arms against steps (same tokens), each arm's difference to Llama's at
-    the same step, and perplexity against training seconds."""
+    the same step, perplexity against training seconds, and the DDL-mHC arms' stream spread (log scale)."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 4))
-    by_step, gap, by_time = figure.subplots(1, 3)
+    figure = Figure(figsize=(20, 4))
+    by_step, gap, by_time, spread = figure.subplots(1, 4)
     reference = [entry["val_perplexity"] for entry in runs["llama"]["history"]]
     for arm, run in runs.items():
         steps = [entry["step"] for entry in run["history"]]
@@ -278,10 +278,18 @@ def plot(runs: dict, path: Path) -> None:
         by_step.plot(steps, perplexity, "o-", label=label, ms=3)
         gap.plot(steps, [mine - base for mine, base in zip(perplexity, reference, strict=True)], "o-", ms=3)
         by_time.plot(elapsed, perplexity, "o-", label=label, ms=3)
+        if "stream_spread_last" in run["history"][0]:
+            values = [max(entry["stream_spread_last"], 1e-9) for entry in run["history"]]
+            spread.semilogy(steps, values, "o-", label=arm, ms=3)
+        else:
+            spread.plot([], [])  # keeps the arms' colours aligned across the panels
     by_step.set_xlabel("step (same tokens for every arm)")
     gap.set_xlabel("step")
     gap.set_ylabel("held-out perplexity - Llama's")
     by_time.set_xlabel("training seconds")
+    spread.set_xlabel("step")
+    spread.set_ylabel("stream spread ||X - mean X|| / ||X||, last layer")
+    spread.legend(fontsize=8)
     for axis in (by_step, by_time):
         axis.set_ylabel("held-out perplexity")
         axis.legend(fontsize=8)
@@ -298,11 +306,12 @@ def settings_of(args) -> dict:
 
 
 def saved_arms(path: Path, settings: dict) -> dict:
-    """Finished arms of an earlier run with the same settings (none if the settings differ)."""
+    """Finished arms of an earlier run with the same settings but for `arms` (none if there is no such run):
+    a folder takes more arms later, and a rerun naming fewer summarises those."""
     if not path.exists():
         return {}
     saved = json.loads(path.read_text())
-    if saved["settings"] != settings:
+    if {**saved["settings"], "arms": None} != {**settings, "arms": None}:
         raise ValueError(f"--output_dir {path.parent} holds a run with other settings; choose another folder")
     return saved["runs"]
 
@@ -338,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs[arm] = train_arm(arm, llama, train_ids, val_ids, args, device, arm_dir)
         write_json(progress_file, {"settings": settings, "runs": runs})
         shutil.rmtree(arm_dir, ignore_errors=True)
+    runs = {arm: runs[arm] for arm in args.arms}
     summary = summarize(runs)
     for arm, numbers in summary["arms"].items():
         before, after = numbers["val_perplexity_before"], numbers["val_perplexity_after"]

@@ -98,6 +98,12 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
         assert resumed["history"][arm] == record["history"][arm], arm
     assert not saved.exists()
 
+    # a folder's finished arms are kept: naming fewer summarises those without training
+    monkeypatch.setattr(script, "train_arm", None)
+    subset = script.main(arguments(checkpoint, tmp_path / "whole", "--arms", "llama", "delta"))
+    assert subset["arms"] == {arm: record["arms"][arm] for arm in ("llama", "delta")}
+    monkeypatch.undo()
+
     # a subset of the arms is the same run for those arms; a symmetry-breaking arm starts exact too
     pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add", "add_write_spread"))
     assert list(pair["arms"]) == ["llama", "add", "add_write_spread"]
