@@ -143,11 +143,17 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
             str(tmp_path / "ddl"),
             "--llama_output_dir",
             str(tmp_path / "llama"),
+            "--symmetry_breaking",
+            "write_spread",
         ]
     )
     upcycled = AutoModelForCausalLM.from_pretrained(tmp_path / "ddl").eval()
     llama = AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
     assert isinstance(upcycled, DDLmHCForCausalLM) and upcycled.config.hc_streams == 4
+    write = upcycled.model.layers[
+        0
+    ].attn_connection.write_bias.detach()  # logits in [-1, 1]: mean amplitude 1
+    assert write.abs().max().item() == pytest.approx(1.0) and write.sum().abs() < 1e-6
     ids = AutoTokenizer.from_pretrained(tmp_path / "ddl")("hear me speak", return_tensors="pt").input_ids
     assert (
         ids.tolist()
