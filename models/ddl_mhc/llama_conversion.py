@@ -189,7 +189,7 @@ def convert_llama_to_ddl_mhc(
         for index, connection in enumerate(connections):  # attention then MLP of each layer
             _start_as_llama(connection, config)
             if connection.num_streams > 1:
-                _break_symmetry(connection, config, symmetry_breaking, index)
+                _break_symmetry(connection, symmetry_breaking, index)
     model.generation_config = copy.deepcopy(llama_model.generation_config)
     model.train(llama_model.training)
     return model
@@ -208,7 +208,7 @@ def _start_as_llama(connection: HyperConnection, config: DDLmHCConfig) -> None:
         connection.delta.value_proj.bias.copy_(config.delta_eps / beta)
 
 
-def _break_symmetry(connection: HyperConnection, config: DDLmHCConfig, choice: str, index: int) -> None:
+def _break_symmetry(connection: HyperConnection, choice: str, index: int) -> None:
     """The exact start `choice` of sublayer `index` (0, 1, ... in forward order; docs/upcycling.md,
     "Breaking the stream symmetry"). Unequal reads need equal streams; unequal writes need uniform reads."""
     n = connection.num_streams
