@@ -164,7 +164,14 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
 
 
 @pytest.mark.parametrize(
-    "folder", ["upcycle_pretrained", "upcycle_pretrained_seed1338", "upcycle_pretrained_60"]
+    "folder",
+    [
+        "upcycle_pretrained",
+        "upcycle_pretrained_seed1338",
+        "upcycle_pretrained_60",
+        "upcycle_symmetry/smollm2_seed1337",
+        "upcycle_symmetry/smollm2_seed1338",
+    ],
 )
 def test_committed_runs_match_the_docs(folder):
     """results/<folder>/summary.json: a portable command, and the perplexities docs/upcycling.md and the
@@ -182,6 +189,25 @@ def test_committed_runs_match_the_docs(folder):
         assert f"{numbers['val_perplexity_after']:.3f}" in card, arm
         assert f"{numbers['tokens_per_second']:.1f}" in docs, arm
     assert f"{summary['arms']['llama']['val_perplexity_before']:.4f}" in docs
+
+
+@pytest.mark.parametrize("seed", [1337, 1338])
+def test_committed_symmetry_screen_matches_the_docs(seed):
+    """results/upcycle_symmetry/screen_seed<seed>/summary.json (`upcycle_llama.py`, one arm per symmetry
+    breaking): a portable command, every start exact at the switch, and the paired losses and stream spreads
+    docs/upcycling.md quotes."""
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads(
+        (root / "results" / "upcycle_symmetry" / f"screen_seed{seed}" / "summary.json").read_text()
+    )
+    assert summary["command"].startswith("python scripts/upcycle_llama.py ")
+    assert not any(word.startswith(("/", "../../")) for word in summary["command"].split())
+    assert summary["settings"]["seed"] == seed and summary["steps"] == 1400
+    docs = (root / "docs" / "upcycling.md").read_text()
+    for arm, gap in summary["max_abs_logit_difference_at_switch"].items():
+        assert gap < 1e-5, arm
+        assert f"{abs(summary['train_loss_difference_last_50_steps'][arm]):.5f}" in docs, arm
+        assert f"{summary['final_stream_use'][arm]['stream_rank_last']:.3f}" in docs, arm
 
 
 def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest_arms():
