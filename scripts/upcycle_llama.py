@@ -150,7 +150,9 @@ def logit_gap(model, reference, val_ids, args, device) -> float:
 
 def streams_used(model, val_ids, args) -> dict:
     """Whether the upcycled streams are used, on one validation batch (`stream_use`: spread and effective
-    rank of the last layer's streams, H_res entropy, composite gain)."""
+    rank of the last layer's streams, H_res entropy, composite gain); nothing for one stream."""
+    if model.config.hc_streams == 1:
+        return {}
     batch = get_batch(
         val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(1)
     )
@@ -298,9 +300,10 @@ def plot(args, result: dict, path: Path) -> None:
             ms=3,
             label=label,
         )
+        measured = [entry for entry in evaluated if "stream_spread_last" in entry[arm]]  # none for n = 1
         spread.semilogy(
-            [entry["step"] for entry in evaluated],
-            [max(entry[arm]["stream_spread_last"], 1e-9) for entry in evaluated],
+            [entry["step"] for entry in measured],
+            [max(entry[arm]["stream_spread_last"], 1e-9) for entry in measured],
             "o-",
             ms=3,
             label=label,

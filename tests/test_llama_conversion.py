@@ -589,6 +589,9 @@ def test_upcycling_script_branches_in_lockstep(tmp_path):
     assert set(summary["final_stream_use"]) == set(arms[1:])
     script.plot(args, result, tmp_path / "losses.png")
     assert (tmp_path / "losses.png").stat().st_size > 10_000
+    single = script.run(script.make_parser().parse_args([*argv, "--hc_streams", "1"]), torch.device("cpu"))
+    assert single["losses"]["upcycled:read_spread"] == single["losses"]["llama"][2:]  # Llama's block exactly
+    assert set(single["history"][-1]["upcycled:write_spread"]) == {"train", "val"}  # no streams to measure
     for bad in (
         ["--stop_step", "2"],
         ["--stop_step", "5"],
