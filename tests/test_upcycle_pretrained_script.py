@@ -171,6 +171,7 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
         "upcycle_pretrained_60",
         "upcycle_symmetry/smollm2_seed1337",
         "upcycle_symmetry/smollm2_seed1338",
+        "upcycle_symmetry/smollm2_seed1339",
     ],
 )
 def test_committed_runs_match_the_docs(folder):
