@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
+from geoformers.models.ddl_mhc.llama_conversion import SYMMETRY_BREAKING
 
 from harness.flag_checks import CheckedParser
 from harness.pretrained import PACKAGED_SMOLLM2, load_tokenizer, resolve_model
@@ -28,6 +29,10 @@ class ConvertArguments:
     )
     hc_streams: int = 4
     residual: Literal["add", "delta"] = "add"
+    symmetry_breaking: str = field(
+        default="read_spread",
+        metadata={"help": "the exact start (docs/upcycling.md)", "choices": SYMMETRY_BREAKING},
+    )
     threads: int = field(default=DEFAULT_THREADS, metadata={"help": THREADS_HELP})
 
 
@@ -40,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     source = resolve_model(args.model)
     llama = load_llama(source)  # first: its architecture check names a folder that holds no Llama
     tokenizer = load_tokenizer(source)
-    model = convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual=args.residual)
+    model = convert_llama_to_ddl_mhc(
+        llama, symmetry_breaking=args.symmetry_breaking, hc_streams=args.hc_streams, residual=args.residual
+    )
     for network, folder in ((model, args.output_dir), (llama, args.llama_output_dir)):
         if folder is not None:
             network.save_pretrained(folder)

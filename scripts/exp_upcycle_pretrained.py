@@ -10,12 +10,15 @@ seed):
 - "add": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, the exact conversion (default
   chart);
 - "delta": the same with `residual="delta", delta_eps=--delta_eps`, the nearest the delta update gets to
-  Llama (its logit gap and held-out loss at step 0 are recorded).
+  Llama (its logit gap and held-out loss at step 0 are recorded);
+- "add_<choice>" (e.g. "add_write_spread"): the add conversion with `symmetry_breaking=<choice>`, another
+  exact start (docs/upcycling.md, "Breaking the stream symmetry"), only when `--arms` names it.
 
 The text (tiny-shakespeare by default) is tokenised with the checkpoint's tokenizer and split like nanoGPT
 (first 90 % train). Before the first step and every `--eval_steps` steps: held-out perplexity on fixed
-windows, and for the DDL-mHC arms the H_res row entropy (mean over sublayers) and the largest composite
-gain (`training/hc_diagnostics.py`) on one held-out batch. Per arm: training tokens/s (median step) and the
+windows, and for the DDL-mHC arms whether the streams are used (`training/hc_diagnostics.py`, `stream_use`:
+stream spread and effective rank leaving the last layer, mean H_res row entropy, largest composite gain) on
+one held-out batch. Per arm: training tokens/s (median step) and the
 peak memory of one training step. The arms run one after another; each writes a `Trainer` checkpoint every
 `--save_steps` (`<output_dir>/checkpoints-<arm>/`, removed when the arm finishes), and a rerun with the same
 `--output_dir` resumes from it (finished arms are kept). Writes
@@ -41,8 +44,9 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from geoformers import convert_llama_to_ddl_mhc, load_llama
+from geoformers.models.ddl_mhc.llama_conversion import SYMMETRY_BREAKING
 from geoformers.training.data import load_tiny_shakespeare
-from geoformers.training.hc_diagnostics import KEY_PATTERN, hc_diagnostics
+from geoformers.training.hc_diagnostics import hc_diagnostics, stream_use
 
 from harness.causal_lm import estimate_loss, get_batch, run_settings, split_ids, training_memory_bytes
 from harness.data_errors import DATA_FLAG, exit_without_data
@@ -53,7 +57,9 @@ from harness.random_windows import RandomWindows
 from harness.results import REPO_ROOT, write_json, write_results
 from harness.threads import set_threads
 
-ARMS = ("llama", "add", "delta")
+ARMS = ("llama", "add", "delta", *(f"add_{choice}" for choice in SYMMETRY_BREAKING))
+DEFAULT_ARMS = ("llama", "add", "delta")
+STREAM_USE_KEYS = ("stream_spread_last", "stream_rank_last", "h_res_row_entropy_mean", "composite_gain_max")
 RECORD_FILE = "arm_record.json"
 
 
@@ -84,7 +90,7 @@ class UpcycleArguments:
         metadata={"help": f"a Llama folder, Hub id or .gguf file; {PACKAGED_SMOLLM2!r}: the package's GGUF"},
     )
     arms: list[str] = dataclasses.field(
-        default_factory=lambda: list(ARMS),
+        default_factory=lambda: list(DEFAULT_ARMS),
         metadata={"help": f"the arms to run, of {ARMS}; 'llama' among them (every comparison's reference)"},
     )
     hc_streams: int = 4
@@ -122,7 +128,10 @@ def build_arm(arm: str, llama, args):
     """A fresh copy per arm: every arm starts from the checkpoint, whatever trained before it."""
     if arm == "llama":
         return copy.deepcopy(llama)
-    overrides = {"hc_streams": args.hc_streams, "residual": arm}
+    residual, _, choice = arm.partition("_")
+    overrides = {"hc_streams": args.hc_streams, "residual": residual}
+    if choice:
+        overrides["symmetry_breaking"] = choice
     if arm == "delta":
         overrides["delta_eps"] = args.delta_eps
     return convert_llama_to_ddl_mhc(llama, **overrides)
@@ -135,11 +144,7 @@ def evaluate(model, val_ids, args, device, step: int) -> dict:
     record = {"step": step, "val_loss": loss, "val_perplexity": math.exp(loss)}
     if getattr(model.config, "hc_streams", 1) > 1:
         probe = get_batch(val_ids, batch, args.block_size, torch.Generator().manual_seed(1))
-        by_metric = {}
-        for key, value in hc_diagnostics(model, probe).items():
-            by_metric.setdefault(KEY_PATTERN.match(key)["metric"], []).append(value)
-        record["h_res_row_entropy_mean"] = statistics.fmean(by_metric["row_entropy"])
-        record["composite_gain_max"] = max(max(by_metric["gain_forward"]), max(by_metric["gain_backward"]))
+        record.update(stream_use(hc_diagnostics(model, probe)))
     return record
 
 
@@ -244,7 +249,7 @@ def summarize(runs: dict) -> dict:
             "training_seconds": sum(run["seconds"]),
             "peak_memory_bytes": run["peak_memory_bytes"],
             **{key: run[key] for key in ("logit_gap_to_llama",) if key in run},
-            **{key: last[key] for key in ("h_res_row_entropy_mean", "composite_gain_max") if key in last},
+            **{key: last[key] for key in STREAM_USE_KEYS if key in last},
         }
     equal_time = min(numbers["training_seconds"] for numbers in arms.values())
     at_equal_time = {arm: perplexity_at_seconds(run, equal_time) for arm, run in runs.items()}
@@ -259,11 +264,11 @@ def summarize(runs: dict) -> dict:
 
 def plot(runs: dict, path: Path) -> None:
     """Held-out perplexity of the arms against steps (same tokens), each arm's difference to Llama's at
-    the same step, and perplexity against training seconds."""
+    the same step, perplexity against training seconds, and the DDL-mHC arms' stream spread (log scale)."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(15, 4))
-    by_step, gap, by_time = figure.subplots(1, 3)
+    figure = Figure(figsize=(20, 4))
+    by_step, gap, by_time, spread = figure.subplots(1, 4)
     reference = [entry["val_perplexity"] for entry in runs["llama"]["history"]]
     for arm, run in runs.items():
         steps = [entry["step"] for entry in run["history"]]
@@ -273,10 +278,18 @@ def plot(runs: dict, path: Path) -> None:
         by_step.plot(steps, perplexity, "o-", label=label, ms=3)
         gap.plot(steps, [mine - base for mine, base in zip(perplexity, reference, strict=True)], "o-", ms=3)
         by_time.plot(elapsed, perplexity, "o-", label=label, ms=3)
+        if "stream_spread_last" in run["history"][0]:
+            values = [max(entry["stream_spread_last"], 1e-9) for entry in run["history"]]
+            spread.semilogy(steps, values, "o-", label=arm, ms=3)
+        else:
+            spread.plot([], [])  # keeps the arms' colours aligned across the panels
     by_step.set_xlabel("step (same tokens for every arm)")
     gap.set_xlabel("step")
     gap.set_ylabel("held-out perplexity - Llama's")
     by_time.set_xlabel("training seconds")
+    spread.set_xlabel("step")
+    spread.set_ylabel("stream spread ||X - mean X|| / ||X||, last layer")
+    spread.legend(fontsize=8)
     for axis in (by_step, by_time):
         axis.set_ylabel("held-out perplexity")
         axis.legend(fontsize=8)
@@ -293,11 +306,12 @@ def settings_of(args) -> dict:
 
 
 def saved_arms(path: Path, settings: dict) -> dict:
-    """Finished arms of an earlier run with the same settings (none if the settings differ)."""
+    """Finished arms of an earlier run with the same settings but for `arms` (none if there is no such run):
+    a folder takes more arms later, and a rerun naming fewer summarises those."""
     if not path.exists():
         return {}
     saved = json.loads(path.read_text())
-    if saved["settings"] != settings:
+    if {**saved["settings"], "arms": None} != {**settings, "arms": None}:
         raise ValueError(f"--output_dir {path.parent} holds a run with other settings; choose another folder")
     return saved["runs"]
 
@@ -333,6 +347,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs[arm] = train_arm(arm, llama, train_ids, val_ids, args, device, arm_dir)
         write_json(progress_file, {"settings": settings, "runs": runs})
         shutil.rmtree(arm_dir, ignore_errors=True)
+    runs = {arm: runs[arm] for arm in args.arms}
     summary = summarize(runs)
     for arm, numbers in summary["arms"].items():
         before, after = numbers["val_perplexity_before"], numbers["val_perplexity_after"]

@@ -34,6 +34,8 @@ TITLES = {
     "res_mix": "chart weight a in H_res = (1 - a) I + a chart",
     "gain_forward": "forward gain: max row sum of prod H_res",
     "gain_backward": "backward gain: max column sum of prod H_res",
+    "stream_spread": "stream spread ||X - mean_i X_i|| / ||X|| leaving the layer (0: equal streams)",
+    "stream_rank": "effective rank of the streams leaving the layer (1: equal, n: orthogonal)",
 }
 
 

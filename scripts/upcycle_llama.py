@@ -6,19 +6,23 @@ trains `--switch_step` steps on character-level tiny-shakespeare through the scr
 Then the run branches:
 
 - "llama": the same model, optimizer and batch generator, trained on to `--max_steps`;
-- "upcycled": `convert_llama_to_ddl_mhc(llama, hc_streams=4, residual="add")`, whose logits equal Llama's
-  at the switch. It inherits the optimizer state of every copied weight (AdamW moments and step count), the
-  place in the learning-rate schedule and the batch generator's state, so both arms see the same batches
-  and the same learning rates; the new hyper-connection maps start with fresh moments.
+- "upcycled:<choice>", one per `--symmetry_breaking` choice: `convert_llama_to_ddl_mhc(llama,
+  symmetry_breaking=choice, hc_streams=4, residual="add")`, whose logits equal Llama's at the switch. Each
+  inherits the optimizer state of every copied weight (AdamW moments and step count), the place in the
+  learning-rate schedule and the batch generator's state, so every arm sees the same batches and the same
+  learning rates; the new hyper-connection maps start with fresh moments (the same random draw per arm).
 
-Both arms train round robin (one step of each in turn, so machine load slows both alike;
-`harness.round_robin`: the upcycled arm's `Trainer` joins Llama's rotation at the switch). The train-split
-and validation losses (fixed windows, `estimate_loss`) are measured every `--eval_steps` steps. Writes
-`<output_dir>/summary.json` (the losses around the switch, the final losses, step times, the whole history)
-and `<output_dir>/losses.png`.
+All arms train round robin (one step of each in turn, so machine load slows them alike;
+`harness.round_robin`: the upcycled arms' `Trainer`s join Llama's rotation at the switch) up to
+`--stop_step` (default `--max_steps`; the schedule always spans `--max_steps`, so a shorter run is the
+first part of the long one). The train-split and validation losses (fixed windows, `estimate_loss`) are
+measured every `--eval_steps` steps, and for the upcycled arms whether the streams are used
+(`hc_diagnostics`' `stream_use`: stream spread and effective rank leaving the last layer, H_res entropy,
+composite gain). Writes `<output_dir>/summary.json` (the losses around the switch, the final losses, step
+times, the whole history) and `<output_dir>/losses.png`.
 
     python scripts/upcycle_llama.py                    # -> outputs/upcycle_llama/{summary.json,losses.png}
-    python scripts/upcycle_llama.py --output_dir results/upcycle_llama    # replaces the committed run
+    python scripts/upcycle_llama.py --symmetry_breaking read_spread layer_read write_spread --stop_step 1400
 """
 
 import json
@@ -31,6 +35,8 @@ import torch
 from transformers import TrainerCallback
 
 import geoformers
+from geoformers.models.ddl_mhc.llama_conversion import SYMMETRY_BREAKING
+from geoformers.training.hc_diagnostics import hc_diagnostics, stream_use
 
 from harness.causal_lm import (
     LLAMA,
@@ -49,7 +55,11 @@ from harness.round_robin import RoundRobin
 from harness.threads import set_threads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ARMS = ("llama", "upcycled")
+UPCYCLED = "upcycled:"  # arm name prefix; the symmetry-breaking choice follows
+
+
+def upcycled_arms(args) -> list[str]:
+    return [UPCYCLED + choice for choice in args.symmetry_breaking]
 
 
 def inherit_training_state(optimizer, schedule, model, source_optimizer, source_schedule, source_model):
@@ -69,10 +79,10 @@ def inherit_training_state(optimizer, schedule, model, source_optimizer, source_
 
 
 class Branch(TrainerCallback):
-    """Llama's run: at the end of step `--switch_step` the upcycled model joins the rotation with a
+    """Llama's run: at the end of step `--switch_step` the upcycled models join the rotation, each with a
     `Trainer` of its own (same recipe and schedule length) that starts from this run's optimizer state,
-    schedule position and batch position (`RandomWindows(skip_batches=switch)`) and stops after the
-    remaining steps."""
+    schedule position and batch position (`RandomWindows(skip_batches=switch)`) and stops at `--stop_step`,
+    as this run does."""
 
     def __init__(self, experiment: "Experiment"):
         self.experiment = experiment
@@ -80,6 +90,8 @@ class Branch(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if state.global_step == self.experiment.args.switch_step:
             self.experiment.branch(model, optimizer, lr_scheduler)
+        if state.global_step == self.experiment.args.stop_step:
+            control.should_training_stop = True
 
 
 class Inherit(TrainerCallback):
@@ -136,17 +148,15 @@ def logit_gap(model, reference, val_ids, args, device) -> float:
     return gap
 
 
-@torch.no_grad()
-def stream_spread(model, val_ids, args, device) -> float:
-    """How far the upcycled streams have moved apart: ||X - mean_i X_i|| / ||X|| of the last layer's streams
-    on one validation batch (0 at the switch, where every stream is Llama's hidden state)."""
+def streams_used(model, val_ids, args) -> dict:
+    """Whether the upcycled streams are used, on one validation batch (`stream_use`: spread and effective
+    rank of the last layer's streams, H_res entropy, composite gain); nothing for one stream."""
+    if model.config.hc_streams == 1:
+        return {}
     batch = get_batch(
         val_ids, args.per_device_train_batch_size, args.block_size, torch.Generator().manual_seed(1)
-    ).to(device)
-    model.eval()
-    streams = model(batch, output_stream_states=True).stream_states[-1]
-    model.train()
-    return ((streams - streams.mean(-2, keepdim=True)).norm() / streams.norm()).item()
+    )
+    return stream_use(hc_diagnostics(model, batch))
 
 
 class Experiment:
@@ -169,27 +179,33 @@ class Experiment:
 
     def branch(self, llama, optimizer, schedule) -> None:
         args = self.args
-        upcycled = geoformers.convert_llama_to_ddl_mhc(llama, hc_streams=args.hc_streams, residual="add")
-        self.models["upcycled"] = upcycled
-        self.switch_gap = logit_gap(upcycled, llama, self.val_ids, args, self.device)
-        print(f"switch at step {args.switch_step}: max |logit difference| {self.switch_gap:.2e}", flush=True)
-        trainer = build_trainer(upcycled, self.train_ids, args, skip_batches=args.switch_step)
-        trainer.add_callback(Inherit((optimizer, schedule, llama), args.max_steps - args.switch_step))
-        trainer.add_callback(Evaluate(self, "upcycled", offset=args.switch_step))
-        self.trainers["upcycled"] = trainer
-        self.rotation.add("upcycled", trainer)
+        self.switch_gap = {}
+        for arm, choice in zip(upcycled_arms(args), args.symmetry_breaking, strict=True):
+            torch.manual_seed(args.seed)  # the same random start of the new maps in every arm
+            upcycled = geoformers.convert_llama_to_ddl_mhc(
+                llama, symmetry_breaking=choice, hc_streams=args.hc_streams, residual="add"
+            )
+            self.models[arm] = upcycled
+            self.switch_gap[arm] = logit_gap(upcycled, llama, self.val_ids, args, self.device)
+            print(
+                f"switch at step {args.switch_step}, {arm}: max |logit difference| {self.switch_gap[arm]:.2e}"
+            )
+            trainer = build_trainer(upcycled, self.train_ids, args, skip_batches=args.switch_step)
+            trainer.add_callback(Inherit((optimizer, schedule, llama), args.stop_step - args.switch_step))
+            trainer.add_callback(Evaluate(self, arm, offset=args.switch_step))
+            self.trainers[arm] = trainer
+            self.rotation.add(arm, trainer)
 
     def evaluate(self, step: int, arm: str) -> None:
-        """After the switch the upcycled run, which steps after Llama's, evaluates both."""
-        if arm == "llama" and step > self.args.switch_step:
+        """After the switch the last upcycled run, which steps after all others, evaluates every arm."""
+        if arm != list(self.models)[-1] and step > self.args.switch_step:
             return
         self.history.append(
             {"step": step, **evaluate(self.models, self.train_ids, self.val_ids, self.args, self.device)}
         )
-        if "upcycled" in self.models:
-            self.history[-1]["upcycled"]["stream_spread"] = stream_spread(
-                self.models["upcycled"], self.val_ids, self.args, self.device
-            )
+        for name, model in self.models.items():
+            if name.startswith(UPCYCLED):
+                self.history[-1][name].update(streams_used(model, self.val_ids, self.args))
         report = ", ".join(f"{arm} val {self.history[-1][arm]['val']:.4f}" for arm in self.models)
         print(f"step {step}: {report}", flush=True)
 
@@ -209,40 +225,50 @@ class Experiment:
 
 
 def run(args, device) -> dict:
-    """Both phases; returns the per-step training losses and seconds, the evaluations and the switch gap."""
+    """Both phases; returns the per-step training losses and seconds, the evaluations and the switch gaps."""
+    check_branches(args)
     return Experiment(args, device).run()
 
 
 def summarize(args, result: dict) -> dict:
     """The numbers of docs/upcycling.md: losses around the switch, final losses, step times."""
     switch, losses, history = args.switch_step, result["losses"], result["history"]
-    after = {arm: losses[arm][-(args.max_steps - switch) :] for arm in ARMS}  # steps switch + 1 .. steps
-    difference = [up - base for up, base in zip(after["upcycled"], after["llama"], strict=True)]
+    upcycled, arms = upcycled_arms(args), ["llama", *upcycled_arms(args)]
+    after = {arm: losses[arm][-(args.stop_step - switch) :] for arm in arms}  # steps switch + 1 .. stop
+    differences = {
+        arm: [up - base for up, base in zip(after[arm], after["llama"], strict=True)] for arm in upcycled
+    }
     window = args.spike_window
     at_switch = next(entry for entry in history if entry["step"] == switch)
     final = history[-1]
     return {
         "switch_step": switch,
-        "steps": args.max_steps,
+        "steps": args.stop_step,
+        "schedule_steps": args.max_steps,
         "hc_streams": args.hc_streams,
         "parameters": result["parameters"],
         "max_abs_logit_difference_at_switch": result["switch_gap"],
-        "val_loss_at_switch": {arm: at_switch[arm]["val"] for arm in ARMS},
+        "val_loss_at_switch": {arm: at_switch[arm]["val"] for arm in arms},
         "train_loss_last_step_before_switch": losses["llama"][switch - 1],
-        "train_loss_first_step_after_switch": {arm: after[arm][0] for arm in ARMS},
+        "train_loss_first_step_after_switch": {arm: after[arm][0] for arm in arms},
         f"train_loss_difference_first_{window}_steps_after_switch": {
-            "max": max(difference[:window]),
-            "mean": statistics.mean(difference[:window]),
+            arm: {"max": max(difference[:window]), "mean": statistics.mean(difference[:window])}
+            for arm, difference in differences.items()
         },
-        f"train_loss_difference_last_{window}_steps": statistics.mean(difference[-window:]),
-        "final_val_loss": {arm: final[arm]["val"] for arm in ARMS},
-        "final_stream_spread": final["upcycled"]["stream_spread"],
-        "final_train_split_loss": {arm: final[arm]["train"] for arm in ARMS},
+        f"train_loss_difference_last_{window}_steps": {
+            arm: statistics.mean(difference[-window:]) for arm, difference in differences.items()
+        },
+        "final_val_loss": {arm: final[arm]["val"] for arm in arms},
+        "final_stream_use": {
+            arm: {key: value for key, value in final[arm].items() if key not in ("train", "val")}
+            for arm in upcycled
+        },
+        "final_train_split_loss": {arm: final[arm]["train"] for arm in arms},
         "median_step_seconds": {
             "llama before switch": statistics.median(result["seconds"]["llama"][:switch]),
             **{
                 f"{arm} after switch": statistics.median(result["seconds"][arm][-len(after[arm]) :])
-                for arm in ARMS
+                for arm in arms
             },
         },
         "history": history,
@@ -254,71 +280,44 @@ def running_mean(values: list[float], width: int) -> list[float]:
 
 
 def plot(args, result: dict, path: Path) -> None:
-    """Left: per-step training losses of both arms around the switch (same batches); middle: their
-    difference after the switch; right: the whole run (running mean of the training loss, validation every
-    --eval_steps)."""
+    """Left: each upcycled arm's per-step training loss minus Llama's (same batches, running mean 50);
+    middle: validation loss minus Llama's; right: the stream spread leaving the last layer (log scale)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     switch, losses, history = args.switch_step, result["losses"], result["history"]
-    end = args.max_steps + 1
-    steps = {"llama": list(range(1, end)), "upcycled": list(range(switch + 1, end))}
-    colours = {"llama": "tab:blue", "upcycled": "tab:orange"}
-    labels = {"llama": "Llama", "upcycled": f"upcycled DDL-mHC n={args.hc_streams} (add)"}
     figure = Figure(figsize=(15, 4.2))
-    near, gap, whole = figure.subplots(1, 3)
-    low, high = max(0, switch - args.zoom), min(args.max_steps, switch + args.zoom)
-    for arm, style in (("upcycled", "-"), ("llama", ":")):
-        shown = [index for index, step in enumerate(steps[arm]) if low < step <= high]
-        near.plot(
-            [steps[arm][i] for i in shown],
-            [losses[arm][i] for i in shown],
-            style,
-            color=colours[arm],
-            lw=1.0,
-            label=labels[arm],
-        )
-    difference = [up - base for up, base in zip(losses["upcycled"], losses["llama"][switch:], strict=True)]
-    gap.plot(steps["upcycled"], difference, color="grey", lw=0.5, label="per step")
-    gap.plot(steps["upcycled"], running_mean(difference, 50), color="black", lw=1.2, label="running mean 50")
-    gap.axhline(0.0, color="tab:blue", lw=0.8)
-    # The upcycled arm's running mean continues Llama's, whose steps it shares up to the switch.
-    smoothed = {
-        "llama": running_mean(losses["llama"], 25),
-        "upcycled": running_mean(losses["llama"][:switch] + losses["upcycled"], 25)[switch:],
-    }
-    for arm in ARMS:
-        whole.plot(
-            steps[arm],
-            smoothed[arm],
-            color=colours[arm],
-            lw=0.8,
-            alpha=0.6,
-            label=f"{labels[arm]}, train (running mean 25)",
-        )
+    gap, validation, spread = figure.subplots(1, 3)
+    for arm in upcycled_arms(args):
+        label = arm.removeprefix(UPCYCLED)
+        steps = list(range(switch + 1, switch + 1 + len(losses[arm])))
+        difference = [up - base for up, base in zip(losses[arm], losses["llama"][switch:], strict=False)]
+        gap.plot(steps, running_mean(difference, 50), lw=1.2, label=label)
         evaluated = [entry for entry in history if arm in entry]
-        whole.plot(
+        validation.plot(
             [entry["step"] for entry in evaluated],
-            [entry[arm]["val"] for entry in evaluated],
+            [entry[arm]["val"] - entry["llama"]["val"] for entry in evaluated],
             "o-",
-            color=colours[arm],
             ms=3,
-            label=f"{labels[arm]}, validation",
+            label=label,
         )
-    for axis in (near, whole):
-        axis.axvline(switch, color="grey", ls="--", lw=0.8)
-        axis.set_ylabel("loss (nats / char)")
-    for axis in (near, gap, whole):
+        measured = [entry for entry in evaluated if "stream_spread_last" in entry[arm]]  # none for n = 1
+        spread.semilogy(
+            [entry["step"] for entry in measured],
+            [max(entry[arm]["stream_spread_last"], 1e-9) for entry in measured],
+            "o-",
+            ms=3,
+            label=label,
+        )
+    for axis in (gap, validation):
+        axis.axhline(0.0, color="grey", lw=0.8)
+        axis.set_ylabel("loss difference to Llama (nats / char)")
+    for axis in (gap, validation, spread):
         axis.set_xlabel("step")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    near.set_title(f"per-step training loss, steps {low + 1}-{high} (same batches)")
-    near.legend(fontsize=8)
-    gap.set_title("upcycled - Llama, per-step training loss")
-    gap.set_ylabel("loss difference")
-    gap.legend(fontsize=8)
-    whole.set_title("whole run")
-    whole.set_ylim(top=max(entry["llama"]["val"] for entry in history[len(history) // 10 :]) + 0.2)
-    whole.legend(fontsize=7)
+        axis.legend(fontsize=8)
+    gap.set_title("per-step training loss - Llama's (running mean 50)")
+    validation.set_title("validation loss - Llama's")
+    spread.set_title("stream spread ||X - mean X|| / ||X||, last layer")
+    figure.suptitle(f"upcycled n={args.hc_streams} (add) after step {switch}, by symmetry breaking")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -333,7 +332,31 @@ class UpcycleArguments:
     switch_step: int = field(default=1000, metadata={"help": "Llama steps before the conversion"})
     hc_streams: int = field(default=4, metadata={"help": "streams of the upcycled DDL-mHC"})
     spike_window: int = field(default=50, metadata={"help": "steps after the switch summarised"})
-    zoom: int = field(default=100, metadata={"help": "half width of the figure's switch panel"})
+    symmetry_breaking: list[str] = field(
+        default_factory=lambda: ["read_spread"],
+        metadata={
+            "help": "the exact starts to compare, one upcycled arm each (docs/upcycling.md)",
+            "choices": SYMMETRY_BREAKING,
+        },
+    )
+    stop_step: int | None = field(
+        default=None,
+        metadata={"help": "last step trained (default --max_steps, which the schedule always spans)"},
+    )
+
+
+def check_branches(args) -> None:
+    """--symmetry_breaking distinct; --stop_step (None: --max_steps) after the switch, a multiple of
+    --eval_steps."""
+    if len(set(args.symmetry_breaking)) != len(args.symmetry_breaking):
+        raise ValueError(f"--symmetry_breaking must name distinct choices, got {args.symmetry_breaking}")
+    if args.stop_step is None:
+        args.stop_step = args.max_steps
+    if not args.switch_step < args.stop_step <= args.max_steps or args.stop_step % args.eval_steps:
+        raise ValueError(
+            f"--stop_step must be a multiple of --eval_steps after --switch_step, at most --max_steps; got "
+            f"{args.stop_step}"
+        )
 
 
 def make_parser():
@@ -355,6 +378,7 @@ def main() -> None:
         parser.error("--switch_step must be a multiple of --eval_steps, between 0 and --max_steps")
     if args.max_steps % args.eval_steps:
         parser.error("--max_steps must be a multiple of --eval_steps")
+    parser.checked(check_branches, args)
     set_threads(args.threads)
     device = training_arguments(args).device
     start = time.perf_counter()

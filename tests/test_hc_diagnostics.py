@@ -22,9 +22,12 @@ from geoformers.training.hc_diagnostics import (
     KEY_PATTERN,
     HyperConnectionDiagnosticsCallback,
     composite_gains,
+    effective_rank,
     hc_diagnostics,
     row_entropy,
     saturated_fraction,
+    stream_spread,
+    stream_use,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -128,6 +131,64 @@ def test_saturated_fraction_counts_both_ends():
     logits = torch.tensor([[-10.0, 0.0, 10.0, 4.0], [0.0, 0.0, 0.0, 0.0]])  # sigmoid(4) = 0.982
     assert saturated_fraction(logits, 0.02).tolist() == [0.75, 0.0]
     assert saturated_fraction(logits, 0.01).tolist() == [0.5, 0.0]
+
+
+def test_stream_spread_and_effective_rank_of_hand_states():
+    """Equal streams: spread 0, rank 1; orthogonal streams of equal norm: rank n; singular values (3, 1):
+    p = (3/4, 1/4), rank exp(-(3/4) log(3/4) - (1/4) log(1/4)); the spread of streams x +- y is |y| / |x + y|
+    per stream pair (docs/hc_diagnostics.md, 'Are the streams used')."""
+    x = torch.randn(5, 16, dtype=torch.float64)
+    equal = x[:, None, :].expand(5, 4, 16)
+    assert stream_spread(equal) == 0.0
+    torch.testing.assert_close(effective_rank(equal), torch.ones(5, dtype=torch.float64))
+    for n in (2, 4, 7):
+        orthogonal = 2.5 * torch.eye(n, 16, dtype=torch.float64)
+        assert float(effective_rank(orthogonal)) == pytest.approx(n, rel=1e-12)
+    hand = torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64))
+    entropy = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert float(effective_rank(hand)) == pytest.approx(math.exp(entropy), rel=1e-12)
+    e1, e2 = torch.eye(2, 16, dtype=torch.float64)
+    pair = torch.stack([3 * e1 + e2, 3 * e1 - e2])  # mean 3 e1, deviations +-e2; ||X||^2 = 2 * 10
+    assert stream_spread(pair) == pytest.approx(math.sqrt(2 / 20), rel=1e-12)
+    states = torch.stack([pair, 3 * e1.expand(2, 16)])  # the second token: equal streams
+    assert stream_spread(states, torch.tensor([False, True])) == 0.0
+    assert stream_spread(states, torch.tensor([True, False])) == pytest.approx(math.sqrt(0.1), rel=1e-12)
+
+
+def test_stream_metrics_of_a_model_equal_its_stream_states():
+    model = randomise_maps(tiny_model(), scale=3.0)
+    mask = torch.ones_like(IDS)
+    mask[0, :3] = 0
+    metrics = hc_diagnostics(model, IDS, mask)
+    with torch.no_grad():
+        states = model(IDS, attention_mask=mask, output_stream_states=True).stream_states
+    valid = mask.bool()
+    for layer in range(LAYERS):
+        x = states[layer + 1].double()[valid]  # (tokens, n, d) leaving the layer
+        spread = ((x - x.mean(1, keepdim=True)).square().sum() / x.square().sum()).sqrt()
+        sigma = np.linalg.svd(x.numpy(), compute_uv=False)
+        p = sigma / sigma.sum(-1, keepdims=True)
+        rank = np.exp(-(p * np.log(p)).sum(-1)).mean()
+        assert metrics[f"hc/stream_spread/{layer}.mlp"] == pytest.approx(float(spread), rel=1e-9)
+        assert metrics[f"hc/stream_rank/{layer}.mlp"] == pytest.approx(float(rank), rel=1e-9)
+        assert 1.0 < metrics[f"hc/stream_rank/{layer}.mlp"] < STREAMS
+        assert f"hc/stream_spread/{layer}.attn" not in metrics
+
+
+def test_stream_use_reduces_the_diagnostics_to_four_numbers():
+    model = randomise_maps(tiny_model(), scale=3.0)
+    metrics = hc_diagnostics(model, IDS)
+    summary = stream_use(metrics)
+    assert summary["stream_spread_last"] == metrics[f"hc/stream_spread/{LAYERS - 1}.mlp"]
+    assert summary["stream_rank_last"] == metrics[f"hc/stream_rank/{LAYERS - 1}.mlp"]
+    entropies = [metrics[f"hc/row_entropy/{name}"] for name in SUBLAYER_NAMES]
+    assert summary["h_res_row_entropy_mean"] == pytest.approx(sum(entropies) / len(entropies), rel=1e-12)
+    gains = [metrics[f"hc/gain_{d}/{name}"] for d in ("forward", "backward") for name in SUBLAYER_NAMES]
+    assert summary["composite_gain_max"] == max(gains)
+    with pytest.raises(ValueError, match="`metrics` must hold hc_diagnostics keys"):
+        stream_use({**metrics, "loss": 1.0})
+    with pytest.raises(ValueError, match="`metrics` lacks"):
+        stream_use(hc_diagnostics(tiny_model(hc_streams=1), IDS))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,7 +359,7 @@ def test_callback_logs_the_diagnostics_at_its_steps(diagnosed_run):
         f"hc/{m}/{n}"
         for m in ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")
         for n in SUBLAYER_NAMES
-    }
+    } | {f"hc/stream_{m}/{layer}.mlp" for m in ("spread", "rank") for layer in range(LAYERS)}
     for record in records:
         assert expected_keys <= record.keys()
     assert not any(
@@ -320,7 +381,8 @@ def test_plot_script_writes_one_png_per_metric(diagnosed_run, tmp_path, capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     paths = script.main(["--run", str(output_dir), "--output_dir", str(tmp_path)])
-    names = {"row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward"}
+    names = {"row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward", "stream_spread"}
+    names.add("stream_rank")
     assert {path.name for path in paths} == {f"hc_{name}.png" for name in names}
     assert capsys.readouterr().out.split() == [str(path) for path in paths]
     for path in paths:

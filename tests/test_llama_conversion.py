@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM, convert_llama_to_ddl_mhc
+from geoformers.models.ddl_mhc.llama_conversion import LAYER_READ_WEIGHT, SYMMETRY_BREAKING
 from geoformers.models.ddl_mhc.modeling_ddl_mhc import HyperConnection
 from geoformers.models.ddl_mhc.ops.dispatch import ops_path
 from geoformers.tokenization import build_char_tokenizer
@@ -223,6 +224,150 @@ def test_zero_dynamic_gate_keeps_its_rows_so_the_gate_gets_gradients():
 
 
 # ----------------------------------------------------------------------------------------------
+# Breaking the stream symmetry: every exact start (docs/upcycling.md, "Breaking the stream symmetry")
+
+
+def relative_spread(states: torch.Tensor) -> float:
+    return ((states - states.mean(-2, keepdim=True)).norm() / states.norm()).item()
+
+
+def connections_of(model) -> list[HyperConnection]:
+    return [module for module in model.modules() if isinstance(module, HyperConnection)]
+
+
+@pytest.mark.parametrize("kind", ["random", "trained"])
+@pytest.mark.parametrize("dynamic", [True, False])
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("choice", SYMMETRY_BREAKING)
+def test_every_symmetry_breaking_keeps_llamas_logits(choice, n, dynamic, kind, request):
+    """Within the add conversion's bound; not vacuous: unequal reads of equal streams, or uniform reads of
+    streams that already differ."""
+    llama = llama_for(kind, request)
+    model = convert_llama_to_ddl_mhc(
+        llama, symmetry_breaking=choice, hc_streams=n, residual="add", hc_dynamic=dynamic
+    ).eval()
+    inputs = padded_inputs(llama)
+    with torch.no_grad():
+        expected = llama(**inputs).logits
+        output = model(**inputs, output_stream_states=True)
+    torch.testing.assert_close(output.logits, expected, atol=1e-5, rtol=0)
+    reads = torch.stack([torch.softmax(c.pre_bias, -1) for c in connections_of(model)])
+    spread = relative_spread(output.stream_states[-1])
+    if choice == "write_spread":
+        assert spread > 0.02
+        torch.testing.assert_close(reads, torch.full_like(reads, 1.0 / n))
+        amplitudes = torch.stack([2.0 * torch.sigmoid(c.write_bias) for c in connections_of(model)])
+        torch.testing.assert_close(amplitudes.mean(-1), torch.ones(len(amplitudes)), atol=1e-6, rtol=0)
+        assert amplitudes.min() < 0.6 and amplitudes.max() > 1.4  # 2 sigmoid(-+1)
+        if dynamic:  # uniform for every token: the dynamic read rows are zero, the write rows too
+            assert all(c.maps_proj.weight[:n].abs().max() == 0 for c in connections_of(model))
+    else:
+        assert spread < 1e-5
+        assert (reads.max(-1).values - reads.min(-1).values).min() > 0.05
+    if choice == "layer_read":  # sublayer k reads stream k mod n with weight 0.7
+        chosen = reads.argmax(-1)
+        assert chosen.tolist() == [k % n for k in range(len(reads))]
+        torch.testing.assert_close(reads.max(-1).values, torch.full((len(reads),), LAYER_READ_WEIGHT))
+
+
+@pytest.mark.parametrize("choice", SYMMETRY_BREAKING)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"hc_chart": "sinkhorn"},
+        {"stream_expansion": "conv"},
+        {"hc_res_mix_init": 0.9, "hc_dynamic_gate_init": 1.0},
+        {"hc_dynamic_gate_init": 0.0},
+    ],
+)
+def test_every_symmetry_breaking_is_exact_for_charts_and_expansions(choice, overrides, trained_llama):
+    model = convert_llama_to_ddl_mhc(
+        trained_llama, symmetry_breaking=choice, hc_streams=4, residual="add", **overrides
+    ).eval()
+    inputs = padded_inputs(trained_llama)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        got, expected = model(**inputs).logits[real], trained_llama(**inputs).logits[real]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["random", "trained"])
+@pytest.mark.parametrize("choice", SYMMETRY_BREAKING)
+def test_every_symmetry_breaking_delta_conversion_meets_the_bound(choice, kind, request):
+    """The delta conversion with uniform reads and values (eps / beta) a_i ("write_spread"): the streams' mean
+    evolves as in the equal-stream conversion, so the logit gap is as small at a large eps."""
+    llama = llama_for(kind, request)
+    inputs = padded_inputs(llama)
+    model = convert_llama_to_ddl_mhc(
+        llama, symmetry_breaking=choice, hc_streams=4, residual="delta", delta_eps=1e4
+    ).eval()
+    with torch.no_grad():
+        output = model(**inputs, output_stream_states=True)
+        gap = (output.logits - llama(**inputs).logits).abs().max().item()
+    assert gap < 1e-5
+    assert (relative_spread(output.stream_states[-1]) > 0.02) == (choice == "write_spread")
+
+
+def stream_gradients(model, ids) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """dL/dX of the stream state leaving every layer but the last, and the largest |grad| of the map kinds."""
+    states = []
+
+    def keep(module, args, output):
+        output.retain_grad()
+        states.append(output)
+
+    hooks = [layer.register_forward_hook(keep) for layer in model.model.layers]
+    try:
+        model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [state.grad for state in states[:-1]], map_gradients(model)
+
+
+def test_symmetry_breaking_makes_the_streams_gradients_or_states_differ_from_the_first_step():
+    """At the converted point: unequal reads of equal streams give every stream its own gradient dL/dX_i
+    (the wider the reads differ, the more); uniform reads of unequal streams ("write_spread") give equal
+    dL/dX_i (H_res^T maps 1 g^T to itself) but already a read and mix gradient, which all the others lack.
+    After 20 AdamW steps the streams of every new start have separated more than today's default's."""
+    llama = random_llama()
+    ids = token_ids(llama, 4, 16)
+    spread_of_gradients, read_and_mix, growth = {}, {}, {}
+    for choice in SYMMETRY_BREAKING:
+        torch.manual_seed(1)
+        model = convert_llama_to_ddl_mhc(llama, symmetry_breaking=choice, hc_streams=4, residual="add")
+        gradients, largest = stream_gradients(model, ids)
+        spread_of_gradients[choice] = min(relative_spread(gradient) for gradient in gradients)
+        read_and_mix[choice] = max(largest["pre_bias"], largest["res_bias"])
+        with torch.no_grad():
+            before = relative_spread(model(ids, output_stream_states=True).stream_states[-1])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(20):
+            optimizer.step()
+            optimizer.zero_grad()
+            batch = torch.randint(0, VOCAB, (4, 16), generator=generator)
+            model(input_ids=batch, labels=batch).loss.backward()
+        with torch.no_grad():
+            after = relative_spread(model(ids, output_stream_states=True).stream_states[-1])
+        growth[choice] = after - before
+    default = "read_spread"
+    assert spread_of_gradients[default] > 0.02 and read_and_mix[default] < 1e-9
+    for choice in ("wide_read_spread", "layer_read"):
+        assert spread_of_gradients[choice] > 2 * spread_of_gradients[default], spread_of_gradients
+        assert read_and_mix[choice] < 1e-9
+    assert spread_of_gradients["write_spread"] < 1e-5 and read_and_mix["write_spread"] > 1e-6
+    for choice in SYMMETRY_BREAKING:
+        if choice != default:
+            assert growth[choice] > 2 * growth[default] > 0, growth
+
+
+def test_conversion_rejects_an_unknown_symmetry_breaking_naming_it():
+    with pytest.raises(ValueError, match="symmetry_breaking must be one of .*'write_spread'.*got 'spread'"):
+        convert_llama_to_ddl_mhc(random_llama(), symmetry_breaking="spread", hc_streams=4)
+
+
+# ----------------------------------------------------------------------------------------------
 # "delta": O(||h||^2 / eps^2)
 
 
@@ -407,36 +552,50 @@ def test_upcycling_branch_continues_llamas_optimizer_schedule_and_batches():
 
 
 def test_upcycling_script_branches_in_lockstep(tmp_path):
-    """`upcycle_llama.py`'s two Trainers: the upcycled run joins at the switch and both then see the same
-    batches; every evaluation after it finds both arms at the same step (the exact add conversion keeps
-    them together)."""
+    """`upcycle_llama.py`'s Trainers: the upcycled runs (one per symmetry breaking) join at the switch and all
+    then see the same batches; every evaluation after it finds every arm at the same step (the exact add
+    conversions keep them together), and records whether the streams are used."""
     script = load_script("upcycle_llama.py")
     text = tmp_path / "text.txt"
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 60, encoding="utf-8")
     argv = [
-        *("--data", str(text), "--max_steps", "6", "--switch_step", "2", "--eval_steps", "2"),
-        "--threads",
+        *("--data", str(text), "--max_steps", "8", "--switch_step", "2", "--eval_steps", "2"),
+        *("--stop_step", "6", "--symmetry_breaking", "read_spread", "write_spread", "--threads", "1"),
+        *("--warmup_steps", "1", "--eval_batches", "2", "--block_size", "16", "--output_dir", str(tmp_path)),
     ]
-    argv += [
-        "1",
-        "--warmup_steps",
-        "1",
-        "--eval_batches",
-        "2",
-        "--block_size",
-        "16",
-        "--output_dir",
-        str(tmp_path),
-    ]
-    result = script.run(script.make_parser().parse_args(argv), torch.device("cpu"))
-    assert [len(result["losses"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
-    assert [len(result["seconds"][arm]) for arm in ("llama", "upcycled")] == [6, 4]
+    args = script.make_parser().parse_args(argv)
+    result = script.run(args, torch.device("cpu"))
+    arms = ["llama", "upcycled:read_spread", "upcycled:write_spread"]
+    assert [len(result["losses"][arm]) for arm in arms] == [6, 4, 4]
+    assert [len(result["seconds"][arm]) for arm in arms] == [6, 4, 4]
     # then the new maps train and the arms drift apart slowly (3e-4 here), far less than a step moves the
     # loss (about 0.06): a step out of line would show
-    assert result["losses"]["upcycled"] == pytest.approx(result["losses"]["llama"][2:], rel=2e-3)
-    assert result["losses"]["upcycled"][0] == pytest.approx(result["losses"]["llama"][2], abs=1e-5)
+    for arm in arms[1:]:
+        assert result["losses"][arm] == pytest.approx(result["losses"]["llama"][2:], rel=2e-3)
+        assert result["losses"][arm][0] == pytest.approx(result["losses"]["llama"][2], abs=1e-5)
+        assert result["switch_gap"][arm] < 1e-5
     assert [entry["step"] for entry in result["history"]] == [0, 2, 4, 6]
-    assert result["switch_gap"] < 1e-5
     for entry in result["history"][1:]:
-        for split in ("train", "val"):
-            assert entry["upcycled"][split] == pytest.approx(entry["llama"][split], rel=2e-3), entry["step"]
+        for arm in arms[1:]:
+            for split in ("train", "val"):
+                assert entry[arm][split] == pytest.approx(entry["llama"][split], rel=2e-3), entry["step"]
+    at_switch = result["history"][1]
+    assert at_switch["upcycled:read_spread"]["stream_spread_last"] < 1e-5
+    assert at_switch["upcycled:read_spread"]["stream_rank_last"] == pytest.approx(1.0, abs=1e-3)
+    assert at_switch["upcycled:write_spread"]["stream_spread_last"] > 0.02
+    assert abs(at_switch["upcycled:write_spread"]["composite_gain_max"] - 1) < 1e-5
+    summary = script.summarize(args, result)
+    assert summary["steps"] == 6 and summary["schedule_steps"] == 8
+    assert set(summary["final_stream_use"]) == set(arms[1:])
+    script.plot(args, result, tmp_path / "losses.png")
+    assert (tmp_path / "losses.png").stat().st_size > 10_000
+    single = script.run(script.make_parser().parse_args([*argv, "--hc_streams", "1"]), torch.device("cpu"))
+    assert single["losses"]["upcycled:read_spread"] == single["losses"]["llama"][2:]  # Llama's block exactly
+    assert set(single["history"][-1]["upcycled:write_spread"]) == {"train", "val"}  # no streams to measure
+    for bad in (
+        ["--stop_step", "2"],
+        ["--stop_step", "5"],
+        ["--symmetry_breaking", "layer_read", "layer_read"],
+    ):
+        with pytest.raises(ValueError, match="--stop_step|--symmetry_breaking"):
+            script.run(script.make_parser().parse_args([*argv, *bad]), torch.device("cpu"))

@@ -159,7 +159,9 @@ def test_hyper_connection_diagnostics_reach_tensorboard_with_the_logged_values(t
     trainer.train()
     written = tensorboard_scalars(tmp_path)
     final = hc_diagnostics(trainer.model, torch.tensor(blocks["input_ids"][:4]))  # recomputed independently
-    assert len(final) == 2 * 2 * 6  # layers x sublayers x metrics
+    assert (
+        len(final) == 2 * 2 * 6 + 2 * 2
+    )  # layers x sublayers x metrics, and the two stream metrics per layer
     for key, value in final.items():
         series = written[f"train/{key}"]
         assert_same_series(series, logged(trainer.state.log_history, key))

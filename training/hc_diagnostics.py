@@ -10,7 +10,14 @@ Per layer and sublayer (attention, then MLP), from one forward pass without grad
 - `gain_forward` / `gain_backward`: mHC's (arXiv 2512.24880) "Amax gain" of P = H_res^(k) ... H_res^(1)
                    of every sublayer up to this one: max_i sum_j |P_ij| (forward signal gain) and
                    max_j sum_i |P_ij| (backward gradient gain), the largest over the probe's tokens; exactly 1
-                   for the exact charts, above 1 where Sinkhorn's rows miss 1.
+                   for the exact charts, above 1 where Sinkhorn's rows miss 1;
+- `stream_spread`: ||X - 1 mean_i X_i|| / ||X|| of the stream state X (n x d per token) leaving the layer,
+                   Frobenius norms summed over the probe's tokens: 0 while every stream is the same;
+- `stream_rank`:   effective rank of X across streams, exp(-sum_i p_i log p_i) with p = sigma / sum(sigma)
+                   the normalised singular values of X, mean over tokens: 1 for equal streams, n for
+                   orthogonal streams of equal norm (Roy & Vetterli 2007).
+
+The two stream metrics are keyed by the MLP sublayer whose write ends the layer (`hc/stream_spread/<l>.mlp`).
 
 `hc_diagnostics(model, input_ids)` returns them as a flat dict `{"hc/<metric>/<layer>.<attn|mlp>": float}`;
 `HyperConnectionDiagnosticsCallback(every=N)` merges the same dict into the Trainer's log records every N
@@ -32,7 +39,16 @@ from geoformers.models.config_validation import check_number
 from geoformers.models.ddl_mhc.modeling_ddl_mhc import HyperConnection
 from geoformers.training.reporting import warn_if_unreported
 
-METRICS = ("row_entropy", "saturation", "beta", "res_mix", "gain_forward", "gain_backward")
+METRICS = (
+    "row_entropy",
+    "saturation",
+    "beta",
+    "res_mix",
+    "gain_forward",
+    "gain_backward",
+    "stream_spread",
+    "stream_rank",
+)
 SATURATING_CHARTS = ("tbp", "rtbp", "kromhc")
 SUBLAYERS = ("attn", "mlp")
 KEY_PATTERN = re.compile(r"^hc/(?P<metric>[a-z_]+)/(?P<layer>\d+)\.(?P<sublayer>attn|mlp)$")
@@ -72,6 +88,23 @@ def composite_gains(h_res_sequence: list[torch.Tensor]) -> tuple[torch.Tensor, t
         forward.append(product.abs().sum(-1).amax(-1))
         backward.append(product.abs().sum(-2).amax(-1))
     return torch.stack(torch.broadcast_tensors(*forward)), torch.stack(torch.broadcast_tensors(*backward))
+
+
+def stream_spread(streams: torch.Tensor, valid: torch.Tensor | None = None) -> float:
+    """||X - 1 mean_i X_i|| / ||X|| over the tokens of `valid` (all when None), float64: how far the n
+    streams of X (..., n, d) are from their mean, relative to the state (0 for equal streams)."""
+    x = streams.detach().to(torch.float64)
+    if valid is not None:
+        x = x[valid.to(x.device)]
+    return float((x - x.mean(-2, keepdim=True)).norm() / x.norm())
+
+
+def effective_rank(streams: torch.Tensor) -> torch.Tensor:
+    """exp of the entropy of the normalised singular values of each (n, d) state, float64: (..., n, d) ->
+    (...); 1 when the streams are parallel (equal), n when orthogonal with equal norms (0 log 0 = 0)."""
+    sigma = torch.linalg.svdvals(streams.detach().to(torch.float64))
+    p = sigma / sigma.sum(-1, keepdim=True)
+    return torch.exp(-torch.xlogy(p, p).sum(-1))
 
 
 def _connections(model: nn.Module) -> list[tuple[int, str, HyperConnection]]:
@@ -130,9 +163,14 @@ def hc_diagnostics(
     try:
         model.eval()
         mask = None if attention_mask is None else attention_mask.to(device)
-        records = model(
-            input_ids=input_ids.to(device), attention_mask=mask, use_cache=False, output_mixing=True
-        ).mixing
+        outputs = model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask,
+            use_cache=False,
+            output_mixing=True,
+            output_stream_states=True,
+        )
+        records, states = outputs.mixing, outputs.stream_states
     finally:
         model.train(training)
 
@@ -153,12 +191,44 @@ def hc_diagnostics(
         if module.res_mix_logit is not None:
             mix = float(torch.sigmoid(module.res_mix_logit.detach().float()))
             metrics[diagnostics_key("res_mix", layer, sublayer)] = mix
+        if sublayer == "mlp" and module.num_streams > 1:
+            leaving = states[layer + 1].cpu()
+            metrics[diagnostics_key("stream_spread", layer, sublayer)] = stream_spread(leaving, valid)
+            rank = _token_mean(effective_rank(leaving), valid)
+            metrics[diagnostics_key("stream_rank", layer, sublayer)] = rank
     if h_res_sequence:
         forward, backward = composite_gains(h_res_sequence)
         for (layer, sublayer), gain_forward, gain_backward in zip(gain_keys, forward, backward, strict=True):
             metrics[diagnostics_key("gain_forward", layer, sublayer)] = _token_max(gain_forward, valid)
             metrics[diagnostics_key("gain_backward", layer, sublayer)] = _token_max(gain_backward, valid)
     return metrics
+
+
+def stream_use(metrics: dict[str, float]) -> dict[str, float]:
+    """Whether the streams are used, in four numbers from `hc_diagnostics`' dict (docs/hc_diagnostics.md,
+    'Are the streams used'): the stream spread and effective rank leaving the last layer, the mean H_res row
+    entropy over sublayers and the largest composite gain (forward or backward, any sublayer)."""
+    by_metric: dict[str, dict[int, float]] = {}
+    for key, value in metrics.items():
+        match = KEY_PATTERN.match(key)
+        if match is None:
+            raise ValueError(
+                f"`metrics` must hold hc_diagnostics keys 'hc/<metric>/<layer>.<sublayer>', got {key!r}"
+            )
+        by_metric.setdefault(match["metric"], {})[(int(match["layer"]), match["sublayer"])] = value
+    needed = ("stream_spread", "stream_rank", "row_entropy", "gain_forward", "gain_backward")
+    missing = [metric for metric in needed if metric not in by_metric]
+    if missing:
+        raise ValueError(f"`metrics` lacks {missing}: the diagnostics of a model with hc_streams > 1")
+    last = max(by_metric["stream_spread"])
+    gains = [*by_metric["gain_forward"].values(), *by_metric["gain_backward"].values()]
+    entropies = list(by_metric["row_entropy"].values())
+    return {
+        "stream_spread_last": by_metric["stream_spread"][last],
+        "stream_rank_last": by_metric["stream_rank"][last],
+        "h_res_row_entropy_mean": sum(entropies) / len(entropies),
+        "composite_gain_max": max(gains),
+    }
 
 
 class HyperConnectionDiagnosticsCallback(TrainerCallback):
@@ -236,7 +306,10 @@ __all__ = [
     "HyperConnectionDiagnosticsCallback",
     "composite_gains",
     "diagnostics_key",
+    "effective_rank",
     "hc_diagnostics",
     "row_entropy",
     "saturated_fraction",
+    "stream_spread",
+    "stream_use",
 ]

@@ -9,13 +9,16 @@ lacks start where the model computes Llama's function:
   and W_v = 0 the error per sublayer is O(||h||^2 / eps^2) ("The delta update").
 
 At that point the streams are equal and the model is invariant to H_pre and H_res, so only the write maps
-get gradients at first; the read weights start unequal (`READ_SPREAD`) so that those gradients differ per
-stream and the streams diverge in training ("Training from the converted point").
+get gradients at first; `symmetry_breaking` picks how the exact start makes the streams' gradients (or the
+streams themselves) differ ("Breaking the stream symmetry"): unequal reads of equal streams ("read_spread",
+"wide_read_spread", "layer_read"), or uniform reads of streams written with unequal amplitudes of mean 1
+("write_spread").
 
 `load_llama` brings a checkpoint to convert: a local folder, a Hub id or a `.gguf` file (docs/upcycling.md,
 "Loading a checkpoint")."""
 
 import copy
+import math
 import os
 from pathlib import Path
 
@@ -29,10 +32,18 @@ from geoformers.models.ddl_mhc.modeling_ddl_mhc import DDLmHCForCausalLM, HyperC
 
 logger = logging.get_logger(__name__)
 
-# Read logits b_pre = linspace(-READ_SPREAD, READ_SPREAD, n): any convex read of equal streams is exact, and
-# unequal weights make the write gradients differ per stream (docs/upcycling.md, "Training from the
-# converted point").
+# The exact starts that break the stream-permutation symmetry (docs/upcycling.md, "Breaking the stream
+# symmetry"); "read_spread" is the conversion's default.
+SYMMETRY_BREAKING = ("read_spread", "wide_read_spread", "layer_read", "write_spread")
+# Read logits b_pre = linspace(-spread, spread, n) of "read_spread" / "wide_read_spread": any convex read of
+# equal streams is exact, and unequal weights make the write gradients differ per stream.
 READ_SPREAD = 0.5
+WIDE_READ_SPREAD = 2.0
+# "layer_read" (hyper-connections' layer-indexed read): sublayer k reads stream k mod n with this weight.
+LAYER_READ_WEIGHT = 0.7
+# "write_spread": sublayer k writes H_post = 2 sigmoid(roll(linspace(-c, c, n), k)), c = WRITE_SPREAD (mean 1
+# exactly, since 2 sigmoid(t) + 2 sigmoid(-t) = 2), and every read (and the read-out) is the mean.
+WRITE_SPREAD = 1.0
 
 # The architectures whose checkpoints convert (module names and residual stream of modeling_llama.py).
 SUPPORTED_CLASSES = (LlamaForCausalLM,)
@@ -143,14 +154,20 @@ def _without_quantization(quantized: LlamaForCausalLM) -> LlamaForCausalLM:
     return llama.train(quantized.training)
 
 
-def convert_llama_to_ddl_mhc(llama_model, **config_overrides) -> DDLmHCForCausalLM:
+def convert_llama_to_ddl_mhc(
+    llama_model, symmetry_breaking: str = "read_spread", **config_overrides
+) -> DDLmHCForCausalLM:
     """Copy a `LlamaForCausalLM` into a `DDLmHCForCausalLM` (same dtype and device, same generation config).
 
     `llama_model` is a model or anything `load_llama` loads (a folder, a Hub id, a `.gguf` file).
     `config_overrides` are DDLmHCConfig fields (e.g. `hc_streams=4, residual="add"`); with none the result is
     the plain pre-norm ablation. With `residual="add"` the logits equal Llama's for every `hc_streams`, chart,
     expansion and `hc_dynamic`; with `residual="delta"` they approach Llama's as `delta_eps` grows
-    (docs/upcycling.md). Invalid overrides raise the config's error naming the field."""
+    (docs/upcycling.md). `symmetry_breaking`, one of `SYMMETRY_BREAKING`, chooses the exact start's maps
+    (docs/upcycling.md, "Breaking the stream symmetry"). Invalid overrides raise the config's error naming the
+    field."""
+    if symmetry_breaking not in SYMMETRY_BREAKING:
+        raise ValueError(f"symmetry_breaking must be one of {SYMMETRY_BREAKING}, got {symmetry_breaking!r}")
     llama_model = load_llama(llama_model)
     config = ddl_mhc_config_from_llama(llama_model.config, **config_overrides)
     config._attn_implementation = llama_model.config._attn_implementation
@@ -167,10 +184,12 @@ def convert_llama_to_ddl_mhc(llama_model, **config_overrides) -> DDLmHCForCausal
             f"residual='delta' with delta_eps={config.delta_eps}: the delta write can only approach Llama's "
             "add when delta_eps >> ||h||, the converted model does not start as Llama (docs/upcycling.md)"
         )
+    connections = [module for module in model.modules() if isinstance(module, HyperConnection)]
     with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, HyperConnection):
-                _start_as_llama(module, config)
+        for index, connection in enumerate(connections):  # attention then MLP of each layer
+            _start_as_llama(connection, config)
+            if connection.num_streams > 1:
+                _break_symmetry(connection, symmetry_breaking, index)
     model.generation_config = copy.deepcopy(llama_model.generation_config)
     model.train(llama_model.training)
     return model
@@ -178,19 +197,39 @@ def convert_llama_to_ddl_mhc(llama_model, **config_overrides) -> DDLmHCForCausal
 
 def _start_as_llama(connection: HyperConnection, config: DDLmHCConfig) -> None:
     """Maps of one sublayer at the converted point (docs/upcycling.md): the write logit t_post / t_beta is
-    its static bias, delta values v = eps / beta, and unequal read biases. The dynamic write term is
-    gate * rows: the rows are zeroed unless the gate already is 0 (`hc_dynamic_gate_init=0`), so one factor
-    of the product stays nonzero and the other gets gradients."""
+    its static bias, delta values v = eps / beta. The dynamic write term is gate * rows: the rows are zeroed
+    unless the gate already is 0 (`hc_dynamic_gate_init=0`), so one factor of the product stays nonzero and
+    the other gets gradients."""
     if connection.maps_proj is not None and connection.write_gate.item() != 0.0:
-        read_and_mix = sum(connection.map_sizes[:2])
-        connection.maps_proj.weight[read_and_mix:].zero_()
+        connection.maps_proj.weight[sum(connection.map_sizes[:2]) :].zero_()
     if connection.delta is not None:
         beta = 2.0 * torch.sigmoid(connection.write_bias.float())
         connection.delta.value_proj.weight.zero_()
         connection.delta.value_proj.bias.copy_(config.delta_eps / beta)
-    if connection.pre_bias is not None:
-        spread = torch.linspace(-READ_SPREAD, READ_SPREAD, connection.num_streams)
-        connection.pre_bias.copy_(spread)
+
+
+def _break_symmetry(connection: HyperConnection, choice: str, index: int) -> None:
+    """The exact start `choice` of sublayer `index` (0, 1, ... in forward order; docs/upcycling.md,
+    "Breaking the stream symmetry"). Unequal reads need equal streams; unequal writes need uniform reads."""
+    n = connection.num_streams
+    if choice in ("read_spread", "wide_read_spread"):
+        spread = READ_SPREAD if choice == "read_spread" else WIDE_READ_SPREAD
+        connection.pre_bias.copy_(torch.linspace(-spread, spread, n))
+        return
+    if choice == "layer_read":
+        chosen = math.log(LAYER_READ_WEIGHT * (n - 1) / (1.0 - LAYER_READ_WEIGHT))
+        connection.pre_bias.zero_()[index % n] = chosen
+        return
+    # "write_spread": uniform reads for every token (the dynamic read rows zeroed unless their gate is), and
+    # amplitudes a_i = 2 sigmoid(b_i) with mean 1, cycled over the sublayers
+    connection.pre_bias.zero_()
+    if connection.maps_proj is not None and connection.pre_gate.item() != 0.0:
+        connection.maps_proj.weight[:n].zero_()
+    logits = torch.linspace(-WRITE_SPREAD, WRITE_SPREAD, n).roll(index)
+    if connection.delta is None:
+        connection.write_bias.copy_(logits)
+    else:  # v_i = (eps / beta) a_i: each stream's update is a_i h up to the bound of the delta conversion
+        connection.delta.value_proj.bias.mul_(2.0 * torch.sigmoid(logits))
 
 
 def _is_hyper_connection_parameter(name: str) -> bool:
