@@ -68,14 +68,14 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
     *batch, n, d = streams.shape
     flat = streams.reshape(-1, n * d)
     projected = connection.maps_proj(flat).tolist()
-    squares = torch.linalg.vecdot(upcast(flat), upcast(flat)).tolist()
+    norms = torch.linalg.vector_norm(upcast(flat), dim=-1).tolist()  # one op, not vecdot's two
     pre_size, res_size, write_size = connection.map_sizes
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
     gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
     gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
     weights, res_logits, write_logits = [], [], []
-    for projection, square in zip(projected, squares, strict=True):
-        scale = 1.0 / math.sqrt(square / (n * d) + connection.eps)
+    for projection, norm in zip(projected, norms, strict=True):
+        scale = 1.0 / math.sqrt(norm * norm / (n * d) + connection.eps)
         terms = zip(biases, gates, projection, strict=True)
         logits = [bias + gate * scale * term for bias, gate, term in terms]
         weights.append(_softmax(logits[:n]))
@@ -117,9 +117,9 @@ def host_write(
         direction = output.reshape(-1, 1, d)
     else:
         hidden = upcast(output.reshape(-1, d))
-        squares = torch.linalg.vecdot(hidden, hidden).tolist()
+        norms = torch.linalg.vector_norm(hidden, dim=-1).tolist()
         eps = connection.delta.eps
-        inverse = [[1.0 / math.sqrt(square + eps * eps)] for square in squares]
+        inverse = [[1.0 / math.sqrt(norm * norm + eps * eps)] for norm in norms]
         unit = hidden * torch.tensor(inverse, dtype=hidden.dtype)
         direction = cast(unit, dtype).unsqueeze(-1)
         erased = torch.bmm(mixed, direction).view(-1, n).tolist()
