@@ -35,6 +35,18 @@ def random_llama() -> LlamaForCausalLM:
     return llama_reference(tie=False, vocab_size=VOCAB)
 
 
+def adamw_steps(model, lr: float, steps: int) -> None:
+    """`steps` AdamW steps on random batches (seed 1), each applying the gradient already accumulated, then
+    computing the next one."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        optimizer.step()
+        optimizer.zero_grad()
+        batch = torch.randint(0, VOCAB, (4, 16), generator=generator)
+        model(input_ids=batch, labels=batch).loss.backward()
+
+
 @pytest.fixture(scope="module")
 def trained_llama() -> LlamaForCausalLM:
     """A width-32 Llama trained 300 AdamW steps on character-level tiny-shakespeare (a few seconds): trained
@@ -198,13 +210,7 @@ def test_converted_model_trains_its_maps(dynamic):
     invariant = [kind for kind in first if kind.startswith(("pre_", "res_"))]
     assert all(first[kind] < 1e-9 for kind in invariant), first  # float rounding only
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(10):
-        optimizer.step()
-        optimizer.zero_grad()
-        batch = torch.randint(0, VOCAB, (4, 16), generator=generator)
-        model(input_ids=batch, labels=batch).loss.backward()
+    adamw_steps(model, lr=1e-2, steps=10)
     later = map_gradients(model)
     assert set(later) == set(first)
     assert all(later[kind] > 1e-9 for kind in later), later
@@ -341,13 +347,7 @@ def test_symmetry_breaking_makes_the_streams_gradients_or_states_differ_from_the
         read_and_mix[choice] = max(largest["pre_bias"], largest["res_bias"])
         with torch.no_grad():
             before = relative_spread(model(ids, output_stream_states=True).stream_states[-1])
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        generator = torch.Generator().manual_seed(1)
-        for _ in range(20):
-            optimizer.step()
-            optimizer.zero_grad()
-            batch = torch.randint(0, VOCAB, (4, 16), generator=generator)
-            model(input_ids=batch, labels=batch).loss.backward()
+        adamw_steps(model, lr=1e-3, steps=20)
         with torch.no_grad():
             after = relative_spread(model(ids, output_stream_states=True).stream_states[-1])
         growth[choice] = after - before

@@ -11,7 +11,7 @@ JSON in `dataset.info.description` (read it back with `task_spec`).
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, List, Value
@@ -149,6 +149,21 @@ def _check_relation_geometry(vocab_size: int, seq_len: int, relation_tokens: int
     require_int("seq_len", seq_len, 2 * max_relations + 2)
 
 
+def _token_splits(
+    sizes: dict[str, int],
+    rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
+    label_names: Sequence[str],
+    spec: dict,
+) -> DatasetDict:
+    """One split per `sizes` entry, each from `rows(size)` = (input_ids, labels), drawn in order."""
+    splits = {}
+    for split, size in sizes.items():
+        input_ids, labels = rows(size)
+        columns = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "labels": labels}
+        splits[split] = _to_dataset(columns, label_names, spec)
+    return DatasetDict(splits)
+
+
 def _balanced_labels(rng: np.random.Generator, num_rows: int) -> np.ndarray:
     """num_rows // 2 zeros and the rest ones, in random order."""
     return rng.permutation(np.arange(num_rows) >= num_rows // 2).astype(np.int64)
@@ -195,13 +210,12 @@ def build_spectral_task(
         "relations": relations,
         "bayes_accuracy": _bayes_accuracy(np.asarray(strengths, dtype=np.float64)),
     }
-    splits = {}
-    for split, size in (("train", num_train), ("validation", num_validation)):
+
+    def rows(size: int) -> tuple[np.ndarray, np.ndarray]:
         labels = _balanced_labels(rng, size)
-        input_ids = _relation_sequences(rng, labels, relations, fillers, seq_len)
-        columns = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "labels": labels}
-        splits[split] = _to_dataset(columns, ["0", "1"], spec)
-    return DatasetDict(splits)
+        return _relation_sequences(rng, labels, relations, fillers, seq_len), labels
+
+    return _token_splits({"train": num_train, "validation": num_validation}, rows, ["0", "1"], spec)
 
 
 MAX_MAJORITY_RELATIONS = 8
@@ -274,12 +288,12 @@ def build_majority_relations_task(
         "num_classes": num_classes,
         "bayes_accuracy": 1.0,
     }
-    splits = {}
-    for split, size in (("train", num_train), ("validation", num_validation)):
+
+    def rows(size: int) -> tuple[np.ndarray, np.ndarray]:
         labels = rng.permutation(np.arange(size) % num_classes).astype(np.int64)
         content = fillers[rng.integers(0, len(fillers), size=(size, seq_len - 2))]
         positions = np.argsort(rng.random((size, seq_len - 2)), axis=1)
-        rows = np.arange(size)[:, None]
+        row_index = np.arange(size)[:, None]
         slot = np.arange(slots)[None, :]
         for index, relation in enumerate(relations):
             total = rng.choice(counts, size=size)[:, None]
@@ -288,11 +302,11 @@ def build_majority_relations_task(
             tokens = np.where((slot < majority) == a_first, relation["a_token"], relation["b_token"])
             placed = slot < total
             where = positions[:, index * slots : (index + 1) * slots]
-            content[np.broadcast_to(rows, where.shape)[placed], where[placed]] = tokens[placed]
-        input_ids = _wrap_special(content)
-        columns = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "labels": labels}
-        splits[split] = _to_dataset(columns, [str(c) for c in range(num_classes)], spec)
-    return DatasetDict(splits)
+            content[np.broadcast_to(row_index, where.shape)[placed], where[placed]] = tokens[placed]
+        return _wrap_special(content), labels
+
+    sizes = {"train": num_train, "validation": num_validation}
+    return _token_splits(sizes, rows, [str(c) for c in range(num_classes)], spec)
 
 
 def build_nonstationary_stream(

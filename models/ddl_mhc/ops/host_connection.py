@@ -114,24 +114,23 @@ def host_write(
     logits = write_logit.reshape(-1, write_logit.shape[-1]).tolist()
     if connection.delta is None:
         amplitudes = [[2.0 * sigmoid(logit) for logit in row] for row in logits]
-        direction = output.reshape(-1, 1, d)
+        direction = cast(output.reshape(-1, d), dtype)
     else:
         hidden = upcast(output.reshape(-1, d))
         norms = torch.linalg.vector_norm(hidden, dim=-1).tolist()
         eps = connection.delta.eps
         inverse = [[1.0 / math.sqrt(norm * norm + eps * eps)] for norm in norms]
         unit = hidden * torch.tensor(inverse, dtype=hidden.dtype)
-        direction = cast(unit, dtype).unsqueeze(-1)
-        erased = torch.bmm(mixed, direction).view(-1, n).tolist()
+        direction = cast(unit, dtype)
+        erased = torch.bmm(mixed, direction.unsqueeze(-1)).view(-1, n).tolist()
         values = connection.delta.value_proj(output).reshape(-1, n).tolist()
         betas = [2.0 * sigmoid(row[0]) for row in logits]
         amplitudes = [
             [beta * (value - along) for value, along in zip(value_row, erased_row, strict=True)]
             for beta, value_row, erased_row in zip(betas, values, erased, strict=True)
         ]
-        direction = direction.view(-1, 1, d)
     scales = torch.tensor(amplitudes, dtype=dtype).view(-1, n, 1)
-    updated = torch.baddbmm(mixed, scales, cast(direction, dtype)).view(streams.shape)
+    updated = torch.baddbmm(mixed, scales, direction.unsqueeze(-2)).view(streams.shape)
     if connection.delta is None:
         return updated, None, None
     beta = torch.tensor(betas, dtype=hidden.dtype).view(*batch, 1)
