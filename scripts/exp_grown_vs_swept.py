@@ -16,9 +16,10 @@ Per run: validation accuracy, final heads, optimizer steps, wall time of trainin
 step-parameters = sum over optimizer steps of the trainable parameters at that step (a grown model counts its
 smaller early shapes; heads add parameters linearly). Per task: static accuracy mean and std per count, the
 best count, the knee (the fewest heads whose mean accuracy is within `--tolerance` of the best count's), the
-grown runs' mean and std, and the cost ratios grown / sweep, where the sweep is one run per head count (what
-choosing a count costs a user; the mean cost over seeds per count). The claim tested: the grown model within
-`--tolerance` (0.5 pt) of the best count at less than a third of the sweep's cost, with its heads at the knee.
+grown runs' mean and std, their gate checks' median share of the training time, and the cost ratios grown /
+sweep, where the sweep is one run per head count (what choosing a count costs a user; the mean cost over seeds
+per count). The claim tested: the grown model within `--tolerance` (0.5 pt) of the best count at less than a
+third of the sweep's cost, with its median heads at the knee (and, separately, within one head of it).
 
 Writes `<output_dir>/<task>.json` after every run and `<task>.png` (static accuracy vs heads, grown runs
 marked) at the end of a task. A run already in the file with the same kind, heads, seed, cap and task flags
@@ -227,6 +228,9 @@ def run_one(train, planned: dict, folder: Path) -> dict:
         if history is None
         else [e["action"] for e in history["events"] if e["action"] in ("stop", "full")],
         "heads_at_factor": factor_study(history, trained.model.config),
+        "gate_time_s": None
+        if history is None
+        else sum(check.get("seconds", 0.0) for check in history["checks"]),
     }
 
 
@@ -322,6 +326,7 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
                 "heads": heads,
                 "train_time_s": grown_time,
                 "step_parameters": grown_compute,
+                "gate_share": _gate_share(grown),
             },
             "sweep": {"counts": len(counts), "train_time_s": sweep_time, "step_parameters": sweep_compute},
             "gap_to_best": best["accuracy"] - accuracy,
@@ -333,6 +338,7 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
         "within_tolerance": summary["gap_to_best"] <= tolerance,
         "under_a_third_of_the_sweep": max(summary["time_ratio"], summary["compute_ratio"]) < 1 / 3,
         "heads_at_the_knee": statistics.median(heads) == knee,
+        "heads_within_one_of_the_knee": abs(statistics.median(heads) - knee) <= 1,
     }
     studied = [r["heads_at_factor"] for r in grown if r.get("heads_at_factor")]
     if len(studied) == len(grown):
@@ -345,6 +351,13 @@ def summarise(runs: list[dict], tolerance: float) -> dict:
             if all(factor in study for study in studied)
         }
     return summary
+
+
+def _gate_share(grown: list[dict]) -> float | None:
+    """Median over grown runs of the gate checks' share of the training wall time (None where a run was saved
+    before checks were timed)."""
+    shares = [r["gate_time_s"] / r["train_time_s"] for r in grown if r.get("gate_time_s") is not None]
+    return statistics.median(shares) if len(shares) == len(grown) else None
 
 
 def plot(task: str, runs: list[dict], summary: dict, path: Path) -> None:

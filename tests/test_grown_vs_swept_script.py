@@ -35,7 +35,7 @@ def test_step_parameters_count_each_shape_for_the_steps_it_trained(script):
     assert script.step_parameters(unchanged, 30, 100, 100) == 3000
 
 
-def record(kind, heads, accuracy, time, compute, num_heads=None):
+def record(kind, heads, accuracy, time, compute, num_heads=None, gate_time=None):
     return {
         "kind": kind,
         "initial_heads": heads,
@@ -43,6 +43,7 @@ def record(kind, heads, accuracy, time, compute, num_heads=None):
         "train_time_s": time,
         "step_parameters": compute,
         "num_heads": num_heads or [heads],
+        "gate_time_s": gate_time,
     }
 
 
@@ -54,11 +55,12 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
         record("static", 2, 0.90, 20, 200),
         record("static", 3, 0.92, 30, 300),
         record("static", 3, 0.90, 30, 300),
-        record("grown", 1, 0.90, 15, 150, [2]),
-        record("grown", 1, 0.88, 17, 170, [3]),
-        record("grown", 1, 0.89, 16, 160, [2]),
+        record("grown", 1, 0.90, 15, 150, [2], gate_time=1.5),
+        record("grown", 1, 0.88, 17, 170, [3], gate_time=3.4),
+        record("grown", 1, 0.89, 16, 160, [2], gate_time=0.8),
     ]
     summary = script.summarise(runs, tolerance=0.015)
+    assert summary["grown"]["gate_share"] == pytest.approx(0.1)  # median of 0.1, 0.2, 0.05
     assert [(row["heads"], row["seeds"]) for row in summary["static"]] == [(1, 2), (2, 2), (3, 2)]
     assert summary["static"][0]["accuracy"] == pytest.approx(0.75)
     assert summary["static"][0]["accuracy_std"] == pytest.approx(0.0707106781, abs=1e-9)
@@ -73,8 +75,13 @@ def test_summary_best_count_knee_gap_and_cost_ratios(script):
         "within_tolerance": False,
         "under_a_third_of_the_sweep": True,
         "heads_at_the_knee": True,
+        "heads_within_one_of_the_knee": True,
     }
     assert "grown" not in script.summarise(runs[:6], tolerance=0.015)
+    untimed = runs[:8] + [record("grown", 1, 0.89, 16, 160, [5])]  # saved before checks were timed
+    summary = script.summarise(untimed, tolerance=0.015)
+    assert summary["grown"]["gate_share"] is None
+    assert summary["claim"]["heads_within_one_of_the_knee"] and not summary["claim"]["heads_at_the_knee"]
 
 
 def test_factor_study_of_a_run_and_its_summary(script):

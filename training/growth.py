@@ -20,6 +20,10 @@ refused.
   `regrow=True` no verdict is final: every check may grow a layer again (data whose structure changes over
   time; use it with the "relative" `gate_threshold`, which follows the scale of the weights), a stop/full
   event is recorded when a layer's verdict changes to it, and `growth_stopped_at_step` stays None;
+* under `gate_rule="need"` (docs/growth_gate.md, 'The need rule') a check first measures the task loss on
+  `NEED_MONITOR_ROWS` labelled rows fixed for the whole run (`_monitor_batch`); only where a layer's loss
+  has settled does it draw a labelled gate batch for the removal of the newest head and the held-out probes
+  (`need_evidence`), and grown heads keep their initialisation (not function-preserving);
 * after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
 * gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
   drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
@@ -50,6 +54,7 @@ loads (`follow_saved_head_counts`, `resume.py`).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -61,8 +66,9 @@ from transformers.trainer_callback import ExportableState, TrainerControl, Train
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from geoformers.models.ddcl_incrt.incrt import DEFAULT_GATE_TOKENS, DEFAULT_TRACKER_STEPS
+from geoformers.models.ddcl_incrt.incrt import DEFAULT_GATE_TOKENS, DEFAULT_TRACKER_STEPS, NeedEvidence
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtPreTrainedModel
+from geoformers.models.ddcl_incrt.need_test import need_evidence, task_loss
 from geoformers.training.checkpoints import CompleteCheckpointsCallback, write_json_atomically
 from geoformers.training.optim import sync_optimizer_with_model
 from geoformers.training.reporting import warn_if_unreported
@@ -75,6 +81,7 @@ logger = logging.get_logger(f"transformers.{__name__}")
 HISTORY_FILE = "growth_history.json"
 PLOT_FILE = "growth_history.png"
 GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
+NEED_MONITOR_ROWS = 128  # rows of the need rule's plateau monitor (`_monitor_batch`)
 # The callback's cadence (docs/growth_gate.md, 'Cadence'): defaults, and the config fields that held it.
 CADENCE_DEFAULTS = {
     "check_every": 100,
@@ -151,6 +158,8 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         self.start_step = start_step
         self.history: dict | None = None
         self._group = None  # process group of the gate's collectives; None in a single process
+        self._need = None  # the last check's need tests (`gate_rule="need"`)
+        self._monitor = None  # the need rule's fixed monitor rows, collated
         self._gradient_hooks: dict[int, torch.utils.hooks.RemovableHandle] = {}
 
     def state(self) -> dict:
@@ -227,6 +236,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         every = self._cadence["check_every"]
         if since_start <= 0 or since_start % every != 0 or not (any(history["growing"]) or pruning):
             return
+        started = time.perf_counter()
         decisions = self._decisions(args, model, step)
         events, added, pruned = [], [], False
         for decision in decisions:
@@ -259,7 +269,9 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                 "theta_w": decision.theta_w,
             }
             if decision.action == "grow":
-                head = model.grow_head(layer, decision.direction)
+                head = model.grow_head(
+                    layer, decision.direction, function_preserving=decision.function_preserving
+                )
                 added.append(head)
                 event["head"] = model.config.num_heads[layer] - 1
             elif not self.regrow:
@@ -270,16 +282,18 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         if added or pruned:
             sync_optimizer_with_model(kwargs["optimizer"], model)
         history["num_heads"] = list(model.config.num_heads)
-        history["checks"].append(
-            {
-                "step": step,
-                "num_heads": list(model.config.num_heads),
-                "lambda_max": [d.lambda_max for d in decisions],
-                "lambda_min": [d.lambda_min for d in decisions],
-                "theta_w": [d.theta_w for d in decisions],
-                "action": [d.action for d in decisions],
-            }
-        )
+        check = {
+            "step": step,
+            "num_heads": list(model.config.num_heads),
+            "lambda_max": [d.lambda_max for d in decisions],
+            "lambda_min": [d.lambda_min for d in decisions],
+            "theta_w": [d.theta_w for d in decisions],
+            "action": [d.action for d in decisions],
+            "seconds": time.perf_counter() - started,
+        }
+        if self._need is not None:
+            check["need"] = [evidence._asdict() for evidence in self._need]
+        history["checks"].append(check)
         history["events"].extend(events)
         if history["growth_stopped_at_step"] is None and not any(history["growing"]):
             history["growth_stopped_at_step"] = step
@@ -415,20 +429,66 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                 )
         rows = generator.choice(candidates, size=min(self._rows, candidates.size), replace=False)
         batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
-        return {name: batch[name].to(model.device) for name in GATE_INPUTS if batch.get(name) is not None}
+        names = GATE_INPUTS + ("labels",) if model.config.gate_rule == "need" else GATE_INPUTS
+        return {name: batch[name].to(model.device) for name in names if batch.get(name) is not None}
 
     def _decisions(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> list:
-        """Every layer's gate decision on the per-layer C = X^T X / N of a gate batch, averaged over processes
-        (same decision on every rank)."""
+        """Every layer's gate decision on the per-layer C = X^T X / N of a gate batch (and under
+        `gate_rule="need"` its need test, `need_evidence`), averaged over processes (same decision on every
+        rank)."""
         cadence = self._cadence
-        moments = model.gate_second_moments(
-            **self._gate_batch(args, model, step), num_tokens=cadence["gate_num_tokens"]
-        )
+        self._need = None
+        if model.config.gate_rule != "need":
+            batch = self._gate_batch(args, model, step)
+            moments = model.gate_second_moments(**batch, num_tokens=cadence["gate_num_tokens"])
+        else:
+            monitor = self._monitor_batch(args, model)
+            inputs = {name: value for name, value in monitor.items() if name != "labels"}
+            moments = model.gate_second_moments(**inputs, num_tokens=cadence["gate_num_tokens"])
+            loss = self._mean_over_processes(task_loss(model, **monitor))
+            gates = [layer.attention.gate for layer in model.base_model.layers]
+            if any(float(gate.need_last_loss) < 0 or gate.settled(loss) for gate in gates):
+                self._need = need_evidence(model, **self._gate_batch(args, model, step), loss=loss)
+            else:  # every layer's loss still moves: the verdicts read nothing else
+                self._need = [NeedEvidence(loss, 0.0, 0.0, 0.0) for _ in gates]
         if self._group is not None:
             stacked = torch.stack(moments)
             dist.all_reduce(stacked, group=self._group)
             moments = list(stacked / dist.get_world_size())
-        return model.gate_check(second_moments=moments, tracker_steps=cadence["tracker_steps"])
+            if self._need is not None:
+                averaged = torch.tensor(self._need, dtype=torch.float64, device=stacked.device)
+                dist.all_reduce(averaged, group=self._group)
+                averaged = (averaged / dist.get_world_size()).tolist()
+                self._need = [
+                    type(evidence)(*row) for evidence, row in zip(self._need, averaged, strict=True)
+                ]
+        return model.gate_check(
+            second_moments=moments, tracker_steps=cadence["tracker_steps"], need=self._need
+        )
+
+    def _monitor_batch(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> dict:
+        """Under `gate_rule="need"`: the same min(`NEED_MONITOR_ROWS`, `gate_batch_size`) labelled training
+        rows at every check (drawn once from all rows, seeded by args.seed and the rank), whose task loss
+        tells a plateau apart from sampling noise; collated once."""
+        if self._monitor is None:
+            rank = dist.get_rank() if self._group is not None else 0
+            generator = np.random.default_rng([args.seed, rank, NEED_MONITOR_ROWS])
+            count = min(NEED_MONITOR_ROWS, self._rows, len(self._dataset))
+            rows = generator.choice(len(self._dataset), size=count, replace=False)
+            batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
+            self._monitor = {
+                name: batch[name] for name in GATE_INPUTS + ("labels",) if batch.get(name) is not None
+            }
+            if "labels" not in self._monitor:
+                raise ValueError('`gate_rule="need"` needs a labelled training set: it has no `labels`')
+        return {name: value.to(model.device) for name, value in self._monitor.items()}
+
+    def _mean_over_processes(self, value: float) -> float:
+        if self._group is None:
+            return value
+        total = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(total, group=self._group)
+        return float(total) / dist.get_world_size()
 
     def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> None:
         """INCRT calibration on the first gate batches; their decisions are not acted on."""

@@ -27,7 +27,7 @@ from geoformers.models.config_validation import (
 
 Pooling = Literal["cls", "mean"]
 GateThreshold = Literal["calibrated", "relative"]
-GateRule = Literal["max_only", "bidirectional"]
+GateRule = Literal["max_only", "bidirectional", "need"]
 GATE_THRESHOLDS, GATE_RULES = get_args(GateThreshold), get_args(GateRule)
 # tau enters the prototype block as -||o - p_k||^2 / tau with gradient ||o - p_k||^2 / tau^2 (float32): a
 # floor of 1e-6 keeps both finite for squared distances up to 1e26; the ceiling keeps rho = softplus^-1(tau)
@@ -103,15 +103,25 @@ class DDCLIncrtConfig(ValidatedConfig):
             "calibrated" (the author's): once, theta_w = factor * median ||A_res||_F over the first checks,
             then fixed; with it growth runs to `max_heads` once training scales the spectrum up
             (docs/growth_gate.md).
-        gate_rule (`"max_only" | "bidirectional"`): "max_only" (default) grows when lambda_max(A_res) >
-            theta_w; "bidirectional" (the author's rule) also needs lambda_min(A_res) < phi_w and T_d checks
-            since the layer's last growth, and couples the trackers (docs/growth_gate.md). The four fields
-            below are read by "bidirectional" only.
+        gate_rule (`"max_only" | "bidirectional" | "need"`): "max_only" (default) grows when
+            lambda_max(A_res) > theta_w; "bidirectional" (the author's rule) also needs lambda_min(A_res) <
+            phi_w and T_d checks since the layer's last growth, and couples the trackers; "need" grows when
+            a held-out probe says one more head lowers the loss, at a plateau of the loss
+            (docs/growth_gate.md, 'The need rule'; the `gate_need_*` fields). The four fields below are read
+            by "bidirectional" only.
         gate_phi_w_factor (`float`): phi_w = factor * theta_w (the author's 0.5).
         gate_dwell_kappa, gate_dwell_eps (`float`): kappa_T > 0 and eps in (0, 1) of the dwell
             T_d = ceil(kappa_T / (eta Delta+^2) log(1 / eps)) (the author's 2 and 0.05).
         gate_use_lambda_min_test, gate_use_dwell, gate_couple_trackers (`bool`): ablations of the
             bidirectional rule's ingredients (all True: the author's rule).
+        gate_need_t (`float`): "need" grows only when the t statistic of the probe's paired held-out loss
+            drop exceeds it (default 3).
+        gate_need_gain (`float`): ... and that drop exceeds this fraction of the probe's loss (0.02).
+        gate_need_plateau (`float`): "need" decides only once the loss fell by at most this fraction since
+            the previous check (0.02).
+        gate_need_adoption (`float`): the newest grown head is in use when removing it raises the loss by
+            more than this fraction of the loss (0.1); until then, or `gate_need_patience` checks (4),
+            "need" does not grow again.
         gate_calibration_factor (`float`): the factor of `gate_threshold`.
         gate_calibration_checks (`int`): number of checks whose ||A_res||_F calibrate theta_w ("calibrated").
         gate_prune_factor (`float`): prune threshold phi_g = factor * theta_w (0 disables pruning).
@@ -168,6 +178,11 @@ class DDCLIncrtConfig(ValidatedConfig):
     gate_use_lambda_min_test: bool = True
     gate_use_dwell: bool = True
     gate_couple_trackers: bool = True
+    gate_need_t: int | float = interval(min=0.0, max=MAX_FLOAT)(default=3.0)
+    gate_need_gain: int | float = interval(min=0.0, max=1.0)(default=0.02)
+    gate_need_plateau: int | float = interval(min=0.0, max=1.0)(default=0.02)
+    gate_need_adoption: int | float = interval(min=0.0, max=MAX_FLOAT)(default=0.1)
+    gate_need_patience: int = size(default=4)
     gate_calibration_factor: int | float = positive(default=0.1)
     gate_calibration_checks: int = size(default=3)
     gate_prune_factor: int | float = interval(min=0.0, max=MAX_FLOAT)(default=0.05)

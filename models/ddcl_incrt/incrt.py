@@ -47,6 +47,7 @@ from geoformers.models.config_validation import MAX_SIZE, check_number
 
 EPS = 1e-12
 RESTART_NORM = 1e-3  # a warm start shorter than this after deflation is replaced by a seeded vector
+LOSS_FLOOR = 1e-3  # nats: the need rule's plateau and adoption tests treat smaller loss changes as none
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -382,7 +383,8 @@ class GateDecision:
     under the bidirectional rule "dwell" (would grow, but within T_d checks of the last growth).
     lambda_max / lambda_min: Rayleigh quotients of u+ / u- on A_res (lambda_max is a lower bound of the
     true top eigenvalue, tight once converged). prune: heads to remove, in decreasing index order so they
-    can be pruned one after another.
+    can be pruned one after another. direction: the unit vector a grown head attends along (None: the
+    head's own initialisation); function_preserving: a grown head's o_proj starts at zero (`grow_head`).
     """
 
     layer: int
@@ -391,9 +393,22 @@ class GateDecision:
     lambda_min: float
     theta_w: float
     residual_norm: float
-    direction: torch.Tensor = field(repr=False)
+    direction: torch.Tensor | None = field(repr=False)
     head_energies: list[float]
     prune: list[int]
+    function_preserving: bool = True
+
+
+class NeedEvidence(NamedTuple):
+    """One layer's need test at one check (`gate_rule="need"`, docs/growth_gate.md, 'The need rule'):
+    loss: the model's task loss on the gate batch; t and gain: the paired held-out loss drop of a probe
+    that also reads the layer's token-mean input, as a t statistic and relative to the probe's loss
+    without it; rise: the loss increase when the layer's newest grown head is removed (0 without one)."""
+
+    loss: float
+    t: float
+    gain: float
+    rise: float
 
 
 class Observation(NamedTuple):
@@ -405,6 +420,7 @@ class Observation(NamedTuple):
     minor: TrackedEigenpair  # u- and lambda_min
     head_energies: torch.Tensor  # ||C M_a^h||_F per head
     tracker_steps: int  # most tracker iterations this check ran (the cadence's)
+    need: NeedEvidence | None = None  # the need test, read by `gate_rule="need"` only
 
 
 class IncrtGate(nn.Module):
@@ -462,10 +478,11 @@ class IncrtGate(nn.Module):
         head_energies: torch.Tensor,
         *,
         tracker_steps: int = DEFAULT_TRACKER_STEPS,
+        need: NeedEvidence | None = None,
     ) -> Observation:
         """One check's measurements (INCRT gate): A_res, theta_w (or a calibration step), u+ and u- by at
-        most `tracker_steps` tracker iterations; updates the state they live in. Raises ValueError, the
-        state unchanged, when the matrices overflow float32."""
+        most `tracker_steps` tracker iterations, and the layer's `need` test when given; updates the state
+        they live in. Raises ValueError, the state unchanged, when the matrices overflow float32."""
         check_number("tracker_steps", tracker_steps, 1, MAX_SIZE, integer=True)
         with torch.autocast(device_type=second_moment.device.type, enabled=False):
             symmetric = interaction_matrix(second_moment.float(), directional.float())
@@ -490,6 +507,7 @@ class IncrtGate(nn.Module):
             minor,
             head_energies.float(),
             tracker_steps,
+            need,
         )
 
     def _update_threshold(self, scale: float, residual_norm: float) -> None:
@@ -775,8 +793,101 @@ class BidirectionalGate(IncrtGate):
         self.last_growth_check.fill_(int(self.num_checks))
 
 
+class NeedGate(IncrtGate):
+    """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): grow when a held-out probe says one more
+    head would lower the loss (`NeedEvidence`: t > `gate_need_t`, gain > `gate_need_gain`) and training has
+    reached a plateau (the loss moved by at most `gate_need_plateau` of itself since the last check), once
+    the newest grown head is in use (removing it raises the loss by more than `gate_need_adoption` of the
+    loss) or `gate_need_patience` checks after its growth; stop when a settled model needs no head. A grown
+    head keeps its own initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is
+    not function-preserving. The spectral part of the check still runs: pruning is the base class's.
+    Its own state: need_last_loss (-1 before the first check), need_newest_head (-1: none grown yet),
+    need_waiting (checks since that growth)."""
+
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return {
+            **super().initial_state(),
+            "need_last_loss": torch.tensor(-1.0),
+            "need_newest_head": torch.tensor(-1, dtype=torch.long),
+            "need_waiting": torch.tensor(0, dtype=torch.long),
+        }
+
+    def decide(self, observation: Observation) -> GateDecision:
+        if observation.need is None:
+            raise ValueError(
+                '`gate_rule="need"` decides on a need test: pass `need=need_evidence(model, batch)` to '
+                "`gate_check` (IncrtGrowthCallback does)"
+            )
+        decision = super().decide(observation)
+        decision.direction, decision.function_preserving = None, False
+        return decision
+
+    def _settled(self, observation: Observation) -> bool:
+        return True  # the rule reads no tracker
+
+    def phase(self, loss: float, rise: float) -> str:
+        """Where a check with this task loss and newest-head `rise` stands: "first" (no check yet), "moving"
+        (the loss moved by more than `gate_need_plateau` of the previous check's and more than `LOSS_FLOOR`),
+        "waiting" (a plateau, but the newest grown head is unused: its removal raises the loss by at most
+        `gate_need_adoption` of it, and fewer than `gate_need_patience` settled checks passed since its
+        growth) or "ready"."""
+        config = self.config
+        if float(self.need_last_loss) < 0:
+            return "first"
+        if not self.settled(loss):
+            return "moving"
+        adopted = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
+        if adopted or int(self.need_waiting) + 1 >= config.gate_need_patience:
+            return "ready"
+        return "waiting"
+
+    def settled(self, loss: float) -> bool:
+        """A plateau: the loss moved by at most `gate_need_plateau` of the previous check's, or by at most
+        `LOSS_FLOOR` (always False at the first check)."""
+        previous = float(self.need_last_loss)
+        return previous >= 0 and abs(previous - loss) <= max(
+            self.config.gate_need_plateau * previous, LOSS_FLOOR
+        )
+
+    def reads_probe(self, loss: float, rise: float) -> bool:
+        """Whether this check's verdict reads the probe test (`need_evidence` fits the probes only then)."""
+        return self.phase(loss, rise) in ("first", "ready")
+
+    def _verdict(self, observation: Observation) -> str:
+        config, need = self.config, observation.need
+        phase = self.phase(need.loss, need.rise)
+        self.need_last_loss.fill_(need.loss)
+        if phase == "moving":
+            return "pending"
+        if phase == "waiting":
+            self.need_waiting += 1
+            return "pending"
+        if not (need.t > config.gate_need_t and need.gain > config.gate_need_gain):
+            return "stop"
+        return "full" if self._is_full(observation) else "grow"
+
+    @torch.no_grad()
+    def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:
+        super().record_growth(head_index, direction)
+        self.need_newest_head.fill_(head_index)
+        self.need_waiting.zero_()
+
+    @torch.no_grad()
+    def record_pruning(self, head_index: int) -> None:
+        super().record_pruning(head_index)
+        newest = int(self.need_newest_head)
+        if newest == head_index:
+            self.need_newest_head.fill_(-1)
+        elif newest > head_index:
+            self.need_newest_head -= 1
+
+
 # `gate_rule` -> its gate class (docs/growth_gate.md, 'Rules as objects').
-GATE_RULE_CLASSES: dict[str, type[IncrtGate]] = {"max_only": MaxOnlyGate, "bidirectional": BidirectionalGate}
+GATE_RULE_CLASSES: dict[str, type[IncrtGate]] = {
+    "max_only": MaxOnlyGate,
+    "bidirectional": BidirectionalGate,
+    "need": NeedGate,
+}
 
 
 def build_gate(config, layer_index: int) -> IncrtGate:
@@ -808,11 +919,14 @@ class HeadGrowthMixin:
         self.config.num_heads = num_heads
 
     @torch.no_grad()
-    def grow_head(self, layer: int, direction: torch.Tensor | None = None) -> nn.Module:
-        """Append a head to `layer` and return it (INCRT growth). Function-preserving: its o_proj starts
-        at zero, so the logits do not change, while o_proj's gradient is non-zero. With `direction` (a
-        vector in R^hidden, normalised here) the head's first query/key rows point along it and the
-        direction joins the layer gate's deflation basis."""
+    def grow_head(
+        self, layer: int, direction: torch.Tensor | None = None, *, function_preserving: bool = True
+    ) -> nn.Module:
+        """Append a head to `layer` and return it (INCRT growth). Function-preserving by default: its
+        o_proj starts at zero, so the logits do not change, while o_proj's gradient is non-zero
+        (`function_preserving=False`: o_proj keeps the model's initialisation, as a static model's head).
+        With `direction` (a vector in R^hidden, normalised here) the head's first query/key rows point
+        along it and the direction joins the layer gate's deflation basis."""
         attention = self._attention(layer)
         if len(attention.heads) >= self.config.max_heads:
             raise ValueError(f"layer {layer} already has `max_heads` = {self.config.max_heads} heads")
@@ -827,9 +941,12 @@ class HeadGrowthMixin:
             if not torch.isfinite(norm) or norm < 1e-8:
                 raise ValueError("`direction` must be finite and non-zero")
             unit = (direction.double() / norm).float().to(attention.gate.basis.device)
+        if not isinstance(function_preserving, bool):
+            raise TypeError(f"`function_preserving` must be a bool, got {function_preserving!r}")
         head = attention.new_head()
         head.apply(self._init_weights)
-        head.o_proj.weight.zero_()
+        if function_preserving:
+            head.o_proj.weight.zero_()
         if unit is not None:
             head.align_with(unit)
         attention.heads.append(head)
@@ -928,13 +1045,16 @@ class HeadGrowthMixin:
         *,
         num_tokens: int = DEFAULT_GATE_TOKENS,
         tracker_steps: int = DEFAULT_TRACKER_STEPS,
+        need: list[NeedEvidence] | None = None,
     ) -> list[GateDecision]:
         """One INCRT gate check per layer, on a batch (`num_tokens` of its tokens: `gate_second_moments`) or
         on precomputed `second_moments` (one d x d matrix per layer, e.g. averaged over processes): each
         layer's gate observes its matrices with at most `tracker_steps` tracker iterations and decides.
         Updates the gate state and applies nothing: act on the decisions with
-        `grow_head(layer, decision.direction)` and `prune_head`. An empty batch or non-finite matrices raise
-        ValueError and leave every layer's gate as it was."""
+        `grow_head(layer, decision.direction, function_preserving=decision.function_preserving)` and
+        `prune_head`. `need`: one `NeedEvidence` per layer (`need_test.need_evidence`), which
+        `gate_rule="need"` decides on. An empty batch or non-finite matrices raise ValueError and leave
+        every layer's gate as it was."""
         check_number("tracker_steps", tracker_steps, 1, MAX_SIZE, integer=True)
         if second_moments is None:
             second_moments = self.gate_second_moments(
@@ -950,14 +1070,21 @@ class HeadGrowthMixin:
             )
         if not all(bool(torch.isfinite(m).all()) for m in second_moments):
             raise ValueError("`second_moments` must be finite (non-finite ones would corrupt the gate state)")
+        if need is not None and (
+            len(need) != len(layers)
+            or not all(isinstance(e, NeedEvidence) and all(map(math.isfinite, e)) for e in need)
+        ):
+            raise ValueError(f"`need` must hold {len(layers)} finite `NeedEvidence`, one per layer")
         gates = [layer.attention.gate for layer in layers]
         saved = [{name: buffer.clone() for name, buffer in gate.named_buffers()} for gate in gates]
         try:
             decisions = []
-            for layer, moment in zip(layers, second_moments, strict=True):
+            for index, (layer, moment) in enumerate(zip(layers, second_moments, strict=True)):
                 gate = layer.attention.gate
                 observation = gate.observe(
-                    *_gate_inputs(layer.attention, moment), tracker_steps=tracker_steps
+                    *_gate_inputs(layer.attention, moment),
+                    tracker_steps=tracker_steps,
+                    need=None if need is None else need[index],
                 )
                 decisions.append(gate.decide(observation))
             return decisions
