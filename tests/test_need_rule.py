@@ -156,8 +156,7 @@ def _needs2_batch(rows: int = 64):
 
 def test_need_evidence_measures_the_task_loss_and_the_newest_heads_removal():
     model, batch = _needs2_batch()
-    model.grow_head(0, function_preserving=False)
-    model.base_model.layers[0].attention.gate.record_growth(1, None)
+    model.grow_head(0, function_preserving=False)  # the gate records it as the newest head
     evidence = need_evidence(model, **batch)
     model.eval()
     with torch.no_grad():
@@ -244,3 +243,17 @@ def test_the_callback_runs_the_need_rule_and_each_verdict_follows_from_its_evide
         assert check["num_heads"] == [heads]
     grown = model.base_model.layers[0].attention.heads[1:]
     assert all(head.o_proj.weight.any() for head in grown)
+
+
+def test_a_saved_model_keeps_the_need_rules_state(tmp_path):
+    model, batch = _needs2_batch()
+    gate = model.base_model.layers[0].attention.gate
+    gate.need_last_loss.fill_(0.7)
+    model.grow_head(0, function_preserving=False)
+    gate.need_waiting.fill_(2)
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path)
+    reloaded = loaded.base_model.layers[0].attention.gate
+    assert isinstance(reloaded, NeedGate) and loaded.config.num_heads == [2]
+    assert float(reloaded.need_last_loss) == pytest.approx(0.7)
+    assert (int(reloaded.need_newest_head), int(reloaded.need_waiting)) == (1, 2)
