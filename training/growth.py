@@ -289,11 +289,11 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             "lambda_min": [d.lambda_min for d in decisions],
             "theta_w": [d.theta_w for d in decisions],
             "action": [d.action for d in decisions],
-            "seconds": time.perf_counter() - started,
         }
         if self._need is not None:
             check["need"] = [evidence._asdict() for evidence in self._need]
         history["checks"].append(check)
+        history["gate_seconds"] = history.get("gate_seconds", 0.0) + time.perf_counter() - started
         history["events"].extend(events)
         if history["growth_stopped_at_step"] is None and not any(history["growing"]):
             history["growth_stopped_at_step"] = step
