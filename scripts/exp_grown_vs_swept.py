@@ -228,9 +228,7 @@ def run_one(train, planned: dict, folder: Path) -> dict:
         if history is None
         else [e["action"] for e in history["events"] if e["action"] in ("stop", "full")],
         "heads_at_factor": factor_study(history, trained.model.config),
-        "gate_time_s": None
-        if history is None
-        else sum(check.get("seconds", 0.0) for check in history["checks"]),
+        "gate_time_s": None if history is None else history.get("gate_seconds"),
     }
 
 
