@@ -197,6 +197,9 @@ def test_a_tiny_planted_sweep_end_to_end_and_its_resumption(script, tmp_path, mo
     grown = runs[2]
     assert grown["initial_parameters"] == static[0]["parameters"]
     assert 12 * grown["initial_parameters"] <= grown["step_parameters"] <= 12 * grown["parameters"]
+    assert all(r["gate_time_s"] is None for r in static)
+    assert 0 < grown["gate_time_s"] < grown["train_time_s"]  # the checks' time, part of the training time
+    assert saved["summary"]["grown"]["gate_share"] == grown["gate_time_s"] / grown["train_time_s"]
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
