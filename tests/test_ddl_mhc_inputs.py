@@ -66,6 +66,16 @@ def test_mask_values_other_than_zero_and_one_are_refused(model, ids, value):
 
 
 @pytest.mark.parametrize(
+    ("dtype", "value"), [(torch.int64, 2), (torch.int64, -1), (torch.int8, -1), (torch.uint8, 2)]
+)
+def test_integer_mask_values_other_than_zero_and_one_are_refused(model, ids, dtype, value):
+    mask = MASK.to(dtype).clone()
+    mask[1, 2] = value
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize(
     "mask",
     [
         torch.ones(5),

@@ -179,6 +179,29 @@ def test_a_lora_adapter_on_the_maps_projection_acts_on_the_host_path():
     assert not torch.allclose(host[0], plain[0]) and not torch.allclose(host[4], plain[4])
 
 
+@pytest.mark.parametrize("change", ["hook", "forward"])
+def test_a_hooked_or_replaced_value_projection_acts_on_the_host_path(change):
+    """The delta write folds `value_proj` into its own product only while calling the module would run
+    `F.linear` alone; with a hook or a replaced `forward` (accelerate's offloading) it calls the module."""
+    layer, unchanged = connection(4, "delta"), connection(4, "delta")  # the same parameters
+    projection = layer.delta.value_proj
+    if change == "hook":
+        projection.register_forward_hook(lambda module, args, output: 2.0 * output)
+    else:
+        plain = projection.forward
+        projection.forward = lambda hidden: 2.0 * plain(hidden)
+    streams = torch.randn(2, 3, 4, 16, dtype=torch.float64)
+    output = torch.randn(2, 3, 16, dtype=torch.float64)
+    with ops_path("host"):
+        host = read_and_write(layer, streams, output)
+        before = read_and_write(unchanged, streams, output)
+    with ops_path("naive"):
+        naive = read_and_write(layer, streams, output)
+    for got, expected in zip(host, naive, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert not torch.allclose(host[4], before[4])  # the doubled values changed the write
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_streams_are_refused_on_the_host_path_as_on_the_node(bad):
     layer = connection(4, "delta", dtype=torch.float32)

@@ -20,6 +20,7 @@ its projections (`maps_proj`, `delta.value_proj`) as modules, so PEFT adapters o
 its reference is the node path (tests compare them and the greedy tokens they decode).
 """
 
+import array
 import math
 
 import torch
@@ -38,6 +39,7 @@ __all__ = ["host_read", "host_rows", "host_write"]
 # path'; `python scripts/bench_decode.py --host_crossing --widths 512 --reps 5 --output_dir benchmarks`).
 HOST_POINTS = 144
 HOST_MAX_ROWS = 24
+_TYPECODES = {torch.float32: "f", torch.float64: "d"}  # `array` codes of the maps' dtypes
 
 
 def host_rows(num_streams: int) -> int:
@@ -62,20 +64,55 @@ def _mixing(connection: nn.Module) -> tuple[float, float, float]:
     return 1.0 - mix, mix, 0.0
 
 
+def _plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` that calling would run as `F.linear` alone: no subclass (a PEFT
+    adapter, a quantised layer), no hook of its own and no replaced `forward` (accelerate's offloading)."""
+    hooked = module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)
+    return type(module) is nn.Linear and not hooked
+
+
+def _packed(values: list[float], dtype: torch.dtype) -> torch.Tensor:
+    """Python floats -> a flat tensor of `dtype` (float32 or float64), rounded as `torch.tensor` rounds;
+    through an `array` buffer, which the tensor keeps alive, in about a third of `torch.tensor`'s time."""
+    return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
+
+
+def _block(packed: torch.Tensor, batch: list[int], width: int, offset: int, *shape: int) -> torch.Tensor:
+    """(*batch, *shape) view of the flat `packed`, which holds one row of `width` entries per batch index:
+    each row's entries offset, offset + 1, ... in row-major order. One op, however many batch dimensions."""
+    strides, step = [], width
+    for size in reversed(batch):
+        strides.insert(0, step)
+        step *= size
+    inner = (shape[1], 1) if len(shape) == 2 else (1,)
+    return packed.as_strided((*batch, *shape), (*strides, *inner), offset)
+
+
+def _lead(rows: int) -> list[int]:
+    """The leading dimension of the per-row products: none for one row, so that `torch.matmul` runs one
+    `torch.mm` (decoding one sequence), else (rows,) and `torch.bmm`. Between the model's projections, whose
+    code path `mm` shares, `mm` is warm where `bmm` is not: a decoding step costs about 0.3 ms less at width
+    512 (docs/ddl_mhc.md, 'Choosing a path')."""
+    return [] if rows == 1 else [rows]
+
+
 def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(x_in (..., d), H_res (..., n, n), t_write (..., k), t_res (..., m)) of a hyper-connection with dynamic
-    maps from streams X (..., n, d); the maps at least float32, x_in in X's dtype."""
+    """(x_in (..., d), H_res (..., n, n), t_write (..., k), t_res (..., m), rows) of a hyper-connection with
+    dynamic maps from streams X (..., n, d); the maps at least float32, x_in in X's dtype. `rows` holds each
+    row's H_res entries (row-major) and t_write as Python floats, for `host_write`."""
     *batch, n, d = streams.shape
     flat = streams.reshape(-1, n * d)
     projected = connection.maps_proj(flat).tolist()
-    norms = torch.linalg.vector_norm(upcast(flat), dim=-1).tolist()  # one op, not vecdot's two
+    full = upcast(flat)
+    gram = torch.mm(full, full.t()).tolist()  # ||vec(X)||^2 on its diagonal: one `mm` for the few rows
     pre_size, res_size, write_size = connection.map_sizes
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
     gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
     gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
     weights, res_logits, write_logits = [], [], []
-    for projection, norm in zip(projected, norms, strict=True):
-        scale = 1.0 / math.sqrt(norm * norm / (n * d) + connection.eps)
+    for row, projection in enumerate(projected):
+        square = gram[row][row]
+        scale = 1.0 / math.sqrt(square / (n * d) + connection.eps)
         terms = zip(biases, gates, projection, strict=True)
         logits = [bias + gate * scale * term for bias, gate, term in terms]
         weights.append(_softmax(logits[:n]))
@@ -83,55 +120,76 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
         write_logits.append(logits[n + res_size :])
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
     identity, chart, uniform = _mixing(connection)
-    h_res = []
-    for entries in chart_rows(res_logits, n, connection.chart, maps_dtype):
+    packed, rows = [], []
+    charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
+    for read, entries, write, res in zip(weights, charts, write_logits, res_logits, strict=True):
         mixed = [chart * entry + uniform / n for entry in entries]
         for i in range(n):
             mixed[i * (n + 1)] += identity
-        h_res.append(mixed)
-    read = torch.tensor(weights, dtype=streams.dtype).view(-1, 1, n)
-    hidden = torch.bmm(read, flat.view(-1, n, d)).view(*batch, d)
+        packed += [*read, *mixed, *write, *res]  # one tensor holds all the maps
+        rows.append((mixed, write))
+    maps, width = _packed(packed, maps_dtype), n + n * n + write_size + res_size
+    lead = _lead(len(rows))
+    read = cast(_block(maps, lead, width, 0, 1, n), streams.dtype)
     return (
-        hidden,
-        torch.tensor(h_res, dtype=maps_dtype).view(*batch, n, n),
-        torch.tensor(write_logits, dtype=maps_dtype).view(*batch, write_size),
-        torch.tensor(res_logits, dtype=maps_dtype).view(*batch, res_size),
+        torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d),
+        _block(maps, batch, width, n, n, n),
+        _block(maps, batch, width, n + n * n, write_size),
+        _block(maps, batch, width, n + n * n + write_size, res_size),
+        rows,
     )
 
 
 def host_write(
-    connection: nn.Module,
-    streams: torch.Tensor,
-    output: torch.Tensor,
-    h_res: torch.Tensor,
-    write_logit: torch.Tensor,
+    connection: nn.Module, streams: torch.Tensor, output: torch.Tensor, rows: list
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(X', beta (..., 1), k (..., d)) of the delta write, (X', None, None) of the add write, from streams X
-    (..., n, d), the sublayer's output h (..., d) and the maps of `host_read`; X' in X's dtype."""
+    (..., n, d), the sublayer's output h (..., d) and the `rows` of `host_read`; X' in X's dtype.
+
+    Both writes are one product per row, X' = [H_res | w] [X; h^T], with w = H_post (add) or w = s /
+    sqrt(||h||^2 + eps_d^2) (delta: s k^T = w h^T). The delta write's X h, ||h||^2 and v = W_v h + b_v come
+    from one more product, [X; h^T; W_v] h, when `value_proj` is a plain `nn.Linear` (else it is called as a
+    module, so a PEFT adapter acts); then H_res X k = H_res (X h) / sqrt(||h||^2 + eps_d^2) in Python
+    floats."""
     *batch, n, d = streams.shape
-    dtype = streams.dtype
-    mixed = torch.bmm(cast(h_res.reshape(-1, n, n), dtype), streams.reshape(-1, n, d))
-    logits = write_logit.reshape(-1, write_logit.shape[-1]).tolist()
-    if connection.delta is None:
-        amplitudes = [[2.0 * sigmoid(logit) for logit in row] for row in logits]
-        direction = cast(output.reshape(-1, d), dtype)
+    count, delta = len(rows), connection.delta
+    lead = _lead(count)
+    fused = delta is not None and _plain_linear(delta.value_proj)
+    parts = [streams.reshape(*lead, n, d), output.reshape(*lead, 1, d)]
+    if fused:
+        parts.append(delta.value_proj.weight.expand(*lead, n, d))
+    stacked = upcast(torch.cat(parts, dim=-2))  # [X; h^T (; W_v)] per row, at least float32
+    width = stacked.shape[-2]  # the columns of [H_res | w (| 0)]
+    packed = []
+    if delta is None:
+        for h_res, write in rows:
+            for i in range(n):
+                packed += [*h_res[i * n : i * n + n], 2.0 * sigmoid(write[i])]  # H_post
     else:
-        hidden = upcast(output.reshape(-1, d))
-        norms = torch.linalg.vector_norm(hidden, dim=-1).tolist()
-        eps = connection.delta.eps
-        inverse = [[1.0 / math.sqrt(norm * norm + eps * eps)] for norm in norms]
-        unit = hidden * torch.tensor(inverse, dtype=hidden.dtype)
-        direction = cast(unit, dtype)
-        erased = torch.bmm(mixed, direction.unsqueeze(-1)).view(-1, n).tolist()
-        values = connection.delta.value_proj(output).reshape(-1, n).tolist()
-        betas = [2.0 * sigmoid(row[0]) for row in logits]
-        amplitudes = [
-            [beta * (value - along) for value, along in zip(value_row, erased_row, strict=True)]
-            for beta, value_row, erased_row in zip(betas, values, erased, strict=True)
-        ]
-    scales = torch.tensor(amplitudes, dtype=dtype).view(-1, n, 1)
-    updated = torch.baddbmm(mixed, scales, direction.unsqueeze(-2)).view(streams.shape)
-    if connection.delta is None:
+        hidden = upcast(output).reshape(*lead, d, 1)
+        products = torch.matmul(stacked, hidden).view(count, width).tolist()
+        if fused:
+            bias = delta.value_proj.bias
+            bias = [0.0] * n if bias is None else bias.tolist()
+            values = [[term + b for term, b in zip(row[n + 1 :], bias, strict=True)] for row in products]
+        else:
+            values = delta.value_proj(output).reshape(count, n).tolist()
+        eps, padding = delta.eps, [0.0] * (width - n - 1)
+        for (h_res, write), value, row in zip(rows, values, products, strict=True):
+            along, square = row[:n], row[n]  # X h and ||h||^2
+            inverse = 1.0 / math.sqrt(square + eps * eps)
+            beta = 2.0 * sigmoid(write[0])
+            for i in range(n):
+                mix = h_res[i * n : i * n + n]
+                erased = inverse * sum(m * a for m, a in zip(mix, along, strict=True))  # (H_res X k)_i
+                packed += [*mix, beta * (value[i] - erased) * inverse, *padding]
+            packed += [inverse, beta]
+    maps = _packed(packed, stacked.dtype)
+    row = n * width + (0 if delta is None else 2)
+    mixes = _block(maps, lead, row, 0, n, width)
+    updated = cast(torch.matmul(mixes, stacked).view(streams.shape), streams.dtype)
+    if delta is None:
         return updated, None, None
-    beta = torch.tensor(betas, dtype=hidden.dtype).view(*batch, 1)
-    return updated, beta, unit.view(*batch, d)
+    inverse = _block(maps, [count], row, n * width, 1)  # k = h / sqrt(||h||^2 + eps_d^2)
+    direction = (hidden.view(count, d) * inverse).view(*batch, d)
+    return updated, _block(maps, batch, row, n * width + 1, 1), direction
