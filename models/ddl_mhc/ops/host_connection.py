@@ -166,8 +166,8 @@ def host_write(
             for i in range(n):
                 packed += [*h_res[i * n : i * n + n], 2.0 * sigmoid(write[i])]  # H_post
     else:
-        hidden = upcast(output).reshape(*lead, d, 1)
-        products = torch.matmul(stacked, hidden).view(count, width).tolist()
+        hidden = upcast(output)
+        products = torch.matmul(stacked, hidden.reshape(*lead, d, 1)).view(count, width).tolist()
         if fused:
             bias = delta.value_proj.bias
             bias = [0.0] * n if bias is None else bias.tolist()
@@ -185,11 +185,10 @@ def host_write(
                 packed += [*mix, beta * (value[i] - erased) * inverse, *padding]
             packed += [inverse, beta]
     maps = _packed(packed, stacked.dtype)
-    row = n * width + (0 if delta is None else 2)
-    mixes = _block(maps, lead, row, 0, n, width)
+    size = n * width + (0 if delta is None else 2)  # the packed entries of a row
+    mixes = _block(maps, lead, size, 0, n, width)
     updated = cast(torch.matmul(mixes, stacked).view(streams.shape), streams.dtype)
     if delta is None:
         return updated, None, None
-    inverse = _block(maps, [count], row, n * width, 1)  # k = h / sqrt(||h||^2 + eps_d^2)
-    direction = (hidden.view(count, d) * inverse).view(*batch, d)
-    return updated, _block(maps, batch, row, n * width + 1, 1), direction
+    direction = hidden * _block(maps, batch, size, n * width, 1)  # k = h / sqrt(||h||^2 + eps_d^2)
+    return updated, _block(maps, batch, size, n * width + 1, 1), direction
