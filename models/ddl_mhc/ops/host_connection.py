@@ -22,6 +22,7 @@ its reference is the node path (tests compare them and the greedy tokens they de
 
 import array
 import math
+import operator
 
 import torch
 from torch import nn
@@ -91,9 +92,18 @@ def _block(packed: torch.Tensor, batch: list[int], width: int, offset: int, *sha
 def _lead(rows: int) -> list[int]:
     """The leading dimension of the per-row products: none for one row, so that `torch.matmul` runs one
     `torch.mm` (decoding one sequence), else (rows,) and `torch.bmm`. Between the model's projections, whose
-    code path `mm` shares, `mm` is warm where `bmm` is not: a decoding step costs about 0.3 ms less at width
-    512 (docs/ddl_mhc.md, 'Choosing a path')."""
+    code path `mm` shares, `mm` is warm where `bmm` and other kernels are not, and decoding takes less time
+    (docs/ddl_mhc.md, 'Choosing a path')."""
     return [] if rows == 1 else [rows]
+
+
+def _dots(vectors: torch.Tensor, other: torch.Tensor) -> list[list[float]]:
+    """The dot products of each row's `vectors` (*lead, k, d) with its `other` (*lead, d), one list of k
+    Python floats per row: one `torch.mm` for one row (`_lead`), `linalg.vecdot` for more (a batch of
+    matrix-vector products is slow in `torch.bmm`)."""
+    if vectors.ndim == 2:
+        return [torch.mm(vectors, other.view(-1, 1)).view(-1).tolist()]
+    return torch.linalg.vecdot(vectors, other.unsqueeze(-2)).tolist()
 
 
 def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -103,15 +113,14 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
     *batch, n, d = streams.shape
     flat = streams.reshape(-1, n * d)
     projected = connection.maps_proj(flat).tolist()
-    full = upcast(flat)
-    gram = torch.mm(full, full.t()).tolist()  # ||vec(X)||^2 on its diagonal: one `mm` for the few rows
+    lead, full = _lead(flat.shape[0]), upcast(flat)
+    squares = [square for (square,) in _dots(full.view(*lead, 1, n * d), full.view(*lead, n * d))]
     pre_size, res_size, write_size = connection.map_sizes
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
     gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
     gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
     weights, res_logits, write_logits = [], [], []
-    for row, projection in enumerate(projected):
-        square = gram[row][row]
+    for projection, square in zip(projected, squares, strict=True):  # ||vec(X)||^2
         scale = 1.0 / math.sqrt(square / (n * d) + connection.eps)
         terms = zip(biases, gates, projection, strict=True)
         logits = [bias + gate * scale * term for bias, gate, term in terms]
@@ -120,16 +129,18 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
         write_logits.append(logits[n + res_size :])
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
     identity, chart, uniform = _mixing(connection)
-    packed, rows = [], []
+    packed, rows, shift = [], [], uniform / n
     charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
     for read, entries, write, res in zip(weights, charts, write_logits, res_logits, strict=True):
-        mixed = [chart * entry + uniform / n for entry in entries]
+        mixed = [chart * entry + shift for entry in entries]
         for i in range(n):
             mixed[i * (n + 1)] += identity
-        packed += [*read, *mixed, *write, *res]  # one tensor holds all the maps
+        packed += read  # one tensor holds all the maps
+        packed += mixed
+        packed += write
+        packed += res
         rows.append((mixed, write))
     maps, width = _packed(packed, maps_dtype), n + n * n + write_size + res_size
-    lead = _lead(len(rows))
     read = cast(_block(maps, lead, width, 0, 1, n), streams.dtype)
     return (
         torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d),
@@ -159,7 +170,7 @@ def host_write(
     if fused:
         parts.append(delta.value_proj.weight.expand(*lead, n, d))
     stacked = upcast(torch.cat(parts, dim=-2))  # [X; h^T (; W_v)] per row, at least float32
-    width = stacked.shape[-2]  # the columns of [H_res | w (| 0)]
+    mixed = stacked.narrow(-2, 0, n + 1) if fused else stacked  # [X; h^T]
     packed = []
     if delta is None:
         for h_res, write in rows:
@@ -167,28 +178,29 @@ def host_write(
                 packed += [*h_res[i * n : i * n + n], 2.0 * sigmoid(write[i])]  # H_post
     else:
         hidden = upcast(output)
-        products = torch.matmul(stacked, hidden.reshape(*lead, d, 1)).view(count, width).tolist()
+        products = _dots(stacked, hidden.reshape(*lead, d))
         if fused:
             bias = delta.value_proj.bias
             bias = [0.0] * n if bias is None else bias.tolist()
             values = [[term + b for term, b in zip(row[n + 1 :], bias, strict=True)] for row in products]
         else:
             values = delta.value_proj(output).reshape(count, n).tolist()
-        eps, padding = delta.eps, [0.0] * (width - n - 1)
+        eps = delta.eps
         for (h_res, write), value, row in zip(rows, values, products, strict=True):
-            along, square = row[:n], row[n]  # X h and ||h||^2
-            inverse = 1.0 / math.sqrt(square + eps * eps)
+            along, inverse = row[:n], 1.0 / math.sqrt(row[n] + eps * eps)  # X h, 1 / sqrt(||h||^2 + eps_d^2)
             beta = 2.0 * sigmoid(write[0])
+            scale = beta * inverse
             for i in range(n):
                 mix = h_res[i * n : i * n + n]
-                erased = inverse * sum(m * a for m, a in zip(mix, along, strict=True))  # (H_res X k)_i
-                packed += [*mix, beta * (value[i] - erased) * inverse, *padding]
-            packed += [inverse, beta]
+                packed += mix
+                erased = inverse * sum(map(operator.mul, mix, along))  # (H_res X k)_i
+                packed.append(scale * (value[i] - erased))  # w_i = s_i / sqrt(||h||^2 + eps_d^2)
+            packed += (inverse, beta)
     maps = _packed(packed, stacked.dtype)
-    size = n * width + (0 if delta is None else 2)  # the packed entries of a row
-    mixes = _block(maps, lead, size, 0, n, width)
-    updated = cast(torch.matmul(mixes, stacked).view(streams.shape), streams.dtype)
+    size = n * (n + 1) + (0 if delta is None else 2)  # the packed entries of a row
+    mixes = _block(maps, lead, size, 0, n, n + 1)
+    updated = cast(torch.matmul(mixes, mixed).view(streams.shape), streams.dtype)
     if delta is None:
         return updated, None, None
-    direction = hidden * _block(maps, batch, size, n * width, 1)  # k = h / sqrt(||h||^2 + eps_d^2)
-    return updated, _block(maps, batch, size, n * width + 1, 1), direction
+    direction = hidden * _block(maps, batch, size, n * (n + 1), 1)  # k = h / sqrt(||h||^2 + eps_d^2)
+    return updated, _block(maps, batch, size, n * (n + 1) + 1, 1), direction
