@@ -4,20 +4,28 @@
 A decoded token makes each sublayer's maps a handful of numbers per sequence: n read weights, the chart
 logits, the n x n H_res and n write amplitudes. The node path computes them as some seventy tensor ops of one
 row each, so torch's per-op overhead is most of the sublayer's cost. Here the (..., n, d) tensors take five
-products (the maps projection, the read, H_res X, (H_res X) k and the rank-1 write) and everything per token
-in between is Python floats (float64), as the chart's own host path (`charts/host.py`) does:
+products per row (the maps projection, ||vec(X)||^2, the read, the delta write's [X; h^T; W_v] h and the write
+itself) and everything per token in between is Python floats (float64), as the chart's own host path
+(`charts/host.py`) does:
 
     r = 1 / sqrt(mean(vec(X)^2) + eps),  t = b + g r (vec(X) W^T)  per map            (the map logits)
     x_in = softmax(t_pre) X                                                        (the read)
     H_res = (1 - a) I + a chart(t_res), or the lazy mix                             (the mixing)
-    add:   X' = H_res X + 2 sigmoid(t_post) h^T
-    delta: X' = H_res X + s k^T,  k = h / sqrt(||h||^2 + eps_d^2),  s = beta (v - (H_res X) k),
-           beta = 2 sigmoid(t_beta)                                                (DDL eq. 2.5)
+    X' = [H_res | w] [X; h^T]                                                      (the write, one product)
+    add:   w = 2 sigmoid(t_post)
+    delta: w = s / sqrt(||h||^2 + eps_d^2),  s = beta (v - H_res (X h) / sqrt(||h||^2 + eps_d^2)),
+           beta = 2 sigmoid(t_beta),  v = W_v h + b_v          (DDL eq. 2.5: H_res X + s k^T, s k^T = w h^T)
+
+For one row (decoding one sequence) every product is one `torch.mm`: between the model's projections, whose
+code path it shares, `mm` is warm where `bmm` and the reduction kernels are not, which is most of what a
+decoding step spends here; more rows take `bmm` and `linalg.vecdot`.
 
 The functions take the `HyperConnection` module, as transformers' attention functions take theirs, and call
-its projections (`maps_proj`, `delta.value_proj`) as modules, so PEFT adapters on them act. The one rule
-(`dispatch.choose_path`) takes this path only for CPU tensors that need no gradient, dynamic maps and n >= 2;
-its reference is the node path (tests compare them and the greedy tokens they decode).
+its maps projection as a module, so a PEFT adapter on it acts; `delta.value_proj` joins the write's product
+([X; h^T; W_v] h) only while calling it would run `F.linear` alone, and is called as a module otherwise (a
+PEFT adapter, a hook, accelerate's replaced `forward`). The one rule (`dispatch.choose_path`) takes this path
+only for CPU tensors that need no gradient, dynamic maps and n >= 2; its reference is the node path (tests
+compare them and the greedy tokens they decode).
 """
 
 import array
@@ -36,16 +44,16 @@ __all__ = ["host_read", "host_rows", "host_write"]
 
 # The host path takes up to min(HOST_MAX_ROWS, HOST_POINTS // (n-1)^2) rows: its Python work grows with
 # rows x the chart's (n-1)^2 logits, the node's time barely with rows. The two cross, for one delta sublayer
-# at width 512, near 32 rows at n = 2, 30 at n = 3, 20 at n = 4 and 7 at n = 8 (docs/ddl_mhc.md, 'Choosing a
+# at width 512, near 28 rows at n = 2, 21 at n = 3, 14 at n = 4 and 5 at n = 8 (docs/ddl_mhc.md, 'Choosing a
 # path'; `python scripts/bench_decode.py --host_crossing --widths 512 --reps 5 --output_dir benchmarks`).
-HOST_POINTS = 144
-HOST_MAX_ROWS = 24
+HOST_POINTS = 126
+HOST_MAX_ROWS = 20
 _TYPECODES = {torch.float32: "f", torch.float64: "d"}  # `array` codes of the maps' dtypes
 
 
 def host_rows(num_streams: int) -> int:
-    """The most rows (tokens) the host path takes at n >= 2 streams: 24 at n = 2 and 3, 16 at n = 4, 2 at
-    n = 8, none from n = 14 on."""
+    """The most rows (tokens) the host path takes at n >= 2 streams: 20 at n = 2 and 3, 14 at n = 4, 2 at
+    n = 8, none from n = 13 on."""
     return min(HOST_MAX_ROWS, HOST_POINTS // (num_streams - 1) ** 2)
 
 
