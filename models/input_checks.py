@@ -23,8 +23,15 @@ def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(tensor.shape)
 
 
+LIST_VALUES = 1024  # up to this many values a check reads as a Python list, not through kernels
+
+
 def _value_range(tensor: torch.Tensor) -> list:
-    """[min, max] of a non-empty tensor: two ops (`aminmax`, `stack`) and one host copy."""
+    """[min, max] of a non-empty tensor, with one host copy: up to LIST_VALUES values (a decoding step's ids
+    and mask) as a Python list, no kernel at all; more through `aminmax` and `stack`."""
+    if tensor.numel() <= LIST_VALUES:
+        values = tensor.flatten().tolist()
+        return [min(values), max(values)]
     return torch.stack(torch.aminmax(tensor)).tolist()
 
 
