@@ -23,6 +23,18 @@ def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
     return tuple(tensor.shape)
 
 
+LIST_VALUES = 1024  # up to this many values a check reads as a Python list, not through kernels
+
+
+def _value_range(tensor: torch.Tensor) -> list:
+    """[min, max] of a non-empty tensor, with one host copy: up to LIST_VALUES values (a decoding step's ids
+    and mask) as a Python list, no kernel at all; more through `aminmax` and `stack`."""
+    if tensor.numel() <= LIST_VALUES:
+        values = tensor.flatten().tolist()
+        return [min(values), max(values)]
+    return torch.stack(torch.aminmax(tensor)).tolist()
+
+
 def check_token_ids(input_ids, vocab_size: int) -> torch.Tensor:
     """(batch, seq) ids in [0, vocab_size) -> int64."""
     integer = isinstance(input_ids, torch.Tensor) and not input_ids.is_floating_point()
@@ -34,7 +46,7 @@ def check_token_ids(input_ids, vocab_size: int) -> torch.Tensor:
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"`input_ids` must hold at least one token per row, got shape {_shape(input_ids)}")
     if checks_values(input_ids):
-        low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()
+        low, high = _value_range(input_ids)
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"`input_ids` must lie in [0, vocab_size={vocab_size}), got values in [{low}, {high}]"
@@ -113,7 +125,12 @@ def check_attention_mask(
                 f"got {_shape(attention_mask)}"
             )
         if attention_mask.dtype != torch.bool and checks_values(attention_mask):
-            if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            if attention_mask.is_floating_point():
+                other = bool(((attention_mask != 0) & (attention_mask != 1)).any())
+            else:  # integers are 0/1 exactly when they lie in [0, 1]
+                low, high = _value_range(attention_mask)
+                other = low < 0 or high > 1
+            if other:
                 raise ValueError(
                     "`attention_mask` must hold only 0 (padding) and 1 (token); other values (e.g. 0.5, 2, "
                     "-1, NaN) would mean one thing to attention and another to the stream expansion"
@@ -180,7 +197,7 @@ def check_labels(
         raise ValueError("`logits_to_keep` must be 0 when `labels` are given: the loss scores every position")
     if labels.numel() > 0 and checks_values(labels):
         scored = torch.where(labels == IGNORE_INDEX, 0, labels)
-        low, high = torch.stack([scored.min(), scored.max()]).tolist()
+        low, high = _value_range(scored)
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"`labels` must lie in [0, vocab_size={vocab_size}) or be {IGNORE_INDEX} (not scored), "

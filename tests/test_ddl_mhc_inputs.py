@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from geoformers import DDLmHCConfig, DDLmHCForCausalLM
-from geoformers.models.input_checks import embeds_bound
+from geoformers.models.input_checks import LIST_VALUES, embeds_bound
 
 VOCAB, HIDDEN = 61, 32
 SMALL = dict(
@@ -63,6 +63,32 @@ def test_mask_values_other_than_zero_and_one_are_refused(model, ids, value):
         model(ids, attention_mask=mask)
     with pytest.raises(ValueError, match="attention_mask"):
         model(ids, attention_mask=torch.full((2, 5), 2))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value"), [(torch.int64, 2), (torch.int64, -1), (torch.int8, -1), (torch.uint8, 2)]
+)
+def test_integer_mask_values_other_than_zero_and_one_are_refused(model, ids, dtype, value):
+    mask = MASK.to(dtype).clone()
+    mask[1, 2] = value
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=mask)
+
+
+@pytest.mark.parametrize("length", [5, LIST_VALUES // 2 + 1])  # read as a list; through aminmax
+def test_out_of_range_ids_labels_and_mask_values_are_refused_at_any_size(model, length):
+    tokens = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(3))
+    for low, high, position in ((0, VOCAB, -1), (-1, 0, 0)):
+        bad = tokens.clone()
+        bad[1, position] = low if low < 0 else high
+        with pytest.raises(ValueError, match="input_ids"):
+            model(bad)
+        with pytest.raises(ValueError, match="labels"):
+            model(tokens, labels=bad)
+    mask = torch.ones_like(tokens)
+    mask[0, -1] = 2
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(tokens, attention_mask=mask)
 
 
 @pytest.mark.parametrize(

@@ -95,14 +95,14 @@ def host_calls(monkeypatch) -> list[int]:
 
 
 def test_the_rule_takes_the_host_path_only_for_a_few_cpu_rows_without_a_gradient(host_calls):
-    assert (host_rows(2), host_rows(3), host_rows(4), host_rows(8), host_rows(13), host_rows(14)) == (
+    assert (host_rows(2), host_rows(3), host_rows(4), host_rows(8), host_rows(12), host_rows(13)) == (
         HOST_MAX_ROWS, HOST_MAX_ROWS, HOST_POINTS // 9, 2, 1, 0,
     )  # fmt: skip
     layer = connection(4, "delta", dtype=torch.float32)
     output = torch.randn(1, 16)
     most = host_rows(4)
     with torch.no_grad():
-        layer.read(torch.randn(4, 4, 4, 16))  # 16 rows
+        layer.read(torch.randn(2, most // 2, 4, 16))  # the most rows, in two sequences
         layer.read(torch.randn(1, most + 1, 4, 16))  # more: the node
         layer.read(torch.randn(0, 1, 4, 16))  # no rows: the node
         with ops_path("node"):
@@ -177,6 +177,29 @@ def test_a_lora_adapter_on_the_maps_projection_acts_on_the_host_path():
     for got, expected in zip(host, naive, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(host[0], plain[0]) and not torch.allclose(host[4], plain[4])
+
+
+@pytest.mark.parametrize("change", ["hook", "forward"])
+def test_a_hooked_or_replaced_value_projection_acts_on_the_host_path(change):
+    """The delta write folds `value_proj` into its own product only while calling the module would run
+    `F.linear` alone; with a hook or a replaced `forward` (accelerate's offloading) it calls the module."""
+    layer, unchanged = connection(4, "delta"), connection(4, "delta")  # the same parameters
+    projection = layer.delta.value_proj
+    if change == "hook":
+        projection.register_forward_hook(lambda module, args, output: 2.0 * output)
+    else:
+        plain = projection.forward
+        projection.forward = lambda hidden: 2.0 * plain(hidden)
+    streams = torch.randn(2, 3, 4, 16, dtype=torch.float64)
+    output = torch.randn(2, 3, 16, dtype=torch.float64)
+    with ops_path("host"):
+        host = read_and_write(layer, streams, output)
+        before = read_and_write(unchanged, streams, output)
+    with ops_path("naive"):
+        naive = read_and_write(layer, streams, output)
+    for got, expected in zip(host, naive, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert not torch.allclose(host[4], before[4])  # the doubled values changed the write
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

@@ -210,7 +210,7 @@ class StreamMaps(NamedTuple):
     h_res: torch.Tensor | None  # (..., n, n), or (n, n) when static; None when n == 1 (H_res = 1)
     write_logit: torch.Tensor | None  # t_post (..., n) for "add" with n > 1, t_beta (..., 1) for "delta"
     res_logit: torch.Tensor | None  # the chart logits t_res (..., m) or (m,); None when n == 1
-    on_host: bool = False  # the read took the host path (`ops/host_connection.py`); the write follows it
+    host: list | None = None  # the host path's rows (`ops/host_connection.py`): the write follows the read
 
 
 class StreamMixing(NamedTuple):
@@ -304,8 +304,8 @@ class HyperConnection(nn.Module):
     def read(self, streams: torch.Tensor) -> tuple[torch.Tensor, StreamMaps]:
         """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d)."""
         if self.host_rows and self._on_host(streams):
-            hidden, h_res, write_logit, res_logit = host_read(self, streams)
-            return hidden, StreamMaps(h_res, write_logit, res_logit, on_host=True)
+            hidden, h_res, write_logit, res_logit, rows = host_read(self, streams)
+            return hidden, StreamMaps(h_res, write_logit, res_logit, host=rows)
         if self.num_streams == 1:
             _, _, write_logit = self._map_logits(streams)
             return streams.squeeze(-2), StreamMaps(None, write_logit, None)
@@ -345,10 +345,9 @@ class HyperConnection(nn.Module):
         self, streams: torch.Tensor, sublayer_output: torch.Tensor, maps: StreamMaps
     ) -> tuple[torch.Tensor, StreamMixing]:
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
-        if maps.on_host:
-            h_res, write_logit = maps.h_res, maps.write_logit
-            updated, beta, direction = host_write(self, streams, sublayer_output, h_res, write_logit)
-            return updated, StreamMixing(h_res, beta, direction, maps.res_logit)
+        if maps.host is not None:
+            updated, beta, direction = host_write(self, streams, sublayer_output, maps.host)
+            return updated, StreamMixing(maps.h_res, beta, direction, maps.res_logit)
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)
             updated = write_streams(maps.h_res, streams, direction, beta=beta, value=value)

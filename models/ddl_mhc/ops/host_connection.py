@@ -4,23 +4,33 @@
 A decoded token makes each sublayer's maps a handful of numbers per sequence: n read weights, the chart
 logits, the n x n H_res and n write amplitudes. The node path computes them as some seventy tensor ops of one
 row each, so torch's per-op overhead is most of the sublayer's cost. Here the (..., n, d) tensors take five
-products (the maps projection, the read, H_res X, (H_res X) k and the rank-1 write) and everything per token
-in between is Python floats (float64), as the chart's own host path (`charts/host.py`) does:
+products per row (the maps projection, ||vec(X)||^2, the read, the delta write's [X; h^T; W_v] h and the write
+itself) and everything per token in between is Python floats (float64), as the chart's own host path
+(`charts/host.py`) does:
 
     r = 1 / sqrt(mean(vec(X)^2) + eps),  t = b + g r (vec(X) W^T)  per map            (the map logits)
     x_in = softmax(t_pre) X                                                        (the read)
     H_res = (1 - a) I + a chart(t_res), or the lazy mix                             (the mixing)
-    add:   X' = H_res X + 2 sigmoid(t_post) h^T
-    delta: X' = H_res X + s k^T,  k = h / sqrt(||h||^2 + eps_d^2),  s = beta (v - (H_res X) k),
-           beta = 2 sigmoid(t_beta)                                                (DDL eq. 2.5)
+    X' = [H_res | w] [X; h^T]                                                      (the write, one product)
+    add:   w = 2 sigmoid(t_post)
+    delta: w = s / sqrt(||h||^2 + eps_d^2),  s = beta (v - H_res (X h) / sqrt(||h||^2 + eps_d^2)),
+           beta = 2 sigmoid(t_beta),  v = W_v h + b_v          (DDL eq. 2.5: H_res X + s k^T, s k^T = w h^T)
+
+For one row (decoding one sequence) every product is one `torch.mm`: between the model's projections, whose
+code path it shares, `mm` is warm where `bmm` and the reduction kernels are not, which is most of what a
+decoding step spends here; more rows take `bmm` and `linalg.vecdot`.
 
 The functions take the `HyperConnection` module, as transformers' attention functions take theirs, and call
-its projections (`maps_proj`, `delta.value_proj`) as modules, so PEFT adapters on them act. The one rule
-(`dispatch.choose_path`) takes this path only for CPU tensors that need no gradient, dynamic maps and n >= 2;
-its reference is the node path (tests compare them and the greedy tokens they decode).
+its maps projection as a module, so a PEFT adapter on it acts; `delta.value_proj` joins the write's product
+([X; h^T; W_v] h) only while calling it would run `F.linear` alone, and is called as a module otherwise (a
+PEFT adapter, a hook, accelerate's replaced `forward`). The one rule (`dispatch.choose_path`) takes this path
+only for CPU tensors that need no gradient, dynamic maps and n >= 2; its reference is the node path (tests
+compare them and the greedy tokens they decode).
 """
 
+import array
 import math
+import operator
 
 import torch
 from torch import nn
@@ -34,15 +44,16 @@ __all__ = ["host_read", "host_rows", "host_write"]
 
 # The host path takes up to min(HOST_MAX_ROWS, HOST_POINTS // (n-1)^2) rows: its Python work grows with
 # rows x the chart's (n-1)^2 logits, the node's time barely with rows. The two cross, for one delta sublayer
-# at width 512, near 32 rows at n = 2, 30 at n = 3, 20 at n = 4 and 7 at n = 8 (docs/ddl_mhc.md, 'Choosing a
+# at width 512, near 28 rows at n = 2, 21 at n = 3, 14 at n = 4 and 5 at n = 8 (docs/ddl_mhc.md, 'Choosing a
 # path'; `python scripts/bench_decode.py --host_crossing --widths 512 --reps 5 --output_dir benchmarks`).
-HOST_POINTS = 144
-HOST_MAX_ROWS = 24
+HOST_POINTS = 126
+HOST_MAX_ROWS = 20
+_TYPECODES = {torch.float32: "f", torch.float64: "d"}  # `array` codes of the maps' dtypes
 
 
 def host_rows(num_streams: int) -> int:
-    """The most rows (tokens) the host path takes at n >= 2 streams: 24 at n = 2 and 3, 16 at n = 4, 2 at
-    n = 8, none from n = 14 on."""
+    """The most rows (tokens) the host path takes at n >= 2 streams: 20 at n = 2 and 3, 14 at n = 4, 2 at
+    n = 8, none from n = 13 on."""
     return min(HOST_MAX_ROWS, HOST_POINTS // (num_streams - 1) ** 2)
 
 
@@ -62,20 +73,63 @@ def _mixing(connection: nn.Module) -> tuple[float, float, float]:
     return 1.0 - mix, mix, 0.0
 
 
+def _plain_linear(module: nn.Module) -> bool:
+    """Whether `module` is an `nn.Linear` that calling would run as `F.linear` alone: no subclass (a PEFT
+    adapter, a quantised layer), no hook of its own and no replaced `forward` (accelerate's offloading)."""
+    hooked = module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)
+    return type(module) is nn.Linear and not hooked
+
+
+def _packed(values: list[float], dtype: torch.dtype) -> torch.Tensor:
+    """Python floats -> a flat tensor of `dtype` (float32 or float64), rounded as `torch.tensor` rounds;
+    through an `array` buffer, which the tensor keeps alive, in about a third of `torch.tensor`'s time."""
+    return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
+
+
+def _block(packed: torch.Tensor, batch: list[int], width: int, offset: int, *shape: int) -> torch.Tensor:
+    """(*batch, *shape) view of the flat `packed`, which holds one row of `width` entries per batch index:
+    each row's entries offset, offset + 1, ... in row-major order. One op, however many batch dimensions."""
+    strides, step = [], width
+    for size in reversed(batch):
+        strides.insert(0, step)
+        step *= size
+    inner = (shape[1], 1) if len(shape) == 2 else (1,)
+    return packed.as_strided((*batch, *shape), (*strides, *inner), offset)
+
+
+def _lead(rows: int) -> list[int]:
+    """The leading dimension of the per-row products: none for one row, so that `torch.matmul` runs one
+    `torch.mm` (decoding one sequence), else (rows,) and `torch.bmm`. Between the model's projections, whose
+    code path `mm` shares, `mm` is warm where `bmm` and other kernels are not, and decoding takes less time
+    (docs/ddl_mhc.md, 'Choosing a path')."""
+    return [] if rows == 1 else [rows]
+
+
+def _dots(vectors: torch.Tensor, other: torch.Tensor) -> list[list[float]]:
+    """The dot products of each row's `vectors` (*lead, k, d) with its `other` (*lead, d), one list of k
+    Python floats per row: one `torch.mm` for one row (`_lead`), `linalg.vecdot` for more (a batch of
+    matrix-vector products is slow in `torch.bmm`)."""
+    if vectors.ndim == 2:
+        return [torch.mm(vectors, other.view(-1, 1)).view(-1).tolist()]
+    return torch.linalg.vecdot(vectors, other.unsqueeze(-2)).tolist()
+
+
 def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(x_in (..., d), H_res (..., n, n), t_write (..., k), t_res (..., m)) of a hyper-connection with dynamic
-    maps from streams X (..., n, d); the maps at least float32, x_in in X's dtype."""
+    """(x_in (..., d), H_res (..., n, n), t_write (..., k), t_res (..., m), rows) of a hyper-connection with
+    dynamic maps from streams X (..., n, d); the maps at least float32, x_in in X's dtype. `rows` holds each
+    row's H_res entries (row-major) and t_write as Python floats, for `host_write`."""
     *batch, n, d = streams.shape
     flat = streams.reshape(-1, n * d)
     projected = connection.maps_proj(flat).tolist()
-    norms = torch.linalg.vector_norm(upcast(flat), dim=-1).tolist()  # one op, not vecdot's two
+    lead, full = _lead(flat.shape[0]), upcast(flat)
+    squares = [square for (square,) in _dots(full.view(*lead, 1, n * d), full.view(*lead, n * d))]
     pre_size, res_size, write_size = connection.map_sizes
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
     gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
     gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
     weights, res_logits, write_logits = [], [], []
-    for projection, norm in zip(projected, norms, strict=True):
-        scale = 1.0 / math.sqrt(norm * norm / (n * d) + connection.eps)
+    for projection, square in zip(projected, squares, strict=True):  # ||vec(X)||^2
+        scale = 1.0 / math.sqrt(square / (n * d) + connection.eps)
         terms = zip(biases, gates, projection, strict=True)
         logits = [bias + gate * scale * term for bias, gate, term in terms]
         weights.append(_softmax(logits[:n]))
@@ -83,55 +137,78 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
         write_logits.append(logits[n + res_size :])
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
     identity, chart, uniform = _mixing(connection)
-    h_res = []
-    for entries in chart_rows(res_logits, n, connection.chart, maps_dtype):
-        mixed = [chart * entry + uniform / n for entry in entries]
+    packed, rows, shift = [], [], uniform / n
+    charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
+    for read, entries, write, res in zip(weights, charts, write_logits, res_logits, strict=True):
+        mixed = [chart * entry + shift for entry in entries]
         for i in range(n):
             mixed[i * (n + 1)] += identity
-        h_res.append(mixed)
-    read = torch.tensor(weights, dtype=streams.dtype).view(-1, 1, n)
-    hidden = torch.bmm(read, flat.view(-1, n, d)).view(*batch, d)
+        packed += read  # one tensor holds all the maps
+        packed += mixed
+        packed += write
+        packed += res
+        rows.append((mixed, write))
+    maps, width = _packed(packed, maps_dtype), n + n * n + write_size + res_size
+    read = cast(_block(maps, lead, width, 0, 1, n), streams.dtype)
     return (
-        hidden,
-        torch.tensor(h_res, dtype=maps_dtype).view(*batch, n, n),
-        torch.tensor(write_logits, dtype=maps_dtype).view(*batch, write_size),
-        torch.tensor(res_logits, dtype=maps_dtype).view(*batch, res_size),
+        torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d),
+        _block(maps, batch, width, n, n, n),
+        _block(maps, batch, width, n + n * n, write_size),
+        _block(maps, batch, width, n + n * n + write_size, res_size),
+        rows,
     )
 
 
 def host_write(
-    connection: nn.Module,
-    streams: torch.Tensor,
-    output: torch.Tensor,
-    h_res: torch.Tensor,
-    write_logit: torch.Tensor,
+    connection: nn.Module, streams: torch.Tensor, output: torch.Tensor, rows: list
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(X', beta (..., 1), k (..., d)) of the delta write, (X', None, None) of the add write, from streams X
-    (..., n, d), the sublayer's output h (..., d) and the maps of `host_read`; X' in X's dtype."""
+    (..., n, d), the sublayer's output h (..., d) and the `rows` of `host_read`; X' in X's dtype.
+
+    Both writes are one product per row, X' = [H_res | w] [X; h^T], with w = H_post (add) or w = s /
+    sqrt(||h||^2 + eps_d^2) (delta: s k^T = w h^T). The delta write's X h, ||h||^2 and v = W_v h + b_v come
+    from one more product, [X; h^T; W_v] h, when `value_proj` is a plain `nn.Linear` (else it is called as a
+    module, so a PEFT adapter acts); then H_res X k = H_res (X h) / sqrt(||h||^2 + eps_d^2) in Python
+    floats."""
     *batch, n, d = streams.shape
-    dtype = streams.dtype
-    mixed = torch.bmm(cast(h_res.reshape(-1, n, n), dtype), streams.reshape(-1, n, d))
-    logits = write_logit.reshape(-1, write_logit.shape[-1]).tolist()
-    if connection.delta is None:
-        amplitudes = [[2.0 * sigmoid(logit) for logit in row] for row in logits]
-        direction = cast(output.reshape(-1, d), dtype)
+    count, delta = len(rows), connection.delta
+    lead = _lead(count)
+    fused = delta is not None and _plain_linear(delta.value_proj)
+    parts = [streams.reshape(*lead, n, d), output.reshape(*lead, 1, d)]
+    if fused:
+        parts.append(delta.value_proj.weight.expand(*lead, n, d))
+    stacked = upcast(torch.cat(parts, dim=-2))  # [X; h^T (; W_v)] per row, at least float32
+    mixed = stacked.narrow(-2, 0, n + 1) if fused else stacked  # [X; h^T]
+    packed = []
+    if delta is None:
+        for h_res, write in rows:
+            for i in range(n):
+                packed += [*h_res[i * n : i * n + n], 2.0 * sigmoid(write[i])]  # H_post
     else:
-        hidden = upcast(output.reshape(-1, d))
-        norms = torch.linalg.vector_norm(hidden, dim=-1).tolist()
-        eps = connection.delta.eps
-        inverse = [[1.0 / math.sqrt(norm * norm + eps * eps)] for norm in norms]
-        unit = hidden * torch.tensor(inverse, dtype=hidden.dtype)
-        direction = cast(unit, dtype)
-        erased = torch.bmm(mixed, direction.unsqueeze(-1)).view(-1, n).tolist()
-        values = connection.delta.value_proj(output).reshape(-1, n).tolist()
-        betas = [2.0 * sigmoid(row[0]) for row in logits]
-        amplitudes = [
-            [beta * (value - along) for value, along in zip(value_row, erased_row, strict=True)]
-            for beta, value_row, erased_row in zip(betas, values, erased, strict=True)
-        ]
-    scales = torch.tensor(amplitudes, dtype=dtype).view(-1, n, 1)
-    updated = torch.baddbmm(mixed, scales, direction.unsqueeze(-2)).view(streams.shape)
-    if connection.delta is None:
+        hidden = upcast(output)
+        products = _dots(stacked, hidden.reshape(*lead, d))
+        if fused:
+            bias = delta.value_proj.bias
+            bias = [0.0] * n if bias is None else bias.tolist()
+            values = [[term + b for term, b in zip(row[n + 1 :], bias, strict=True)] for row in products]
+        else:
+            values = delta.value_proj(output).reshape(count, n).tolist()
+        eps = delta.eps
+        for (h_res, write), value, row in zip(rows, values, products, strict=True):
+            along, inverse = row[:n], 1.0 / math.sqrt(row[n] + eps * eps)  # X h, 1 / sqrt(||h||^2 + eps_d^2)
+            beta = 2.0 * sigmoid(write[0])
+            scale = beta * inverse
+            for i in range(n):
+                mix = h_res[i * n : i * n + n]
+                packed += mix
+                erased = inverse * sum(map(operator.mul, mix, along))  # (H_res X k)_i
+                packed.append(scale * (value[i] - erased))  # w_i = s_i / sqrt(||h||^2 + eps_d^2)
+            packed += (inverse, beta)
+    maps = _packed(packed, stacked.dtype)
+    size = n * (n + 1) + (0 if delta is None else 2)  # the packed entries of a row
+    mixes = _block(maps, lead, size, 0, n, n + 1)
+    updated = cast(torch.matmul(mixes, mixed).view(streams.shape), streams.dtype)
+    if delta is None:
         return updated, None, None
-    beta = torch.tensor(betas, dtype=hidden.dtype).view(*batch, 1)
-    return updated, beta, unit.view(*batch, d)
+    direction = hidden * _block(maps, batch, size, n * (n + 1), 1)  # k = h / sqrt(||h||^2 + eps_d^2)
+    return updated, _block(maps, batch, size, n * (n + 1) + 1, 1), direction
