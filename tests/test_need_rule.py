@@ -15,7 +15,7 @@ from geoformers.models.ddcl_incrt.incrt import NeedEvidence, NeedGate, build_gat
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtModel
 from geoformers.models.ddcl_incrt.need_test import held_out_losses, need_evidence, paired_drop
 from geoformers.training.growth import IncrtGrowthCallback
-from geoformers.training.synthetic_tasks import build_majority_relations_task, task_spec
+from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
 
 
 def test_paired_drop_is_the_t_statistic_and_relative_gain_of_the_per_row_drop():
@@ -258,3 +258,37 @@ def test_a_saved_model_keeps_the_need_rules_state(tmp_path):
     assert isinstance(reloaded, NeedGate) and loaded.config.num_heads == [2]
     assert float(reloaded.need_last_loss) == pytest.approx(0.7)
     assert (int(reloaded.need_newest_head), int(reloaded.need_waiting)) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "task_name, needs_more", [("majority relations, k = 2, at [CLS]", True), ("planted relations", False)]
+)
+def test_the_need_rule_grows_where_a_head_is_missing_and_stops_where_one_suffices(
+    tmp_path, task_name, needs_more
+):
+    """Two relations read at [CLS] by heads of one dimension need a second head (docs/growth_gate.md, 'A task
+    that needs k heads'); the planted task is solved by one (its static sweep is flat from one head)."""
+    if needs_more:
+        task = build_majority_relations_task(2, num_train=1024, num_validation=8, seed=0)
+        shape = {"pooling": "cls", "head_dim": 1, "prototype_loss_weight": 0.0}
+    else:
+        task = build_spectral_task(num_train=1024, num_validation=8, seq_len=24, seed=0)
+        shape = {"head_dim": 8}
+    spec = task_spec(task)
+    model = tiny_model(
+        vocab_size=spec["vocab_size"],
+        max_position_embeddings=spec["seq_len"],
+        num_labels=spec.get("num_classes", 2),
+        gate_rule="need",
+        **shape,
+    )
+    callback = IncrtGrowthCallback(check_every=25, gate_batch_size=256, save_plot=False, start_step=100)
+    args = training_args(tmp_path, max_steps=500, learning_rate=3e-3, logging_steps=100)
+    Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
+    first = callback.history["checks"][0]["need"][0]
+    if needs_more:
+        assert first["t"] > 3 and first["gain"] > 0.1  # the missing relation is in the token mean
+        assert model.config.num_heads[0] >= 2
+    else:
+        assert first["t"] < 0  # the extra features only let the probe overfit
+        assert model.config.num_heads == [1] and callback.history["events"][0]["action"] == "stop"
