@@ -139,17 +139,21 @@ def test_the_need_rule_refuses_a_check_without_evidence():
     assert int(model.base_model.layers[0].attention.gate.num_checks) == 0  # refused checks leave no trace
 
 
-def _needs2_batch(rows: int = 64):
-    task = build_majority_relations_task(2, num_train=rows, num_validation=8, seed=0)
+def _need_model(task, **shape):
+    """A tiny `gate_rule="need"` classifier of a synthetic task's vocabulary, length and classes."""
     spec = task_spec(task)
-    model = tiny_model(
+    return tiny_model(
         vocab_size=spec["vocab_size"],
         max_position_embeddings=spec["seq_len"],
-        num_labels=spec["num_classes"],
-        pooling="cls",
-        prototype_loss_weight=0.0,
+        num_labels=spec.get("num_classes", 2),
         gate_rule="need",
+        **shape,
     )
+
+
+def _needs2_batch(rows: int = 64):
+    task = build_majority_relations_task(2, num_train=rows, num_validation=8, seed=0)
+    model = _need_model(task, pooling="cls", prototype_loss_weight=0.0)
     batch = {name: torch.tensor(task["train"][name]) for name in ("input_ids", "attention_mask", "labels")}
     return model, batch
 
@@ -216,16 +220,7 @@ def test_the_callback_runs_the_need_rule_and_each_verdict_follows_from_its_evide
     """A stock Trainer with the callback: the history keeps every check's evidence, and a fresh gate fed the
     same evidence (and the same growth) reaches the same verdicts."""
     task = build_majority_relations_task(2, num_train=256, num_validation=8, seed=0)
-    spec = task_spec(task)
-    model = tiny_model(
-        vocab_size=spec["vocab_size"],
-        max_position_embeddings=spec["seq_len"],
-        num_labels=spec["num_classes"],
-        pooling="cls",
-        head_dim=1,
-        prototype_loss_weight=0.0,
-        gate_rule="need",
-    )
+    model = _need_model(task, pooling="cls", head_dim=1, prototype_loss_weight=0.0)
     callback = IncrtGrowthCallback(check_every=10, gate_batch_size=64, save_plot=False)
     args = training_args(tmp_path, max_steps=60, learning_rate=3e-3)
     Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
@@ -274,14 +269,7 @@ def test_the_need_rule_grows_where_a_head_is_missing_and_stops_where_one_suffice
     else:
         task = build_spectral_task(num_train=1024, num_validation=8, seq_len=24, seed=0)
         shape = {"head_dim": 8}
-    spec = task_spec(task)
-    model = tiny_model(
-        vocab_size=spec["vocab_size"],
-        max_position_embeddings=spec["seq_len"],
-        num_labels=spec.get("num_classes", 2),
-        gate_rule="need",
-        **shape,
-    )
+    model = _need_model(task, **shape)
     callback = IncrtGrowthCallback(check_every=25, gate_batch_size=256, save_plot=False, start_step=100)
     args = training_args(tmp_path, max_steps=500, learning_rate=3e-3, logging_steps=100)
     Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
