@@ -447,9 +447,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             moments = model.gate_second_moments(**inputs, num_tokens=cadence["gate_num_tokens"])
             loss = self._mean_over_processes(task_loss(model, **monitor))
             gates = [layer.attention.gate for layer in model.base_model.layers]
-            deciding = any(self.history["growing"]) and any(
-                float(gate.need_last_loss) < 0 or gate.settled(loss) for gate in gates
-            )
+            deciding = any(self.history["growing"]) and not all(gate.moving(loss) for gate in gates)
             if deciding:
                 self._need = need_evidence(model, **self._gate_batch(args, model, step), loss=loss)
             else:  # the loss still moves, or growth has ended: no verdict reads anything else

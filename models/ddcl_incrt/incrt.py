@@ -794,13 +794,12 @@ class BidirectionalGate(IncrtGate):
 
 
 class NeedGate(IncrtGate):
-    """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): grow when a held-out probe says one more
-    head would lower the loss (`NeedEvidence`: t > `gate_need_t`, gain > `gate_need_gain`) and training has
-    reached a plateau (the loss moved by at most `gate_need_plateau` of itself since the last check), once
-    the newest grown head is in use (removing it raises the loss by more than `gate_need_adoption` of the
-    loss) or `gate_need_patience` checks after its growth; stop when a settled model needs no head. A grown
-    head keeps its own initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is
-    not function-preserving. The spectral part of the check still runs: pruning is the base class's.
+    """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): at the first check, and later at a plateau
+    of the loss once the newest grown head is in use or `gate_need_patience` settled checks after its growth
+    (`phase`), grow when a held-out probe says one more head would lower the loss (`NeedEvidence`: t >
+    `gate_need_t`, gain > `gate_need_gain`) and stop when it does not. A grown head keeps its own
+    initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
+    function-preserving. The spectral part of the check still runs: pruning is the base class's.
     Its own state: need_last_loss (-1 before the first check), need_newest_head (-1: none grown yet),
     need_waiting (checks since that growth)."""
 
@@ -834,18 +833,18 @@ class NeedGate(IncrtGate):
         config = self.config
         if float(self.need_last_loss) < 0:
             return "first"
-        if not self.settled(loss):
+        if self.moving(loss):
             return "moving"
         adopted = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
         if adopted or int(self.need_waiting) + 1 >= config.gate_need_patience:
             return "ready"
         return "waiting"
 
-    def settled(self, loss: float) -> bool:
-        """A plateau: the loss moved by at most `gate_need_plateau` of the previous check's, or by at most
-        `LOSS_FLOOR` (always False at the first check)."""
+    def moving(self, loss: float) -> bool:
+        """No plateau yet: since the previous check the loss moved by more than `gate_need_plateau` of that
+        check's and by more than `LOSS_FLOOR` (False at the first check, which has no previous one)."""
         previous = float(self.need_last_loss)
-        return previous >= 0 and abs(previous - loss) <= max(
+        return previous >= 0 and abs(previous - loss) > max(
             self.config.gate_need_plateau * previous, LOSS_FLOOR
         )
 

@@ -152,9 +152,9 @@ def need_evidence(
     """Every layer's `NeedEvidence` on a labelled batch (module docstring), in eval mode: the task loss
     `loss` (the plateau monitor's, e.g. `task_loss` on rows fixed across checks; default this batch's), the
     probe test on the layer's token-mean input, and the loss rise on this batch when the layer's newest grown
-    head (its gate's `need_newest_head`) is removed; under `NeedGate` the removal only at a plateau
-    (`NeedGate.settled`, else 0) and the probes only where the verdict reads them (`NeedGate.reads_probe`,
-    else t and gain are 0). `model`: a `DDCLIncrtForSequenceClassification` with class labels; the batch
+    head (its gate's `need_newest_head`) is removed; under `NeedGate` the removal only at a plateau (0
+    while `NeedGate.moving`) and the probes only where the verdict reads them (`NeedGate.reads_probe`, else
+    t and gain are 0). `model`: a `DDCLIncrtForSequenceClassification` with class labels; the batch
     needs at least 4 rows (two probe halves of 2)."""
     num_classes = _check_need_inputs(model, labels)
     inputs = {
@@ -197,7 +197,7 @@ def need_evidence(
         for index, layer in enumerate(layers):
             gate = layer.attention.gate
             rule = isinstance(gate, NeedGate)
-            if rule and float(gate.need_last_loss) >= 0 and not gate.settled(loss):
+            if rule and gate.moving(loss):
                 evidence.append(NeedEvidence(loss, 0.0, 0.0, 0.0))  # still moving: nothing else is read
                 continue
             rise = _removal_rise(model, layer, inputs, labels, batch_loss)
