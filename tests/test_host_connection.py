@@ -2,6 +2,7 @@
 and write against the plain PyTorch references (`ops_path("naive")`) for every chart, mix and residual, the
 rule that picks it, and decoding that gives the node's tokens."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -86,9 +87,9 @@ def host_calls(monkeypatch) -> list[int]:
     calls = []
     original = modeling_ddl_mhc.host_read
 
-    def counted(layer, streams):
+    def counted(layer, streams, record=True):
         calls.append(streams.shape[:-2].numel())
-        return original(layer, streams)
+        return original(layer, streams, record)
 
     monkeypatch.setattr(modeling_ddl_mhc, "host_read", counted)
     return calls
@@ -135,8 +136,8 @@ def test_a_jit_trace_records_the_node_not_the_host_paths_constants(host_calls):
     assert host_calls == [1]  # the eager call only
 
 
-@pytest.mark.parametrize("residual", ["delta", "add"])
-def test_greedy_decoding_and_continuous_batching_give_the_nodes_tokens(residual, host_calls):
+def decoding_model(residual: str = "delta") -> geoformers.DDLmHCForCausalLM:
+    """A small DDL-mHC causal LM whose hyper-connections are moved off their initial values."""
     torch.manual_seed(0)
     config = geoformers.DDLmHCConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -148,6 +149,12 @@ def test_greedy_decoding_and_continuous_batching_give_the_nodes_tokens(residual,
             if isinstance(module, modeling_ddl_mhc.HyperConnection):
                 for parameter in module.parameters():
                     parameter.add_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+@pytest.mark.parametrize("residual", ["delta", "add"])
+def test_greedy_decoding_and_continuous_batching_give_the_nodes_tokens(residual, host_calls):
+    model = decoding_model(residual)
     prompts = torch.randint(0, 64, (3, 6))
     with torch.no_grad():
         host = model.generate(prompts, max_new_tokens=10, do_sample=False)
@@ -158,6 +165,50 @@ def test_greedy_decoding_and_continuous_batching_give_the_nodes_tokens(residual,
         logits_host = model(host[:, -5:]).logits  # 15 rows: host
     assert torch.equal(host, node)
     torch.testing.assert_close(logits_host, logits_node, rtol=0, atol=1e-5)
+
+
+def test_an_unrecorded_host_write_updates_the_streams_alike_and_leaves_the_record_empty():
+    for residual in ("delta", "add"):
+        layer = connection(4, residual)
+        streams = torch.randn(2, 3, 4, 16, dtype=torch.float64)
+        output = torch.randn(2, 3, 16, dtype=torch.float64)
+        with torch.no_grad(), ops_path("host"):
+            recorded, maps = layer.read(streams)
+            bare, bare_maps = layer.read(streams, record=False)
+            written, mixing = layer(streams, output, maps)
+            bare_written, bare_mixing = layer(streams, output, bare_maps)
+        assert torch.equal(bare, recorded) and torch.equal(bare_written, written)
+        assert maps.h_res is not None and (mixing.beta is not None) == (residual == "delta")
+        assert bare_maps.h_res is bare_maps.write_logit is bare_maps.res_logit is None
+        assert bare_mixing == (None, None, None, None)
+
+
+@pytest.mark.parametrize("observer", ["output_mixing", "hook"])
+def test_a_decoding_step_fills_the_record_where_something_reads_it(observer):
+    """The decoder layer asks for the host path's record only when a hook can see it: transformers' output
+    capture (`output_mixing=True`) or a hook of the user's; the record equals the node's."""
+    model = decoding_model()
+    prompt = torch.randint(0, 64, (1, 6))
+    connection = model.model.layers[1].mlp_connection
+    assert not connection.observed()
+    seen = []
+    with torch.no_grad():
+        cache = model(prompt[:, :5], use_cache=True).past_key_values
+        if observer == "hook":
+            connection.register_forward_hook(lambda module, args, output: seen.append(output[1]))
+        records = {}
+        for path in ("host", "node"):
+            with ops_path(path):
+                step = model(
+                    prompt[:, 5:],
+                    cache=copy.deepcopy(cache),
+                    output_mixing=observer == "output_mixing",
+                )
+            records[path] = step.mixing[-1] if observer == "output_mixing" else seen[-1]
+    assert connection.observed()
+    for got, expected in zip(records["host"], records["node"], strict=True):
+        assert got is not None
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_lora_adapter_on_the_maps_projection_acts_on_the_host_path():
@@ -180,11 +231,13 @@ def test_a_lora_adapter_on_the_maps_projection_acts_on_the_host_path():
 
 
 @pytest.mark.parametrize("change", ["hook", "forward"])
-def test_a_hooked_or_replaced_value_projection_acts_on_the_host_path(change):
-    """The delta write folds `value_proj` into its own product only while calling the module would run
-    `F.linear` alone; with a hook or a replaced `forward` (accelerate's offloading) it calls the module."""
+@pytest.mark.parametrize("name", ["value_proj", "maps_proj"])
+def test_a_hooked_or_replaced_projection_acts_on_the_host_path(change, name):
+    """The host path runs `F.linear` itself (and the delta write folds `value_proj` into its own product) only
+    while calling the module would run `F.linear` alone; with a hook or a replaced `forward` (accelerate's
+    offloading) it calls the module."""
     layer, unchanged = connection(4, "delta"), connection(4, "delta")  # the same parameters
-    projection = layer.delta.value_proj
+    projection = layer.delta.value_proj if name == "value_proj" else layer.maps_proj
     if change == "hook":
         projection.register_forward_hook(lambda module, args, output: 2.0 * output)
     else:

@@ -46,6 +46,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, LinearAttentionCacheLayerMixin
@@ -211,6 +212,7 @@ class StreamMaps(NamedTuple):
     write_logit: torch.Tensor | None  # t_post (..., n) for "add" with n > 1, t_beta (..., 1) for "delta"
     res_logit: torch.Tensor | None  # the chart logits t_res (..., m) or (m,); None when n == 1
     host: list | None = None  # the host path's rows (`ops/host_connection.py`): the write follows the read
+    record: bool = True  # whether the host path fills the `StreamMixing` record (`HyperConnection.read`)
 
 
 class StreamMixing(NamedTuple):
@@ -301,11 +303,18 @@ class HyperConnection(nn.Module):
         path = choose_path(streams, self.pre_bias, kernel_dtypes=(), host_rows=self.host_rows, rows=rows)
         return path == "host" and rows > 0
 
-    def read(self, streams: torch.Tensor) -> tuple[torch.Tensor, StreamMaps]:
-        """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d)."""
+    def observed(self) -> bool:
+        """Whether a forward hook sees this module's `StreamMixing` record: one of its own (transformers'
+        output capture installs them at the first `output_mixing=True`) or a global one."""
+        return bool(self._forward_hooks or _global_forward_hooks)
+
+    def read(self, streams: torch.Tensor, record: bool = True) -> tuple[torch.Tensor, StreamMaps]:
+        """x_in = H_pre X (..., d) and this sublayer's maps, from streams X (..., n, d). `record=False` (the
+        decoder layer's, when nothing `observed` the record) lets the host path leave out the maps that only
+        the `StreamMixing` record reads: H_res, t_write and t_res in StreamMaps, beta and k in the record."""
         if self.host_rows and self._on_host(streams):
-            hidden, h_res, write_logit, res_logit, rows = host_read(self, streams)
-            return hidden, StreamMaps(h_res, write_logit, res_logit, host=rows)
+            hidden, h_res, write_logit, res_logit, rows = host_read(self, streams, record)
+            return hidden, StreamMaps(h_res, write_logit, res_logit, host=rows, record=record)
         if self.num_streams == 1:
             _, _, write_logit = self._map_logits(streams)
             return streams.squeeze(-2), StreamMaps(None, write_logit, None)
@@ -346,7 +355,7 @@ class HyperConnection(nn.Module):
     ) -> tuple[torch.Tensor, StreamMixing]:
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
         if maps.host is not None:
-            updated, beta, direction = host_write(self, streams, sublayer_output, maps.host)
+            updated, beta, direction = host_write(self, streams, sublayer_output, maps.host, maps.record)
             return updated, StreamMixing(maps.h_res, beta, direction, maps.res_logit)
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)
@@ -412,7 +421,7 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
     ) -> torch.Tensor:
         """streams: (batch, seq, n, hidden) -> the same shape after attention and MLP updates."""
         # Self attention
-        hidden_states, maps = self.attn_connection.read(streams)
+        hidden_states, maps = self.attn_connection.read(streams, record=self.attn_connection.observed())
         hidden_states, _ = self.self_attn(
             hidden_states=self.input_layernorm(hidden_states),
             attention_mask=attention_mask,
@@ -425,7 +434,7 @@ class DDLmHCDecoderLayer(GradientCheckpointingLayer):
         streams, _ = self.attn_connection(streams, hidden_states, maps)
 
         # Fully connected
-        hidden_states, maps = self.mlp_connection.read(streams)
+        hidden_states, maps = self.mlp_connection.read(streams, record=self.mlp_connection.observed())
         hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
         streams, _ = self.mlp_connection(streams, hidden_states, maps)
         return streams

@@ -90,9 +90,8 @@ def choose_path(
         return "naive"
     tensors = [tensor for tensor in (data, *others) if tensor is not None]
     if host_rows and chosen in (None, "host") and not _needs_gradient(tensors):
-        on_cpu = all(tensor.device.type == "cpu" for tensor in tensors)
         rows = data.shape[0] if rows is None else rows
-        if on_cpu and (chosen == "host" or rows <= host_rows):
+        if (chosen == "host" or rows <= host_rows) and all(tensor.is_cpu for tensor in tensors):
             return "host"
     if chosen in ("node", "host") or not triton_available():
         return "node"

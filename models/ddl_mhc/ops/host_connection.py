@@ -16,23 +16,28 @@ itself) and everything per token in between is Python floats (float64), as the c
     delta: w = s / sqrt(||h||^2 + eps_d^2),  s = beta (v - H_res (X h) / sqrt(||h||^2 + eps_d^2)),
            beta = 2 sigmoid(t_beta),  v = W_v h + b_v          (DDL eq. 2.5: H_res X + s k^T, s k^T = w h^T)
 
-For one row (decoding one sequence) every product is one `torch.mm`: between the model's projections, whose
-code path it shares, `mm` is warm where `bmm` and the reduction kernels are not, which is most of what a
-decoding step spends here; more rows take `bmm` and `linalg.vecdot`.
+What a decoding step pays here is mostly code that runs cold: between two hyper-connections the model's
+projections stream megabytes of weights through the core's caches, so each op and Python line after them
+fetches its code and data anew (docs/ddl_mhc.md, 'Choosing a path'). So the path keeps its op count low:
+one-row products are one `torch.mv` / `torch.dot` (more rows take `linalg.vecdot` and `torch.bmm`), the maps
+of all rows are one tensor whose fields are slices, and H_res, t_write, t_res, beta and k, which only the
+`StreamMixing` record reads, are left out with `record=False` (the decoder layer's, when no hook can see it).
 
-The functions take the `HyperConnection` module, as transformers' attention functions take theirs, and call
-its maps projection as a module, so a PEFT adapter on it acts; `delta.value_proj` joins the write's product
-([X; h^T; W_v] h) only while calling it would run `F.linear` alone, and is called as a module otherwise (a
-PEFT adapter, a hook, accelerate's replaced `forward`). The one rule (`dispatch.choose_path`) takes this path
-only for CPU tensors that need no gradient, dynamic maps and n >= 2; its reference is the node path (tests
-compare them and the greedy tokens they decode).
+The functions take the `HyperConnection` module, as transformers' attention functions take theirs. Its
+projections run as `F.linear` only while calling the module would run `F.linear` alone (`_plain_linear`), and
+are called as modules otherwise (a PEFT adapter, a hook, accelerate's replaced `forward`), so whatever wraps
+them acts; a plain `delta.value_proj` joins the write's product ([X; h^T; W_v] h). The one rule
+(`dispatch.choose_path`) takes this path only for CPU tensors that need no gradient, dynamic maps and n >= 2;
+its reference is the node path (tests compare them and the greedy tokens they decode).
 """
 
 import array
+import itertools
 import math
 import operator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from geoformers.models.ddl_mhc.ops.charts import chart_rows
@@ -80,49 +85,52 @@ def _plain_linear(module: nn.Module) -> bool:
     return type(module) is nn.Linear and not hooked
 
 
+def _projected(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """`module(inputs)`: `F.linear` directly for a plain `nn.Linear` (`_plain_linear`), the module call
+    otherwise, so a PEFT adapter, a hook or a replaced `forward` acts."""
+    if _plain_linear(module):
+        return F.linear(inputs, module.weight, module.bias)
+    return module(inputs)
+
+
 def _packed(values: list[float], dtype: torch.dtype) -> torch.Tensor:
     """Python floats -> a flat tensor of `dtype` (float32 or float64), rounded as `torch.tensor` rounds;
     through an `array` buffer, which the tensor keeps alive, in about a third of `torch.tensor`'s time."""
     return torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype)
 
 
-def _block(packed: torch.Tensor, batch: list[int], width: int, offset: int, *shape: int) -> torch.Tensor:
-    """(*batch, *shape) view of the flat `packed`, which holds one row of `width` entries per batch index:
-    each row's entries offset, offset + 1, ... in row-major order. One op, however many batch dimensions."""
-    strides, step = [], width
-    for size in reversed(batch):
-        strides.insert(0, step)
-        step *= size
-    inner = (shape[1], 1) if len(shape) == 2 else (1,)
-    return packed.as_strided((*batch, *shape), (*strides, *inner), offset)
-
-
 def _lead(rows: int) -> list[int]:
-    """The leading dimension of the per-row products: none for one row, so that `torch.matmul` runs one
-    `torch.mm` (decoding one sequence), else (rows,) and `torch.bmm`. Between the model's projections, whose
-    code path `mm` shares, `mm` is warm where `bmm` and other kernels are not, and decoding takes less time
-    (docs/ddl_mhc.md, 'Choosing a path')."""
+    """The leading dimension of the per-row products: none for one row (decoding one sequence: `torch.mv`,
+    `torch.dot` and `torch.mm`), else (rows,)."""
     return [] if rows == 1 else [rows]
 
 
 def _dots(vectors: torch.Tensor, other: torch.Tensor) -> list[list[float]]:
     """The dot products of each row's `vectors` (*lead, k, d) with its `other` (*lead, d), one list of k
-    Python floats per row: one `torch.mm` for one row (`_lead`), `linalg.vecdot` for more (a batch of
+    Python floats per row: one `torch.mv` for one row (`_lead`), `linalg.vecdot` for more (a batch of
     matrix-vector products is slow in `torch.bmm`)."""
     if vectors.ndim == 2:
-        return [torch.mm(vectors, other.view(-1, 1)).view(-1).tolist()]
+        return [torch.mv(vectors, other).tolist()]
     return torch.linalg.vecdot(vectors, other.unsqueeze(-2)).tolist()
 
 
-def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _squares(flat: torch.Tensor) -> list[float]:
+    """||vec(X)||^2 of each row of `flat` (rows, n * d), at least float32: one `torch.dot` for one row."""
+    if flat.shape[0] == 1:
+        vector = flat.view(-1)
+        return [torch.dot(vector, vector).item()]
+    return torch.linalg.vecdot(flat, flat).tolist()
+
+
+def host_read(connection: nn.Module, streams: torch.Tensor, record: bool = True) -> tuple[torch.Tensor, ...]:
     """(x_in (..., d), H_res (..., n, n), t_write (..., k), t_res (..., m), rows) of a hyper-connection with
     dynamic maps from streams X (..., n, d); the maps at least float32, x_in in X's dtype. `rows` holds each
-    row's H_res entries (row-major) and t_write as Python floats, for `host_write`."""
+    row's H_res entries (row-major) and t_write as Python floats, for `host_write`. With `record=False` the
+    three maps are None (nothing reads them but the mixing record; docs/ddl_mhc.md, 'Choosing a path')."""
     *batch, n, d = streams.shape
     flat = streams.reshape(-1, n * d)
-    projected = connection.maps_proj(flat).tolist()
-    lead, full = _lead(flat.shape[0]), upcast(flat)
-    squares = [square for (square,) in _dots(full.view(*lead, 1, n * d), full.view(*lead, n * d))]
+    projected = _projected(connection.maps_proj, flat).tolist()
+    lead, squares = _lead(flat.shape[0]), _squares(upcast(flat))
     pre_size, res_size, write_size = connection.map_sizes
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
     gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
@@ -137,33 +145,40 @@ def host_read(connection: nn.Module, streams: torch.Tensor) -> tuple[torch.Tenso
         write_logits.append(logits[n + res_size :])
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
     identity, chart, uniform = _mixing(connection)
-    packed, rows, shift = [], [], uniform / n
+    rows, shift = [], uniform / n
+    reads, mixes, writes, charted = [], [], [], []
     charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
     for read, entries, write, res in zip(weights, charts, write_logits, res_logits, strict=True):
         mixed = [chart * entry + shift for entry in entries]
         for i in range(n):
             mixed[i * (n + 1)] += identity
-        packed += read  # one tensor holds all the maps
-        packed += mixed
-        packed += write
-        packed += res
+        reads += read
+        mixes += mixed
+        writes += write
+        charted += res
         rows.append((mixed, write))
-    maps, width = _packed(packed, maps_dtype), n + n * n + write_size + res_size
-    read = cast(_block(maps, lead, width, 0, 1, n), streams.dtype)
+    count = len(rows)  # one tensor holds all the maps, field after field: each field is a slice
+    maps = _packed(reads + mixes + writes + charted, maps_dtype)
+    ends = list(itertools.accumulate(count * size for size in (n, n * n, write_size, res_size)))
+    read = cast(maps[: ends[0]].view(*lead, 1, n), streams.dtype)
+    hidden = torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d)
+    if not record:
+        return hidden, None, None, None, rows
     return (
-        torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d),
-        _block(maps, batch, width, n, n, n),
-        _block(maps, batch, width, n + n * n, write_size),
-        _block(maps, batch, width, n + n * n + write_size, res_size),
+        hidden,
+        maps[ends[0] : ends[1]].view(*batch, n, n),
+        maps[ends[1] : ends[2]].view(*batch, write_size),
+        maps[ends[2] :].view(*batch, res_size),
         rows,
     )
 
 
 def host_write(
-    connection: nn.Module, streams: torch.Tensor, output: torch.Tensor, rows: list
+    connection: nn.Module, streams: torch.Tensor, output: torch.Tensor, rows: list, record: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(X', beta (..., 1), k (..., d)) of the delta write, (X', None, None) of the add write, from streams X
-    (..., n, d), the sublayer's output h (..., d) and the `rows` of `host_read`; X' in X's dtype.
+    """(X', beta (..., 1), k (..., d)) of the delta write, (X', None, None) of the add write and of
+    `record=False`, from streams X (..., n, d), the sublayer's output h (..., d) and the `rows` of
+    `host_read`; X' in X's dtype.
 
     Both writes are one product per row, X' = [H_res | w] [X; h^T], with w = H_post (add) or w = s /
     sqrt(||h||^2 + eps_d^2) (delta: s k^T = w h^T). The delta write's X h, ||h||^2 and v = W_v h + b_v come
@@ -176,9 +191,10 @@ def host_write(
     fused = delta is not None and _plain_linear(delta.value_proj)
     parts = [streams.reshape(*lead, n, d), output.reshape(*lead, 1, d)]
     if fused:
-        parts.append(delta.value_proj.weight.expand(*lead, n, d))
+        weight = delta.value_proj.weight
+        parts.append(weight.expand(*lead, n, d) if lead else weight)
     stacked = upcast(torch.cat(parts, dim=-2))  # [X; h^T (; W_v)] per row, at least float32
-    mixed = stacked.narrow(-2, 0, n + 1) if fused else stacked  # [X; h^T]
+    padding = [0.0] * n if fused else []  # the write's zero columns for W_v: the product takes all of stacked
     packed = []
     if delta is None:
         for h_res, write in rows:
@@ -193,7 +209,7 @@ def host_write(
             values = [[term + b for term, b in zip(row[n + 1 :], bias, strict=True)] for row in products]
         else:
             values = delta.value_proj(output).reshape(count, n).tolist()
-        eps = delta.eps
+        eps, betas, inverses = delta.eps, [], []
         for (h_res, write), value, row in zip(rows, values, products, strict=True):
             along, inverse = row[:n], 1.0 / math.sqrt(row[n] + eps * eps)  # X h, 1 / sqrt(||h||^2 + eps_d^2)
             beta = 2.0 * sigmoid(write[0])
@@ -203,12 +219,18 @@ def host_write(
                 packed += mix
                 erased = inverse * sum(map(operator.mul, mix, along))  # (H_res X k)_i
                 packed.append(scale * (value[i] - erased))  # w_i = s_i / sqrt(||h||^2 + eps_d^2)
-            packed += (inverse, beta)
-    maps = _packed(packed, stacked.dtype)
-    size = n * (n + 1) + (0 if delta is None else 2)  # the packed entries of a row
-    mixes = _block(maps, lead, size, 0, n, n + 1)
-    updated = cast(torch.matmul(mixes, mixed).view(streams.shape), streams.dtype)
-    if delta is None:
+                packed += padding
+            betas.append(beta)
+            inverses.append(inverse)
+        packed += betas
+        packed += inverses
+    maps, width = _packed(packed, stacked.dtype), n + 1 + len(padding)  # each row's [H_res | w | 0]
+    mixes = maps[: count * n * width].view(*lead, n, width)
+    updated = cast(torch.matmul(mixes, stacked).view(streams.shape), streams.dtype)
+    if delta is None or not record:
         return updated, None, None
-    direction = hidden * _block(maps, batch, size, n * (n + 1), 1)  # k = h / sqrt(||h||^2 + eps_d^2)
-    return updated, _block(maps, batch, size, n * (n + 1) + 1, 1), direction
+    tail = count * n * width
+    beta = maps[tail : tail + count].view(*batch, 1)
+    if count == 1:  # k = h / sqrt(||h||^2 + eps_d^2), the scale as a Python float
+        return updated, beta, hidden * inverses[0]
+    return updated, beta, hidden * maps[tail + count :].view(*batch, 1)
