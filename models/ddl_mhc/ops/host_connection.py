@@ -32,7 +32,6 @@ its reference is the node path (tests compare them and the greedy tokens they de
 """
 
 import array
-import itertools
 import math
 import operator
 
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geoformers.models.ddl_mhc.ops.charts import chart_rows
+from geoformers.models.ddl_mhc.ops.charts import chart_rows, row_chart
 from geoformers.models.ddl_mhc.ops.charts.host import sigmoid
 from geoformers.models.ddl_mhc.ops.precision import cast
 from geoformers.models.ddl_mhc.ops.stream_read.naive import upcast
@@ -69,13 +68,19 @@ def _softmax(logits: list[float]) -> list[float]:
     return [weight / total for weight in weights]
 
 
-def _mixing(connection: nn.Module) -> tuple[float, float, float]:
-    """(identity, chart, uniform) weights of H_res = i I + c chart + u J/n: (1 - a, a, 0) with a =
-    sigmoid(res_mix_logit), or the lazy mix's softmax(res_mix_logits)."""
+def _constants(connection: nn.Module) -> tuple[list[float], list[float], tuple[float, float, float]]:
+    """The parameters the maps read, as Python floats: the static logits b, the gate g of every dynamic
+    logit (one per map, repeated over its logits) and the (identity, chart, uniform) weights of
+    H_res = i I + c chart + u J/n: (1 - a, a, 0) with a = sigmoid(res_mix_logit), or the lazy mix's
+    softmax(res_mix_logits)."""
+    pre_size, res_size, write_size = connection.map_sizes
+    biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
+    gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
+    gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
     if connection.res_mix_logits is not None:
-        return tuple(_softmax(connection.res_mix_logits.tolist()))
+        return biases, gates, tuple(_softmax(connection.res_mix_logits.tolist()))
     mix = sigmoid(connection.res_mix_logit.tolist()[0])
-    return 1.0 - mix, mix, 0.0
+    return biases, gates, (1.0 - mix, mix, 0.0)
 
 
 def _plain_linear(module: nn.Module) -> bool:
@@ -105,23 +110,6 @@ def _lead(rows: int) -> list[int]:
     return [] if rows == 1 else [rows]
 
 
-def _dots(vectors: torch.Tensor, other: torch.Tensor) -> list[list[float]]:
-    """The dot products of each row's `vectors` (*lead, k, d) with its `other` (*lead, d), one list of k
-    Python floats per row: one `torch.mv` for one row (`_lead`), `linalg.vecdot` for more (a batch of
-    matrix-vector products is slow in `torch.bmm`)."""
-    if vectors.ndim == 2:
-        return [torch.mv(vectors, other).tolist()]
-    return torch.linalg.vecdot(vectors, other.unsqueeze(-2)).tolist()
-
-
-def _squares(flat: torch.Tensor) -> list[float]:
-    """||vec(X)||^2 of each row of `flat` (rows, n * d), at least float32: one `torch.dot` for one row."""
-    if flat.shape[0] == 1:
-        vector = flat.view(-1)
-        return [torch.dot(vector, vector).item()]
-    return torch.linalg.vecdot(flat, flat).tolist()
-
-
 def host_read(connection: nn.Module, streams: torch.Tensor, record: bool = True) -> tuple[torch.Tensor, ...]:
     """(x_in (..., d), H_res (..., n, n), t_write (..., k), t_res (..., m), rows) of a hyper-connection with
     dynamic maps from streams X (..., n, d); the maps at least float32, x_in in X's dtype. `rows` holds each
@@ -129,41 +117,47 @@ def host_read(connection: nn.Module, streams: torch.Tensor, record: bool = True)
     three maps are None (nothing reads them but the mixing record; docs/ddl_mhc.md, 'Choosing a path')."""
     *batch, n, d = streams.shape
     flat = streams.reshape(-1, n * d)
-    projected = _projected(connection.maps_proj, flat).tolist()
-    lead, squares = _lead(flat.shape[0]), _squares(upcast(flat))
+    count = flat.shape[0]
+    projections = _projected(connection.maps_proj, flat).tolist()
+    full = upcast(flat)
+    if count == 1:  # ||vec(X)||^2, at least float32
+        vector = full.view(-1)
+        squares = [torch.dot(vector, vector).item()]
+    else:
+        squares = torch.linalg.vecdot(full, full).tolist()
     pre_size, res_size, write_size = connection.map_sizes
-    biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
-    gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
-    gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
-    weights, res_logits, write_logits = [], [], []
-    for projection, square in zip(projected, squares, strict=True):  # ||vec(X)||^2
-        scale = 1.0 / math.sqrt(square / (n * d) + connection.eps)
-        terms = zip(biases, gates, projection, strict=True)
-        logits = [bias + gate * scale * term for bias, gate, term in terms]
-        weights.append(_softmax(logits[:n]))
-        res_logits.append(logits[n : n + res_size])
-        write_logits.append(logits[n + res_size :])
+    biases, gates, (identity, weight, uniform) = _constants(connection)
+    size, res_end, eps = len(biases), n + res_size, connection.eps
+    chart = row_chart(connection.chart, n)
+    reads, writes, res_logits = [], [], []
+    for projection, square in zip(projections, squares, strict=True):
+        scale = 1.0 / math.sqrt(square / (n * d) + eps)
+        logits = [biases[k] + gates[k] * scale * projection[k] for k in range(size)]
+        reads += _softmax(logits[:n])
+        res_logits.append(logits[n:res_end])
+        writes.append(logits[res_end:])
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
-    identity, chart, uniform = _mixing(connection)
-    rows, shift = [], uniform / n
-    reads, mixes, writes, charted = [], [], [], []
-    charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
-    for read, entries, write, res in zip(weights, charts, write_logits, res_logits, strict=True):
-        mixed = [chart * entry + shift for entry in entries]
-        for i in range(n):
-            mixed[i * (n + 1)] += identity
-        reads += read
+    if chart is None:
+        charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
+    else:
+        charts = [chart(res) for res in res_logits]
+    rows, mixes, shift = [], [], uniform / n
+    for entries, write in zip(charts, writes, strict=True):
+        mixed = [weight * entry + shift for entry in entries]
+        for i in range(0, n * n, n + 1):
+            mixed[i] += identity
         mixes += mixed
-        writes += write
-        charted += res
         rows.append((mixed, write))
-    count = len(rows)  # one tensor holds all the maps, field after field: each field is a slice
-    maps = _packed(reads + mixes + writes + charted, maps_dtype)
-    ends = list(itertools.accumulate(count * size for size in (n, n * n, write_size, res_size)))
-    read = cast(maps[: ends[0]].view(*lead, 1, n), streams.dtype)
+    packed = reads
+    if record:  # one tensor holds all the maps, field after field: each field is a slice
+        packed = reads + mixes + [logit for write in writes for logit in write]
+        packed += [logit for res in res_logits for logit in res]
+    maps, lead = _packed(packed, maps_dtype), _lead(count)
+    read = cast(maps[: count * n].view(*lead, 1, n), streams.dtype)
     hidden = torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d)
     if not record:
         return hidden, None, None, None, rows
+    ends = (count * n, count * (n + n * n), count * (n + n * n + write_size))
     return (
         hidden,
         maps[ends[0] : ends[1]].view(*batch, n, n),
@@ -199,25 +193,29 @@ def host_write(
     if delta is None:
         for h_res, write in rows:
             for i in range(n):
-                packed += [*h_res[i * n : i * n + n], 2.0 * sigmoid(write[i])]  # H_post
+                packed += h_res[i * n : i * n + n]
+                packed.append(2.0 * sigmoid(write[i]))  # H_post
     else:
         hidden = upcast(output)
-        products = _dots(stacked, hidden.reshape(*lead, d))
+        if count == 1:  # [X; h^T (; W_v)] h: X h, ||h||^2 (and W_v h)
+            products = [torch.mv(stacked, hidden.view(d)).tolist()]
+        else:
+            products = torch.linalg.vecdot(stacked, hidden.view(count, 1, d)).tolist()
         if fused:
             bias = delta.value_proj.bias
             bias = [0.0] * n if bias is None else bias.tolist()
-            values = [[term + b for term, b in zip(row[n + 1 :], bias, strict=True)] for row in products]
+            values = [list(map(operator.add, row[n + 1 :], bias)) for row in products]
         else:
             values = delta.value_proj(output).reshape(count, n).tolist()
         eps, betas, inverses = delta.eps, [], []
         for (h_res, write), value, row in zip(rows, values, products, strict=True):
-            along, inverse = row[:n], 1.0 / math.sqrt(row[n] + eps * eps)  # X h, 1 / sqrt(||h||^2 + eps_d^2)
+            inverse = 1.0 / math.sqrt(row[n] + eps * eps)  # 1 / sqrt(||h||^2 + eps_d^2)
             beta = 2.0 * sigmoid(write[0])
             scale = beta * inverse
             for i in range(n):
                 mix = h_res[i * n : i * n + n]
                 packed += mix
-                erased = inverse * sum(map(operator.mul, mix, along))  # (H_res X k)_i
+                erased = inverse * sum(map(operator.mul, mix, row))  # (H_res X k)_i: row starts with X h
                 packed.append(scale * (value[i] - erased))  # w_i = s_i / sqrt(||h||^2 + eps_d^2)
                 packed += padding
             betas.append(beta)

@@ -37,7 +37,7 @@ from geoformers.models.ddl_mhc.chart_specs import (
     TRANSPORT_CHARTS,
     ChartSpec,
 )
-from geoformers.models.ddl_mhc.ops.charts.host import host_chart, host_chart_rows
+from geoformers.models.ddl_mhc.ops.charts.host import host_chart, host_row_chart
 from geoformers.models.ddl_mhc.ops.charts.inverse import (
     rtbp_logits_from_matrix,
     tbp_logits_from_matrix,
@@ -252,12 +252,21 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
     return x
 
 
+def row_chart(method: str, n: int) -> Callable[[list[float]], list[float]] | None:
+    """The host evaluation of chart `method` on one row of logits (Python floats -> the row-major n x n
+    entries) for the transport charts of one ordering (`host.host_row_chart`), None for the others."""
+    spec = CHARTS[method]
+    if spec.base in TRANSPORT_CHARTS and len(spec.orderings) == 1:
+        return host_row_chart(spec.base, n, INTERVAL_CHOICES[spec.interval])
+    return None
+
+
 def chart_rows(rows: list[list[float]], n: int, method: str, dtype: torch.dtype) -> list[list[float]]:
     """The chart `method` of logit rows given as Python floats -> the row-major n x n entries of each, as
     Python floats, for the host path of the hyper-connection (`ops/host_connection.py`): the transport charts
-    of one ordering are evaluated on the host (`host.host_chart_rows`, float64), the others by `birkhoff` on
-    logits of `dtype` (the node path's logits dtype). n >= 2; ValueError for a NaN or infinite logit."""
-    spec = CHARTS[method]
-    if spec.base in TRANSPORT_CHARTS and len(spec.orderings) == 1:
-        return host_chart_rows(rows, n, spec.base, INTERVAL_CHOICES[spec.interval])
+    of one ordering are evaluated on the host (`row_chart`, float64), the others by `birkhoff` on logits of
+    `dtype` (the node path's logits dtype). n >= 2; ValueError for a NaN or infinite logit."""
+    chart = row_chart(method, n)
+    if chart is not None:
+        return list(map(chart, rows))
     return birkhoff(torch.tensor(rows, dtype=dtype), n, method).view(-1, n * n).tolist()

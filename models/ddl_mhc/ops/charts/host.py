@@ -71,21 +71,31 @@ def _row_program(base: str, n: int, plain: bool) -> Callable[..., list[float]]:
     return namespace["evaluate"]
 
 
-def host_chart_rows(
-    rows: list[list[float]], n: int, base: str, choice: PlainChoice | ScaledChoice
-) -> list[list[float]]:
-    """Chart `base` ("tbp" or "rtbp") with interval `choice` of logit rows ((n-1)^2 Python floats each) -> one
-    row-major list of the n x n entries per row, in Python floats (float64), n >= 2. ValueError for a NaN or
-    infinite logit. The host path of the hyper-connection (`ops/host_connection.py`) calls it directly."""
+@functools.cache
+def host_row_chart(
+    base: str, n: int, choice: PlainChoice | ScaledChoice
+) -> Callable[[list[float]], list[float]]:
+    """Chart `base` ("tbp" or "rtbp") with interval `choice` as a function of one row of (n-1)^2 logits
+    (Python floats) -> the row-major n x n entries (float64), n >= 2; ValueError for a NaN or infinite logit.
+    One per (chart, n): the hyper-connection's host path (`ops/host_connection.py`) looks it up once per call
+    and runs it per row."""
     plain = isinstance(choice, PlainChoice)
     evaluate = _row_program(base, n, plain)
     fraction = None if plain else functools.partial(_fraction, choice)
-    matrices = []
-    for row in rows:
+
+    def chart(row: list[float]) -> list[float]:
         if not all(map(math.isfinite, row)):
             raise ValueError("logits contain NaN or infinite values")
-        matrices.append(evaluate(row, fraction))
-    return matrices
+        return evaluate(row, fraction)
+
+    return chart
+
+
+def host_chart_rows(
+    rows: list[list[float]], n: int, base: str, choice: PlainChoice | ScaledChoice
+) -> list[list[float]]:
+    """`host_row_chart` of each row of logits: one row-major list of the n x n entries per row."""
+    return list(map(host_row_chart(base, n, choice), rows))
 
 
 def host_chart(logits: torch.Tensor, n: int, base: str, choice: PlainChoice | ScaledChoice) -> torch.Tensor:
