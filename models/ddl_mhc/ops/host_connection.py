@@ -32,8 +32,8 @@ its reference is the node path (tests compare them and the greedy tokens they de
 """
 
 import array
+import functools
 import math
-import operator
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,7 @@ from torch import nn
 
 from geoformers.models.ddl_mhc.ops.charts import chart_rows, row_chart
 from geoformers.models.ddl_mhc.ops.charts.host import sigmoid
+from geoformers.models.ddl_mhc.ops.host_programs import read_program, write_program
 from geoformers.models.ddl_mhc.ops.precision import cast
 from geoformers.models.ddl_mhc.ops.stream_read.naive import upcast
 
@@ -68,19 +69,25 @@ def _softmax(logits: list[float]) -> list[float]:
     return [weight / total for weight in weights]
 
 
-def _constants(connection: nn.Module) -> tuple[list[float], list[float], tuple[float, float, float]]:
-    """The parameters the maps read, as Python floats: the static logits b, the gate g of every dynamic
-    logit (one per map, repeated over its logits) and the (identity, chart, uniform) weights of
-    H_res = i I + c chart + u J/n: (1 - a, a, 0) with a = sigmoid(res_mix_logit), or the lazy mix's
-    softmax(res_mix_logits)."""
-    pre_size, res_size, write_size = connection.map_sizes
+def _constants(connection: nn.Module) -> tuple[list[float], tuple[float, ...], tuple[float, float, float]]:
+    """The parameters the maps read, as Python floats: the static logits b, the gates (g_pre, g_res,
+    g_write) of the dynamic terms and the (identity, chart, uniform) weights of H_res = i I + c chart + u J/n:
+    (1 - a, a, 0) with a = sigmoid(res_mix_logit), or the lazy mix's softmax(res_mix_logits)."""
     biases = connection.pre_bias.tolist() + connection.res_bias.tolist() + connection.write_bias.tolist()
-    gates = connection.pre_gate.tolist() * pre_size + connection.res_gate.tolist() * res_size
-    gates += connection.write_gate.tolist() * write_size  # tolist: no dispatcher call, unlike item
-    if connection.res_mix_logits is not None:
+    gates = (
+        connection.pre_gate.tolist()[0],
+        connection.res_gate.tolist()[0],
+        connection.write_gate.tolist()[0],
+    )
+    if connection.res_mix_logits is not None:  # tolist: no dispatcher call, unlike item
         return biases, gates, tuple(_softmax(connection.res_mix_logits.tolist()))
     mix = sigmoid(connection.res_mix_logit.tolist()[0])
     return biases, gates, (1.0 - mix, mix, 0.0)
+
+
+def _one_chart(row: list[float], n: int, method: str, dtype: torch.dtype) -> list[float]:
+    """`chart_rows` of one row: the charts without a host program run `birkhoff` on logits of `dtype`."""
+    return chart_rows([row], n, method, dtype)[0]
 
 
 def _plain_linear(module: nn.Module) -> bool:
@@ -127,34 +134,23 @@ def host_read(connection: nn.Module, streams: torch.Tensor, record: bool = True)
         squares = torch.linalg.vecdot(full, full).tolist()
     pre_size, res_size, write_size = connection.map_sizes
     biases, gates, (identity, weight, uniform) = _constants(connection)
-    size, res_end, eps = len(biases), n + res_size, connection.eps
-    chart = row_chart(connection.chart, n)
-    reads, writes, res_logits = [], [], []
-    for projection, square in zip(projections, squares, strict=True):
-        scale = 1.0 / math.sqrt(square / (n * d) + eps)
-        logits = [biases[k] + gates[k] * scale * projection[k] for k in range(size)]
-        reads += _softmax(logits[:n])
-        res_logits.append(logits[n:res_end])
-        writes.append(logits[res_end:])
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
-    if chart is None:
-        charts = chart_rows(res_logits, n, connection.chart, maps_dtype)
-    else:
-        charts = [chart(res) for res in res_logits]
-    rows, mixes, shift = [], [], uniform / n
-    for entries, write in zip(charts, writes, strict=True):
-        mixed = [weight * entry + shift for entry in entries]
-        for i in range(0, n * n, n + 1):
-            mixed[i] += identity
+    chart = row_chart(connection.chart, n)
+    if chart is None:  # a chart without a host program: `birkhoff` on the row's logits
+        chart = functools.partial(_one_chart, n=n, method=connection.chart, dtype=maps_dtype)
+    read, mixing = read_program(n, res_size, write_size), (identity, weight, uniform / n)
+    reads, mixes, writes, res_logits, rows = [], [], [], [], []
+    for projection, square in zip(projections, squares, strict=True):
+        pre, mixed, write, res = read(projection, square, biases, gates, mixing, n * d, connection.eps, chart)
+        reads += pre
         mixes += mixed
+        writes += write
+        res_logits += res
         rows.append((mixed, write))
-    packed = reads
-    if record:  # one tensor holds all the maps, field after field: each field is a slice
-        packed = reads + mixes + [logit for write in writes for logit in write]
-        packed += [logit for res in res_logits for logit in res]
+    packed = reads + mixes + writes + res_logits if record else reads  # each field a slice of one tensor
     maps, lead = _packed(packed, maps_dtype), _lead(count)
-    read = cast(maps[: count * n].view(*lead, 1, n), streams.dtype)
-    hidden = torch.matmul(read, flat.view(*lead, n, d)).view(*batch, d)
+    weights = cast(maps[: count * n].view(*lead, 1, n), streams.dtype)
+    hidden = torch.matmul(weights, flat.view(*lead, n, d)).view(*batch, d)
     if not record:
         return hidden, None, None, None, rows
     ends = (count * n, count * (n + n * n), count * (n + n * n + write_size))
@@ -188,41 +184,30 @@ def host_write(
         weight = delta.value_proj.weight
         parts.append(weight.expand(*lead, n, d) if lead else weight)
     stacked = upcast(torch.cat(parts, dim=-2))  # [X; h^T (; W_v)] per row, at least float32
-    padding = [0.0] * n if fused else []  # the write's zero columns for W_v: the product takes all of stacked
-    packed = []
+    packed, write = [], write_program(n, "add" if delta is None else "delta", fused)
     if delta is None:
-        for h_res, write in rows:
-            for i in range(n):
-                packed += h_res[i * n : i * n + n]
-                packed.append(2.0 * sigmoid(write[i]))  # H_post
+        for h_res, logits in rows:
+            packed += write(h_res, logits)
     else:
         hidden = upcast(output)
         if count == 1:  # [X; h^T (; W_v)] h: X h, ||h||^2 (and W_v h)
             products = [torch.mv(stacked, hidden.view(d)).tolist()]
         else:
             products = torch.linalg.vecdot(stacked, hidden.view(count, 1, d)).tolist()
-        if fused:
+        if fused:  # the value's bias: its weight's rows are in the products
             bias = delta.value_proj.bias
-            bias = [0.0] * n if bias is None else bias.tolist()
-            values = [list(map(operator.add, row[n + 1 :], bias)) for row in products]
+            values = [[0.0] * n if bias is None else bias.tolist()] * count
         else:
             values = delta.value_proj(output).reshape(count, n).tolist()
         eps, betas, inverses = delta.eps, [], []
-        for (h_res, write), value, row in zip(rows, values, products, strict=True):
-            inverse = 1.0 / math.sqrt(row[n] + eps * eps)  # 1 / sqrt(||h||^2 + eps_d^2)
-            beta = 2.0 * sigmoid(write[0])
-            scale = beta * inverse
-            for i in range(n):
-                mix = h_res[i * n : i * n + n]
-                packed += mix
-                erased = inverse * sum(map(operator.mul, mix, row))  # (H_res X k)_i: row starts with X h
-                packed.append(scale * (value[i] - erased))  # w_i = s_i / sqrt(||h||^2 + eps_d^2)
-                packed += padding
+        for (h_res, logits), row, value in zip(rows, products, values, strict=True):
+            matrix, beta, inverse = write(h_res, logits, row, value, eps)
+            packed += matrix
             betas.append(beta)
             inverses.append(inverse)
         packed += betas
         packed += inverses
-    maps, width = _packed(packed, stacked.dtype), n + 1 + len(padding)  # each row's [H_res | w | 0]
+    maps, width = _packed(packed, stacked.dtype), (2 * n + 1 if fused else n + 1)  # [H_res | w (| 0)]
     mixes = maps[: count * n * width].view(*lead, n, width)
     updated = cast(torch.matmul(mixes, stacked).view(streams.shape), streams.dtype)
     if delta is None or not record:
