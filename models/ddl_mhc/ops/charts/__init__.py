@@ -23,6 +23,7 @@ round the finished matrix once, so a float32 result has |row/column sum - 1| <= 
 runs in float32 like mHC. The result is float32, or float64 for float64 logits.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -252,6 +253,7 @@ def birkhoff(logits: torch.Tensor, n: int, method: str = "rtbp", **options) -> t
     return x
 
 
+@functools.cache
 def row_chart(method: str, n: int) -> Callable[[list[float]], list[float]] | None:
     """The host evaluation of chart `method` on one row of logits (Python floats -> the row-major n x n
     entries) for the transport charts of one ordering (`host.host_row_chart`), None for the others."""
