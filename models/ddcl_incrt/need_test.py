@@ -47,20 +47,23 @@ def probe_losses(
     mean = train_features.mean(0)
     std = train_features.std(0).clamp_min(FEATURE_STD_FLOOR)
     train_features, test_features = (train_features - mean) / std, (test_features - mean) / std
-    weight = torch.zeros(train_features.shape[1], num_classes, dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
+    weight = torch.zeros(train_features.shape[1], num_classes, dtype=torch.float64)
+    bias = torch.zeros(num_classes, dtype=torch.float64)
+    weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)
+    targets = F.one_hot(train_labels, num_classes).double()
+    rows = train_features.shape[0]
     optimizer = torch.optim.LBFGS([weight, bias], max_iter=PROBE_ITERATIONS, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        logits = train_features @ weight + bias
-        loss = F.cross_entropy(logits, train_labels) + PROBE_WEIGHT_DECAY * weight.pow(2).sum()
-        loss.backward()
-        return loss
+        """The penalised cross-entropy and its gradient by hand (no autograd graph: a third of the time)."""
+        log_probabilities = torch.log_softmax(train_features @ weight + bias, 1)
+        residual = (log_probabilities.exp() - targets) / rows
+        weight.grad.copy_(train_features.T @ residual + 2 * PROBE_WEIGHT_DECAY * weight)
+        bias.grad.copy_(residual.sum(0))
+        return -(targets * log_probabilities).sum() / rows + PROBE_WEIGHT_DECAY * weight.pow(2).sum()
 
-    with torch.enable_grad():
-        optimizer.step(closure)
     with torch.no_grad():
+        optimizer.step(closure)
         return F.cross_entropy(test_features @ weight + bias, test_labels, reduction="none")
 
 
