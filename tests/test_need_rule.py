@@ -4,6 +4,7 @@ plumbing, and bad input."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from transformers import Trainer
 from geoformers.models.ddcl_incrt.incrt import NeedEvidence, NeedGate, build_gate
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtModel
 from geoformers.models.ddcl_incrt.need_test import held_out_losses, need_evidence, paired_drop, task_loss
+from geoformers.training import growth
 from geoformers.training.growth import IncrtGrowthCallback
 from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
 
@@ -353,3 +355,22 @@ def test_the_need_rule_grows_where_a_head_is_missing_and_stops_where_one_suffice
     else:
         assert first["t"] < 0  # the extra features only let the probe overfit
         assert model.config.num_heads == [1] and callback.history["events"][0]["action"] == "stop"
+
+
+def test_the_monitor_rows_fit_a_token_budget_and_give_the_reference_loss_when_growth_starts(
+    tmp_path, monkeypatch
+):
+    """Of the monitor's drawn rows, the first within `NEED_MONITOR_TOKENS` tokens (here 100: four rows of
+    24), the same at every check; their loss before the first step is the first check's plateau reference."""
+    monkeypatch.setattr(growth, "NEED_MONITOR_TOKENS", 100)
+    task = build_majority_relations_task(2, num_train=256, num_validation=8, seed=0)
+    model = _need_model(task, pooling="cls", head_dim=1, prototype_loss_weight=0.0)
+    drawn = np.random.default_rng([0, 0, growth.NEED_MONITOR_ROWS]).choice(256, size=64, replace=False)
+    rows = task["train"].select(drawn[:4])
+    expected = {name: torch.tensor(rows[name]) for name in ("input_ids", "attention_mask", "labels")}
+    reference = task_loss(model, **expected)
+    callback = IncrtGrowthCallback(check_every=10, gate_batch_size=64, save_plot=False)
+    args = training_args(tmp_path, max_steps=20)
+    Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
+    assert torch.equal(callback._monitor["input_ids"], expected["input_ids"])
+    assert callback.history["need_reference_loss"] == pytest.approx(reference, rel=1e-6)
