@@ -20,10 +20,12 @@ refused.
   `regrow=True` no verdict is final: every check may grow a layer again (data whose structure changes over
   time; use it with the "relative" `gate_threshold`, which follows the scale of the weights), a stop/full
   event is recorded when a layer's verdict changes to it, and `growth_stopped_at_step` stays None;
-* under `gate_rule="need"` (docs/growth_gate.md, 'The need rule') a check first measures the task loss on
-  `NEED_MONITOR_ROWS` labelled rows fixed for the whole run (`_monitor_batch`); only where a layer's loss
-  has settled does it draw a labelled gate batch for the removal of the newest head and the held-out probes
-  (`need_evidence`), and grown heads keep their initialisation (not function-preserving);
+* under `gate_rule="need"` (docs/growth_gate.md, 'The need rule') one forward of `NEED_MONITOR_ROWS`
+  labelled rows fixed for the whole run (`_monitor_batch`) gives each check's task loss and C, whose loss at
+  `start_step` is the first check's plateau reference; where a layer's loss has settled the newest head's
+  removal is measured on the same rows, and only where a verdict reads the held-out probes is a labelled
+  gate batch drawn for them (`need_evidence`); grown heads keep their initialisation (not
+  function-preserving);
 * after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
 * gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
   drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
