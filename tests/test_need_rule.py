@@ -4,6 +4,7 @@ plumbing, and bad input."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,8 @@ from transformers import Trainer
 
 from geoformers.models.ddcl_incrt.incrt import NeedEvidence, NeedGate, build_gate
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtModel
-from geoformers.models.ddcl_incrt.need_test import held_out_losses, need_evidence, paired_drop
+from geoformers.models.ddcl_incrt.need_test import held_out_losses, need_evidence, paired_drop, task_loss
+from geoformers.training import growth
 from geoformers.training.growth import IncrtGrowthCallback
 from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
 
@@ -64,22 +66,50 @@ def _need_gate(**overrides):
     return build_gate(gate_config(gate_rule="need", **overrides), 0)
 
 
-def test_the_first_check_grows_when_needed_and_stops_when_not():
+def test_the_first_probe_stops_at_once_but_grows_only_at_a_plateau():
+    """Without a plateau reference the first check reads the probe: no need stops the layer at once, a need
+    waits ("pending") for a plateau, where the next probe decides; later moving checks read nothing."""
     needed, idle = NeedEvidence(1.0, 5.0, 0.3, 0.0), NeedEvidence(1.0, 1.0, 0.3, 0.0)
     gate = _need_gate()
-    assert isinstance(gate, NeedGate)
+    assert isinstance(gate, NeedGate) and gate.phase(1.0, 0.0) == "first" and gate.reads_probe(1.0, 0.0)
     decision = gate.decide(_observation(gate, needed))
-    assert decision.action == "grow" and decision.direction is None and not decision.function_preserving
+    assert decision.action == "pending" and decision.direction is None and not decision.function_preserving
+    assert gate.phase(0.5, 0.0) == "moving" and not gate.reads_probe(0.5, 0.0)  # probed once: waits quietly
+    assert gate.decide(_observation(gate, NeedEvidence(0.5, 5.0, 0.3, 0.0))).action == "pending"
+    assert gate.phase(0.495, 0.0) == "ready"  # moved by 1 % of 0.5 <= 2 %
+    assert gate.decide(_observation(gate, NeedEvidence(0.495, 5.0, 0.3, 0.0))).action == "grow"
     gate = _need_gate()
     assert gate.decide(_observation(gate, idle)).action == "stop"
     gate = _need_gate()
     assert gate.decide(_observation(gate, NeedEvidence(1.0, 5.0, 0.01, 0.0))).action == "stop"  # gain < 0.02
 
 
-def test_a_moving_loss_waits_and_a_settled_one_decides():
+def test_a_plateau_reference_lets_the_first_check_grow_and_a_moving_one_wait():
+    """`record_loss` (the callback's loss when growth starts) is the first check's plateau reference."""
     gate = _need_gate()
-    gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 0.0)))
+    gate.record_loss(1.0)
+    assert int(gate.num_checks) == 0 and gate.phase(1.01, 0.0) == "ready"
+    assert gate.decide(_observation(gate, NeedEvidence(1.01, 5.0, 0.3, 0.0))).action == "grow"
+    gate = _need_gate()
+    gate.record_loss(1.0)
+    assert gate.phase(0.9, 0.0) == "first"  # moved by 10 %: the probe may stop, not grow
+    assert gate.decide(_observation(gate, NeedEvidence(0.9, 5.0, 0.3, 0.0))).action == "pending"
+    gate = _need_gate()
+    gate.record_loss(1.0)
+    assert gate.decide(_observation(gate, NeedEvidence(0.9, 1.0, 0.3, 0.0))).action == "stop"
+
+
+def _grown_once(**overrides):
+    """A need gate that grew head 1 at a plateau of loss 2.0."""
+    gate = _need_gate(**overrides)
+    gate.record_loss(2.0)
+    assert gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 0.0))).action == "grow"
     gate.record_growth(1, None)
+    return gate
+
+
+def test_a_moving_loss_waits_and_a_settled_one_decides():
+    gate = _grown_once()
     used = 1.0  # removing the newest head raises the loss by 1 > 0.1 x loss
     assert [gate.phase(loss, used) for loss in (1.9, 1.97, 2.1)] == ["moving", "ready", "moving"]
     assert not gate.reads_probe(1.9, used) and gate.reads_probe(1.97, used)
@@ -90,7 +120,7 @@ def test_a_moving_loss_waits_and_a_settled_one_decides():
 
 def test_a_loss_near_zero_settles_on_the_absolute_floor():
     gate = _need_gate()
-    gate.decide(_observation(gate, NeedEvidence(0.002, 5.0, 0.3, 0.0)))  # first check: grows
+    gate.decide(_observation(gate, NeedEvidence(0.002, 5.0, 0.3, 0.0)))  # first probe, no reference: waits
     assert gate.reads_probe(0.0011, 0.0) and not gate.reads_probe(0.0035, 0.0)  # |change| <= 1e-3 nats
     assert gate.decide(_observation(gate, NeedEvidence(0.0011, 0.5, 0.0, 0.0), 2)).action == "stop"
 
@@ -98,9 +128,7 @@ def test_a_loss_near_zero_settles_on_the_absolute_floor():
 def test_growth_waits_for_the_newest_head_to_be_used_or_for_the_patience():
     """While the newest head is unused the verdict is "pending" without reading the probe (a lack of need
     stops nothing then); once it is used, or after `gate_need_patience` settled checks, the probe decides."""
-    gate = _need_gate(gate_need_patience=3)
-    gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 0.0)))
-    gate.record_growth(1, None)
+    gate = _grown_once(gate_need_patience=3)
     unused = NeedEvidence(2.0, 0.0, 0.0, 0.1)  # removing the head raises the loss by 0.1 = 0.05 x loss
     assert gate.phase(unused.loss, unused.rise) == "waiting" and not gate.reads_probe(
         unused.loss, unused.rise
@@ -117,9 +145,7 @@ def test_growth_waits_for_the_newest_head_to_be_used_or_for_the_patience():
 
 
 def test_the_need_rule_reports_full_at_the_cap_and_follows_pruning():
-    gate = _need_gate(max_heads=2)
-    gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 0.0)))
-    gate.record_growth(1, None)
+    gate = _grown_once(max_heads=2)
     assert gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 1.0), 2)).action == "full"
     gate.record_pruning(0)
     assert int(gate.need_newest_head) == 0
@@ -161,6 +187,8 @@ def _needs2_batch(rows: int = 64):
 def test_need_evidence_measures_the_task_loss_and_the_newest_heads_removal():
     model, batch = _needs2_batch()
     model.grow_head(0, function_preserving=False)  # the gate records it as the newest head
+    assert need_evidence(model, **batch)[0].rise == 0.0  # no plateau reference: no removal is measured
+    model.base_model.layers[0].attention.gate.record_loss(task_loss(model, **batch))  # a plateau: it is
     evidence = need_evidence(model, **batch)
     model.eval()
     with torch.no_grad():
@@ -175,6 +203,52 @@ def test_need_evidence_measures_the_task_loss_and_the_newest_heads_removal():
     assert layer.loss == pytest.approx(float(loss), rel=1e-9)
     assert layer.rise == pytest.approx(float(removed - loss), abs=1e-9)
     assert math.isfinite(layer.t) and math.isfinite(layer.gain)
+
+
+def test_need_evidence_probes_its_own_rows_and_draws_them_only_when_a_verdict_reads_them():
+    """The callback's split: loss and removal on the monitor rows, the probe on a gate batch drawn only for
+    a verdict that reads it; t and gain are the held-out test on that batch's readout and token mean."""
+    model, batch = _needs2_batch(128)
+    monitor = {name: value[:32] for name, value in batch.items()}
+    drawn = []
+
+    def probe_rows():
+        drawn.append(len(drawn))
+        return batch
+
+    (layer,) = need_evidence(model, **monitor, probe_rows=probe_rows)  # a first check reads the probe
+    assert drawn == [0]
+    model.eval()
+    with torch.no_grad():
+        inputs = {name: batch[name] for name in ("input_ids", "attention_mask")}
+        outputs = model.base_model(**inputs, output_hidden_states=True)
+        mask = batch["attention_mask"][..., None].double()
+        mean = (outputs.hidden_states[0].double() * mask).sum(1) / mask.sum(1)
+        readout = outputs.pooler_output.double()
+        monitor_logits = model(
+            input_ids=monitor["input_ids"], attention_mask=monitor["attention_mask"]
+        ).logits
+    t, gain = paired_drop(
+        held_out_losses(readout, batch["labels"], 4),
+        held_out_losses(torch.cat([readout, mean], 1), batch["labels"], 4),
+    )
+    assert (layer.t, layer.gain) == (pytest.approx(t, rel=1e-6), pytest.approx(gain, rel=1e-6))
+    assert layer.loss == pytest.approx(float(F.cross_entropy(monitor_logits.double(), monitor["labels"])))
+    assert layer.rise == 0.0  # no grown head to remove
+    gate = model.base_model.layers[0].attention.gate
+    gate.need_probed.fill_(1)
+    gate.record_loss(10 * layer.loss)  # the loss moves: nothing but the loss is measured
+    assert need_evidence(model, **monitor, probe_rows=probe_rows) == [NeedEvidence(layer.loss, 0.0, 0.0, 0.0)]
+    assert drawn == [0]
+
+
+def test_task_loss_gives_the_gates_second_moments_from_the_same_forward():
+    model, batch = _needs2_batch(16)
+    inputs = {name: batch[name] for name in ("input_ids", "attention_mask")}
+    loss, moments = task_loss(model, **batch, num_tokens=100)
+    assert loss == pytest.approx(task_loss(model, **batch), rel=1e-12)
+    for got, expected in zip(moments, model.gate_second_moments(**inputs, num_tokens=100), strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_need_evidence_refuses_what_it_cannot_test():
@@ -228,6 +302,7 @@ def test_the_callback_runs_the_need_rule_and_each_verdict_follows_from_its_evide
     assert len(checks) >= 1 and all("need" in check for check in checks)
     assert callback.history["gate_seconds"] > 0
     replay = _need_gate(max_heads=model.config.max_heads)
+    replay.record_loss(callback.history["need_reference_loss"])  # the monitor's loss when growth started
     heads = 1
     for check in checks:
         evidence = NeedEvidence(**check["need"][0])
@@ -280,3 +355,22 @@ def test_the_need_rule_grows_where_a_head_is_missing_and_stops_where_one_suffice
     else:
         assert first["t"] < 0  # the extra features only let the probe overfit
         assert model.config.num_heads == [1] and callback.history["events"][0]["action"] == "stop"
+
+
+def test_the_monitor_rows_fit_a_token_budget_and_give_the_reference_loss_when_growth_starts(
+    tmp_path, monkeypatch
+):
+    """Of the monitor's drawn rows, the first within `NEED_MONITOR_TOKENS` tokens (here 100: four rows of
+    24), the same at every check; their loss before the first step is the first check's plateau reference."""
+    monkeypatch.setattr(growth, "NEED_MONITOR_TOKENS", 100)
+    task = build_majority_relations_task(2, num_train=256, num_validation=8, seed=0)
+    model = _need_model(task, pooling="cls", head_dim=1, prototype_loss_weight=0.0)
+    drawn = np.random.default_rng([0, 0, growth.NEED_MONITOR_ROWS]).choice(256, size=64, replace=False)
+    rows = task["train"].select(drawn[:4])
+    expected = {name: torch.tensor(rows[name]) for name in ("input_ids", "attention_mask", "labels")}
+    reference = task_loss(model, **expected)
+    callback = IncrtGrowthCallback(check_every=10, gate_batch_size=64, save_plot=False)
+    args = training_args(tmp_path, max_steps=20)
+    Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
+    assert torch.equal(callback._monitor["input_ids"], expected["input_ids"])
+    assert callback.history["need_reference_loss"] == pytest.approx(reference, rel=1e-6)

@@ -20,10 +20,12 @@ refused.
   `regrow=True` no verdict is final: every check may grow a layer again (data whose structure changes over
   time; use it with the "relative" `gate_threshold`, which follows the scale of the weights), a stop/full
   event is recorded when a layer's verdict changes to it, and `growth_stopped_at_step` stays None;
-* under `gate_rule="need"` (docs/growth_gate.md, 'The need rule') a check first measures the task loss on
-  `NEED_MONITOR_ROWS` labelled rows fixed for the whole run (`_monitor_batch`); only where a layer's loss
-  has settled does it draw a labelled gate batch for the removal of the newest head and the held-out probes
-  (`need_evidence`), and grown heads keep their initialisation (not function-preserving);
+* under `gate_rule="need"` (docs/growth_gate.md, 'The need rule') one forward of `NEED_MONITOR_ROWS`
+  labelled rows fixed for the whole run (`_monitor_batch`) gives each check's task loss and C, whose loss at
+  `start_step` is the first check's plateau reference; where a layer's loss has settled the newest head's
+  removal is measured on the same rows, and only where a verdict reads the held-out probes is a labelled
+  gate batch drawn for them (`need_evidence`); grown heads keep their initialisation (not
+  function-preserving);
 * after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
 * gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
   drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
@@ -81,7 +83,8 @@ logger = logging.get_logger(f"transformers.{__name__}")
 HISTORY_FILE = "growth_history.json"
 PLOT_FILE = "growth_history.png"
 GATE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "inputs_embeds")
-NEED_MONITOR_ROWS = 128  # rows of the need rule's plateau monitor (`_monitor_batch`)
+NEED_MONITOR_ROWS = 128  # rows of the need rule's plateau monitor (`_monitor_batch`) ...
+NEED_MONITOR_TOKENS = 16384  # ... at most: the first rows within this many tokens (long rows: fewer of them)
 # The callback's cadence (docs/growth_gate.md, 'Cadence'): defaults, and the config fields that held it.
 CADENCE_DEFAULTS = {
     "check_every": 100,
@@ -428,7 +431,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                     f"`gate_rows({step})` returned rows outside the training set [0, {len(self._dataset)})"
                 )
         rows = generator.choice(candidates, size=min(self._rows, candidates.size), replace=False)
-        batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
+        batch = self._collate(self._examples(sorted(rows)))
         names = GATE_INPUTS + ("labels",) if model.config.gate_rule == "need" else GATE_INPUTS
         return {name: batch[name].to(model.device) for name in names if batch.get(name) is not None}
 
@@ -441,15 +444,22 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         if model.config.gate_rule != "need":
             batch = self._gate_batch(args, model, step)
             moments = model.gate_second_moments(**batch, num_tokens=cadence["gate_num_tokens"])
-        else:
+        else:  # one forward of the monitor rows gives the loss and C; the gate batch only for a probe
             monitor = self._monitor_batch(args, model)
-            inputs = {name: value for name, value in monitor.items() if name != "labels"}
-            moments = model.gate_second_moments(**inputs, num_tokens=cadence["gate_num_tokens"])
-            loss = self._mean_over_processes(task_loss(model, **monitor))
+            local, moments = task_loss(model, **monitor, num_tokens=cadence["gate_num_tokens"])
+            loss = self._mean_over_processes(local)
             gates = [layer.attention.gate for layer in model.base_model.layers]
-            deciding = any(self.history["growing"]) and not all(gate.moving(loss) for gate in gates)
+            deciding = any(self.history["growing"]) and any(
+                gate.phase(loss, 0.0) != "moving" for gate in gates
+            )
             if deciding:
-                self._need = need_evidence(model, **self._gate_batch(args, model, step), loss=loss)
+                self._need = need_evidence(
+                    model,
+                    **monitor,
+                    loss=local,
+                    plateau_loss=loss,
+                    probe_rows=lambda: self._gate_batch(args, model, step),
+                )
             else:  # the loss still moves, or growth has ended: no verdict reads anything else
                 self._need = [NeedEvidence(loss, 0.0, 0.0, 0.0) for _ in gates]
         if self._group is not None:
@@ -467,16 +477,28 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             second_moments=moments, tracker_steps=cadence["tracker_steps"], need=self._need
         )
 
+    def _examples(self, rows: np.ndarray) -> list:
+        """The training set's examples at `rows`, in their order (one batched read where the dataset has
+        `__getitems__`, as `datasets.Dataset`, which the DataLoader's fetcher uses too)."""
+        rows = [int(row) for row in rows]
+        if hasattr(self._dataset, "__getitems__"):
+            return list(self._dataset.__getitems__(rows))
+        return [self._dataset[row] for row in rows]
+
     def _monitor_batch(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel) -> dict:
         """Under `gate_rule="need"`: the same min(`NEED_MONITOR_ROWS`, `gate_batch_size`) labelled training
-        rows at every check (drawn once from all rows, seeded by args.seed and the rank), whose task loss
-        tells a plateau apart from sampling noise; collated once."""
+        rows at every check (drawn once from all rows, seeded by args.seed and the rank; of those, in the
+        drawn order, the first within `NEED_MONITOR_TOKENS` tokens, at least one), whose task loss tells a
+        plateau apart from sampling noise; collated once."""
         if self._monitor is None:
             rank = dist.get_rank() if self._group is not None else 0
             generator = np.random.default_rng([args.seed, rank, NEED_MONITOR_ROWS])
             count = min(NEED_MONITOR_ROWS, self._rows, len(self._dataset))
-            rows = generator.choice(len(self._dataset), size=count, replace=False)
-            batch = self._collate([self._dataset[int(row)] for row in sorted(rows)])
+            examples = self._examples(generator.choice(len(self._dataset), size=count, replace=False))
+            lengths = np.cumsum([len(example.get("input_ids", ())) for example in examples])
+            batch = self._collate(
+                examples[: max(1, int(np.searchsorted(lengths, NEED_MONITOR_TOKENS, "right")))]
+            )
             self._monitor = {
                 name: batch[name] for name in GATE_INPUTS + ("labels",) if batch.get(name) is not None
             }
@@ -492,8 +514,17 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         return float(total) / dist.get_world_size()
 
     def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> None:
-        """INCRT calibration on the first gate batches; their decisions are not acted on."""
+        """INCRT calibration on the first gate batches; their decisions are not acted on. Under
+        `gate_rule="need"` first the plateau reference of the first check: the monitor rows' loss when
+        growth starts (`NeedGate.record_loss`, and the history's need_reference_loss; not where a gate has
+        one, e.g. a resumed run)."""
         gates = [layer.attention.gate for layer in model.base_model.layers]
+        if model.config.gate_rule == "need" and any(float(gate.need_last_loss) < 0 for gate in gates):
+            loss = self._mean_over_processes(task_loss(model, **self._monitor_batch(args, model)))
+            for gate in gates:
+                if float(gate.need_last_loss) < 0:
+                    gate.record_loss(loss)
+            self.history["need_reference_loss"] = loss
         for _ in range(model.config.gate_calibration_checks):
             uncalibrated = [not bool(gate.calibrated) for gate in gates]
             if not any(uncalibrated):

@@ -117,8 +117,8 @@ class DDCLIncrtConfig(ValidatedConfig):
         gate_need_t (`float`): "need" grows only when the t statistic of the probe's paired held-out loss
             drop exceeds it (default 3).
         gate_need_gain (`float`): ... and that drop exceeds this fraction of the probe's loss (0.02).
-        gate_need_plateau (`float`): "need" decides only once the loss fell by at most this fraction since
-            the previous check (0.02).
+        gate_need_plateau (`float`): "need" grows only once the loss moved by at most this fraction since
+            the previous check (or since growth started, for the first) (0.02).
         gate_need_adoption (`float`): the newest grown head is in use when removing it raises the loss by
             more than this fraction of the loss (0.1); until then, or `gate_need_patience` checks (4),
             "need" does not grow again.

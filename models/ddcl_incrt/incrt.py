@@ -794,19 +794,21 @@ class BidirectionalGate(IncrtGate):
 
 
 class NeedGate(IncrtGate):
-    """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): at the first check, and later at a plateau
-    of the loss once the newest grown head is in use or `gate_need_patience` settled checks after its growth
-    (`phase`), grow when a held-out probe says one more head would lower the loss (`NeedEvidence`: t >
-    `gate_need_t`, gain > `gate_need_gain`) and stop when it does not. A grown head keeps its own
-    initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
+    """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): grow when a held-out probe says one more
+    head would lower the loss (`NeedEvidence`: t > `gate_need_t`, gain > `gate_need_gain`), at a plateau of
+    the loss once the newest grown head is in use or `gate_need_patience` settled checks after its growth;
+    stop when the probe says no, at such a plateau or at the layer's first probe (`phase`). A grown head keeps
+    its own initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
     function-preserving. The spectral part of the check still runs: pruning is the base class's.
-    Its own state: need_last_loss (-1 before the first check), need_newest_head (-1: none grown yet),
-    need_waiting (checks since that growth)."""
+    Its own state: need_last_loss (the plateau reference: the previous check's loss, or the one
+    `record_loss` set; -1: none), need_probed (1 once a verdict read the probe), need_newest_head (-1: none
+    grown yet), need_waiting (settled checks since that growth)."""
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         return {
             **super().initial_state(),
             "need_last_loss": torch.tensor(-1.0),
+            "need_probed": torch.tensor(0, dtype=torch.long),
             "need_newest_head": torch.tensor(-1, dtype=torch.long),
             "need_waiting": torch.tensor(0, dtype=torch.long),
         }
@@ -824,25 +826,28 @@ class NeedGate(IncrtGate):
     def _settled(self, observation: Observation) -> bool:
         return True  # the rule reads no tracker
 
+    @torch.no_grad()
+    def record_loss(self, loss: float) -> None:
+        """The plateau reference of the next check (e.g. the loss when growth starts), without a check."""
+        self.need_last_loss.fill_(loss)
+
     def phase(self, loss: float, rise: float) -> str:
-        """Where a check with this task loss and newest-head `rise` stands: "first" (no check yet), "moving"
-        (the loss moved by more than `gate_need_plateau` of the previous check's and more than `LOSS_FLOOR`),
-        "waiting" (a plateau, but the newest grown head is unused: its removal raises the loss by at most
-        `gate_need_adoption` of it, and fewer than `gate_need_patience` settled checks passed since its
-        growth) or "ready"."""
+        """Where a check with this task loss and newest-head `rise` stands: while the loss moves (by more
+        than `gate_need_plateau` of the reference's and more than `LOSS_FLOOR`, or no reference yet) "first"
+        until a verdict has read the probe, then "moving"; at a plateau "waiting" (the newest grown head is
+        unused: its removal raises the loss by at most `gate_need_adoption` of it, and fewer than
+        `gate_need_patience` settled checks passed since its growth) or "ready"."""
         config = self.config
-        if float(self.need_last_loss) < 0:
-            return "first"
-        if self.moving(loss):
-            return "moving"
+        if float(self.need_last_loss) < 0 or self.moving(loss):
+            return "moving" if int(self.need_probed) else "first"
         adopted = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
         if adopted or int(self.need_waiting) + 1 >= config.gate_need_patience:
             return "ready"
         return "waiting"
 
     def moving(self, loss: float) -> bool:
-        """No plateau yet: since the previous check the loss moved by more than `gate_need_plateau` of that
-        check's and by more than `LOSS_FLOOR` (False at the first check, which has no previous one)."""
+        """The loss moved by more than `gate_need_plateau` of the reference's (`need_last_loss`) and by more
+        than `LOSS_FLOOR` (False without a reference)."""
         previous = float(self.need_last_loss)
         return previous >= 0 and abs(previous - loss) > max(
             self.config.gate_need_plateau * previous, LOSS_FLOOR
@@ -853,6 +858,9 @@ class NeedGate(IncrtGate):
         return self.phase(loss, rise) in ("first", "ready")
 
     def _verdict(self, observation: Observation) -> str:
+        """ "pending" while the loss moves or the newest head waits; else "stop" when the probe finds no
+        need; else "pending" at a first probe while the loss moves (growth waits for a plateau: a model
+        still learning shows drops it is about to earn), "grow" or "full"."""
         config, need = self.config, observation.need
         phase = self.phase(need.loss, need.rise)
         self.need_last_loss.fill_(need.loss)
@@ -861,8 +869,11 @@ class NeedGate(IncrtGate):
         if phase == "waiting":
             self.need_waiting += 1
             return "pending"
+        self.need_probed.fill_(1)
         if not (need.t > config.gate_need_t and need.gain > config.gate_need_gain):
             return "stop"
+        if phase == "first":
+            return "pending"
         return "full" if self._is_full(observation) else "grow"
 
     @torch.no_grad()
@@ -892,6 +903,30 @@ GATE_RULE_CLASSES: dict[str, type[IncrtGate]] = {
 def build_gate(config, layer_index: int) -> IncrtGate:
     """The gate of layer `layer_index` under `config.gate_rule`."""
     return GATE_RULE_CLASSES[config.gate_rule](config, layer_index)
+
+
+def layer_second_moments(
+    hidden_states: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None, num_tokens: int
+) -> list[torch.Tensor]:
+    """C_l = X_l^T X_l / N for every layer's input X_l = hidden_states[l] (all but the last), float32, on N =
+    `num_tokens` (at most: the batch's) real tokens evenly spaced over the batch."""
+    first = hidden_states[0]
+    if attention_mask is None:
+        token_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
+    else:
+        token_mask = attention_mask.to(first.device) != 0
+    positions = token_mask.flatten().nonzero().squeeze(1)
+    if positions.shape[0] == 0:
+        raise ValueError("a gate check needs at least one real token: the batch is empty or fully padded")
+    count = min(num_tokens, positions.shape[0])
+    spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
+    chosen = positions[spaced]
+    moments = []
+    with torch.autocast(first.device.type, enabled=False):  # float32 even under autocast
+        for layer_input in hidden_states[:-1]:
+            tokens = layer_input.reshape(-1, layer_input.shape[-1])[chosen].float()
+            moments.append(tokens.T @ tokens / count)
+    return moments
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1015,23 +1050,7 @@ class HeadGrowthMixin:
             )
         finally:
             self.train(was_training)
-        first = outputs.hidden_states[0]
-        if attention_mask is None:
-            token_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
-        else:
-            token_mask = attention_mask.to(first.device) != 0
-        positions = token_mask.flatten().nonzero().squeeze(1)
-        if positions.shape[0] == 0:
-            raise ValueError("a gate check needs at least one real token: the batch is empty or fully padded")
-        count = min(num_tokens, positions.shape[0])
-        spaced = torch.linspace(0, positions.shape[0] - 1, count, device=first.device).round().long()
-        chosen = positions[spaced]
-        moments = []
-        with torch.autocast(first.device.type, enabled=False):  # float32 even under autocast
-            for layer_input in outputs.hidden_states[:-1]:
-                tokens = layer_input.reshape(-1, layer_input.shape[-1])[chosen].float()
-                moments.append(tokens.T @ tokens / count)
-        return moments
+        return layer_second_moments(outputs.hidden_states, attention_mask, num_tokens)
 
     @torch.no_grad()
     def gate_check(
