@@ -49,7 +49,7 @@ __all__ = ["host_read", "host_rows", "host_write"]
 
 # The host path takes up to min(HOST_MAX_ROWS, HOST_POINTS // (n-1)^2) rows: its Python work grows with
 # rows x the chart's (n-1)^2 logits, the node's time barely with rows. The two cross, for one delta sublayer
-# at width 512, near 28 rows at n = 2, 21 at n = 3, 14 at n = 4 and 5 at n = 8 (docs/ddl_mhc.md, 'Choosing a
+# at width 512, above 32 rows at n = 2 and 3, near 21 at n = 4 and 7 at n = 8 (docs/ddl_mhc.md, 'Choosing a
 # path'; `python scripts/bench_decode.py --host_crossing --widths 512 --reps 5 --output_dir benchmarks`).
 HOST_POINTS = 126
 HOST_MAX_ROWS = 20
