@@ -14,7 +14,13 @@ from transformers import Trainer
 
 from geoformers.models.ddcl_incrt.incrt import NeedEvidence, NeedGate, build_gate
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtModel
-from geoformers.models.ddcl_incrt.need_test import held_out_losses, need_evidence, paired_drop, task_loss
+from geoformers.models.ddcl_incrt.need_test import (
+    held_out_scores,
+    need_evidence,
+    paired_drop,
+    probe_scores,
+    task_loss,
+)
 from geoformers.training import growth
 from geoformers.training.growth import IncrtGrowthCallback
 from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
@@ -40,21 +46,75 @@ def _planted_features(rows: int, seed: int = 0):
 def test_a_feature_that_carries_the_labels_gives_a_large_held_out_drop():
     readout, feature = _planted_features(256)
     labels = (feature[:, 0] > 0).long()  # in the feature, not in the readout
-    without = held_out_losses(readout, labels, 2)
-    with_feature = held_out_losses(torch.cat([readout, feature], 1), labels, 2)
+    without, errors = held_out_scores(readout, labels, 2)
+    with_feature, errors_with = held_out_scores(torch.cat([readout, feature], 1), labels, 2)
     assert without.shape == (256,)
     assert without.mean() == pytest.approx(math.log(2), abs=0.1)  # the readout knows nothing
     t, gain = paired_drop(without, with_feature)
     assert t > 10 and gain > 0.5
+    assert errors.mean() > 0.3 and errors_with.mean() < 0.1  # the accuracy follows: a need
 
 
 def test_a_feature_that_carries_nothing_new_gives_no_held_out_drop():
     readout, feature = _planted_features(256, seed=1)
     labels = (readout[:, 0] + 0.3 * readout[:, 1] > 0).long()  # all in the readout already
     t, gain = paired_drop(
-        held_out_losses(readout, labels, 2), held_out_losses(torch.cat([readout, feature], 1), labels, 2)
+        held_out_scores(readout, labels, 2)[0],
+        held_out_scores(torch.cat([readout, feature], 1), labels, 2)[0],
     )
     assert t < 3 and gain < 0.02
+
+
+def test_probe_scores_count_the_argmax_errors_of_the_held_out_rows():
+    """A probe fitted on x > 0 -> class 1 classifies every test row by the sign of x: each row's error is 1
+    exactly where its test label disagrees with that sign."""
+    features = torch.linspace(-2.0, 2.0, 40, dtype=torch.float64)[:, None]
+    labels = (features[:, 0] > 0).long()
+    test_labels = labels.clone()
+    test_labels[:5] = 1 - test_labels[:5]  # five rows labelled against the sign
+    losses, errors = probe_scores(features, labels, features, test_labels, 2)
+    assert errors.tolist() == [1.0] * 5 + [0.0] * 35
+    assert bool((losses[:5] > math.log(2)).all()) and bool((losses[5:] < math.log(2)).all())
+    assert held_out_scores(features, labels, 2)[1].shape == (40,)
+
+
+def test_a_feature_that_lowers_the_loss_but_not_the_error_is_no_need():
+    """The readout already classifies every held-out row (a noisy copy of the label with margin 1 / 0.2 = 5
+    standard deviations); a second noisy copy makes the probe surer (a large loss drop) but cannot lower an
+    error of 0, so the gate stops (docs/growth_gate.md, 'The need rule')."""
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(256) % 2
+    sign = (2 * labels - 1).double()[:, None]
+    readout = sign + 0.2 * torch.randn(256, 1, generator=generator, dtype=torch.float64)
+    feature = sign + 0.2 * torch.randn(256, 1, generator=generator, dtype=torch.float64)
+    without, errors = held_out_scores(readout, labels, 2)
+    with_feature, errors_with = held_out_scores(torch.cat([readout, feature], 1), labels, 2)
+    t, gain = paired_drop(without, with_feature)
+    assert t > 3 and gain > 0.02  # the loss alone would say "need"
+    assert float(errors.sum()) == 0 and float(errors_with.sum()) == 0
+    evidence = NeedEvidence(1.0, t, gain, 0.0, 0.0, 0.0, 0.0)
+    gate = _need_gate()
+    assert not gate.needs(evidence)
+    assert gate.decide(_observation(gate, evidence)).action == "stop"  # the first probe stops at once
+
+
+def test_the_error_drop_must_exceed_gate_need_error():
+    """t and gain pass in every case; the error drop decides: 0.004 <= 0.005 is no need, 0.006 is one."""
+    gate = _need_gate()
+    assert gate.config.gate_need_error == 0.005
+    gate.record_loss(1.0)
+    assert gate.decide(_observation(gate, _evidence(1.0, 5.0, 0.3, 0.0, 0.104, 0.1))).action == "stop"
+    gate = _need_gate()
+    gate.record_loss(1.0)
+    assert gate.decide(_observation(gate, _evidence(1.0, 5.0, 0.3, 0.0, 0.106, 0.1))).action == "grow"
+    gate = _need_gate(gate_need_error=0.0)  # 0: any error drop counts, none does not
+    gate.record_loss(1.0)
+    assert gate.decide(_observation(gate, _evidence(1.0, 5.0, 0.3, 0.0, 0.1, 0.1))).action == "stop"
+
+
+def _evidence(loss, t, gain, rise, error=0.2, error_with=0.1):
+    """Hand-made evidence; by default the probe's held-out error drops by 0.1 (a need on the error)."""
+    return NeedEvidence(loss, t, gain, rise, error, error_with, error - error_with)
 
 
 def _observation(gate, need: NeedEvidence, heads: int = 1):
@@ -69,19 +129,19 @@ def _need_gate(**overrides):
 def test_the_first_probe_stops_at_once_but_grows_only_at_a_plateau():
     """Without a plateau reference the first check reads the probe: no need stops the layer at once, a need
     waits ("pending") for a plateau, where the next probe decides; later moving checks read nothing."""
-    needed, idle = NeedEvidence(1.0, 5.0, 0.3, 0.0), NeedEvidence(1.0, 1.0, 0.3, 0.0)
+    needed, idle = _evidence(1.0, 5.0, 0.3, 0.0), _evidence(1.0, 1.0, 0.3, 0.0)
     gate = _need_gate()
     assert isinstance(gate, NeedGate) and gate.phase(1.0, 0.0) == "first" and gate.reads_probe(1.0, 0.0)
     decision = gate.decide(_observation(gate, needed))
     assert decision.action == "pending" and decision.direction is None and not decision.function_preserving
     assert gate.phase(0.5, 0.0) == "moving" and not gate.reads_probe(0.5, 0.0)  # probed once: waits quietly
-    assert gate.decide(_observation(gate, NeedEvidence(0.5, 5.0, 0.3, 0.0))).action == "pending"
+    assert gate.decide(_observation(gate, _evidence(0.5, 5.0, 0.3, 0.0))).action == "pending"
     assert gate.phase(0.495, 0.0) == "ready"  # moved by 1 % of 0.5 <= 2 %
-    assert gate.decide(_observation(gate, NeedEvidence(0.495, 5.0, 0.3, 0.0))).action == "grow"
+    assert gate.decide(_observation(gate, _evidence(0.495, 5.0, 0.3, 0.0))).action == "grow"
     gate = _need_gate()
     assert gate.decide(_observation(gate, idle)).action == "stop"
     gate = _need_gate()
-    assert gate.decide(_observation(gate, NeedEvidence(1.0, 5.0, 0.01, 0.0))).action == "stop"  # gain < 0.02
+    assert gate.decide(_observation(gate, _evidence(1.0, 5.0, 0.01, 0.0))).action == "stop"  # gain < 0.02
 
 
 def test_a_plateau_reference_lets_the_first_check_grow_and_a_moving_one_wait():
@@ -89,21 +149,21 @@ def test_a_plateau_reference_lets_the_first_check_grow_and_a_moving_one_wait():
     gate = _need_gate()
     gate.record_loss(1.0)
     assert int(gate.num_checks) == 0 and gate.phase(1.01, 0.0) == "ready"
-    assert gate.decide(_observation(gate, NeedEvidence(1.01, 5.0, 0.3, 0.0))).action == "grow"
+    assert gate.decide(_observation(gate, _evidence(1.01, 5.0, 0.3, 0.0))).action == "grow"
     gate = _need_gate()
     gate.record_loss(1.0)
     assert gate.phase(0.9, 0.0) == "first"  # moved by 10 %: the probe may stop, not grow
-    assert gate.decide(_observation(gate, NeedEvidence(0.9, 5.0, 0.3, 0.0))).action == "pending"
+    assert gate.decide(_observation(gate, _evidence(0.9, 5.0, 0.3, 0.0))).action == "pending"
     gate = _need_gate()
     gate.record_loss(1.0)
-    assert gate.decide(_observation(gate, NeedEvidence(0.9, 1.0, 0.3, 0.0))).action == "stop"
+    assert gate.decide(_observation(gate, _evidence(0.9, 1.0, 0.3, 0.0))).action == "stop"
 
 
 def _grown_once(**overrides):
     """A need gate that grew head 1 at a plateau of loss 2.0."""
     gate = _need_gate(**overrides)
     gate.record_loss(2.0)
-    assert gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 0.0))).action == "grow"
+    assert gate.decide(_observation(gate, _evidence(2.0, 5.0, 0.3, 0.0))).action == "grow"
     gate.record_growth(1, None)
     return gate
 
@@ -113,40 +173,40 @@ def test_a_moving_loss_waits_and_a_settled_one_decides():
     used = 1.0  # removing the newest head raises the loss by 1 > 0.1 x loss
     assert [gate.phase(loss, used) for loss in (1.9, 1.97, 2.1)] == ["moving", "ready", "moving"]
     assert not gate.reads_probe(1.9, used) and gate.reads_probe(1.97, used)
-    assert gate.decide(_observation(gate, NeedEvidence(1.9, 5.0, 0.3, used), 2)).action == "pending"
-    assert gate.decide(_observation(gate, NeedEvidence(2.1, 5.0, 0.3, used), 2)).action == "pending"  # rose
-    assert gate.decide(_observation(gate, NeedEvidence(2.1, 1.0, 0.3, used), 2)).action == "stop"  # settled
+    assert gate.decide(_observation(gate, _evidence(1.9, 5.0, 0.3, used), 2)).action == "pending"
+    assert gate.decide(_observation(gate, _evidence(2.1, 5.0, 0.3, used), 2)).action == "pending"  # rose
+    assert gate.decide(_observation(gate, _evidence(2.1, 1.0, 0.3, used), 2)).action == "stop"  # settled
 
 
 def test_a_loss_near_zero_settles_on_the_absolute_floor():
     gate = _need_gate()
-    gate.decide(_observation(gate, NeedEvidence(0.002, 5.0, 0.3, 0.0)))  # first probe, no reference: waits
+    gate.decide(_observation(gate, _evidence(0.002, 5.0, 0.3, 0.0)))  # first probe, no reference: waits
     assert gate.reads_probe(0.0011, 0.0) and not gate.reads_probe(0.0035, 0.0)  # |change| <= 1e-3 nats
-    assert gate.decide(_observation(gate, NeedEvidence(0.0011, 0.5, 0.0, 0.0), 2)).action == "stop"
+    assert gate.decide(_observation(gate, _evidence(0.0011, 0.5, 0.0, 0.0), 2)).action == "stop"
 
 
 def test_growth_waits_for_the_newest_head_to_be_used_or_for_the_patience():
     """While the newest head is unused the verdict is "pending" without reading the probe (a lack of need
     stops nothing then); once it is used, or after `gate_need_patience` settled checks, the probe decides."""
     gate = _grown_once(gate_need_patience=3)
-    unused = NeedEvidence(2.0, 0.0, 0.0, 0.1)  # removing the head raises the loss by 0.1 = 0.05 x loss
+    unused = _evidence(2.0, 0.0, 0.0, 0.1)  # removing the head raises the loss by 0.1 = 0.05 x loss
     assert gate.phase(unused.loss, unused.rise) == "waiting" and not gate.reads_probe(
         unused.loss, unused.rise
     )
     assert [gate.decide(_observation(gate, unused, 2)).action for _ in range(2)] == ["pending", "pending"]
     assert gate.phase(2.0, 0.1) == "ready"
-    assert gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 0.1), 2)).action == "grow"
+    assert gate.decide(_observation(gate, _evidence(2.0, 5.0, 0.3, 0.1), 2)).action == "grow"
     gate.record_growth(2, None)
     assert int(gate.need_newest_head) == 2 and int(gate.need_waiting) == 0
-    used = NeedEvidence(2.0, 5.0, 0.3, 0.21)  # > 0.1 x loss
+    used = _evidence(2.0, 5.0, 0.3, 0.21)  # > 0.1 x loss
     assert gate.decide(_observation(gate, used, 3)).action == "grow"
     gate.record_growth(3, None)
-    assert gate.decide(_observation(gate, NeedEvidence(2.0, 1.0, 0.3, 0.5), 4)).action == "stop"
+    assert gate.decide(_observation(gate, _evidence(2.0, 1.0, 0.3, 0.5), 4)).action == "stop"
 
 
 def test_the_need_rule_reports_full_at_the_cap_and_follows_pruning():
     gate = _grown_once(max_heads=2)
-    assert gate.decide(_observation(gate, NeedEvidence(2.0, 5.0, 0.3, 1.0), 2)).action == "full"
+    assert gate.decide(_observation(gate, _evidence(2.0, 5.0, 0.3, 1.0), 2)).action == "full"
     gate.record_pruning(0)
     assert int(gate.need_newest_head) == 0
     gate.record_pruning(0)
@@ -161,7 +221,7 @@ def test_the_need_rule_refuses_a_check_without_evidence():
     with pytest.raises(ValueError, match="one per layer"):
         model.gate_check(input_ids=ids, need=[])
     with pytest.raises(ValueError, match="one per layer"):
-        model.gate_check(input_ids=ids, need=[NeedEvidence(1.0, math.nan, 0.0, 0.0)])
+        model.gate_check(input_ids=ids, need=[_evidence(1.0, math.nan, 0.0, 0.0)])
     assert int(model.base_model.layers[0].attention.gate.num_checks) == 0  # refused checks leave no trace
 
 
@@ -228,17 +288,22 @@ def test_need_evidence_probes_its_own_rows_and_draws_them_only_when_a_verdict_re
         monitor_logits = model(
             input_ids=monitor["input_ids"], attention_mask=monitor["attention_mask"]
         ).logits
-    t, gain = paired_drop(
-        held_out_losses(readout, batch["labels"], 4),
-        held_out_losses(torch.cat([readout, mean], 1), batch["labels"], 4),
-    )
+    without, errors = held_out_scores(readout, batch["labels"], 4)
+    with_mean, errors_with = held_out_scores(torch.cat([readout, mean], 1), batch["labels"], 4)
+    t, gain = paired_drop(without, with_mean)
     assert (layer.t, layer.gain) == (pytest.approx(t, rel=1e-6), pytest.approx(gain, rel=1e-6))
+    error, error_with = float(errors.mean()), float(errors_with.mean())
+    assert (layer.error, layer.error_with) == (
+        pytest.approx(error, abs=1e-12),
+        pytest.approx(error_with, abs=1e-12),
+    )
+    assert layer.error_drop == pytest.approx(error - error_with, abs=1e-12)
     assert layer.loss == pytest.approx(float(F.cross_entropy(monitor_logits.double(), monitor["labels"])))
     assert layer.rise == 0.0  # no grown head to remove
     gate = model.base_model.layers[0].attention.gate
     gate.need_probed.fill_(1)
     gate.record_loss(10 * layer.loss)  # the loss moves: nothing but the loss is measured
-    assert need_evidence(model, **monitor, probe_rows=probe_rows) == [NeedEvidence(layer.loss, 0.0, 0.0, 0.0)]
+    assert need_evidence(model, **monitor, probe_rows=probe_rows) == [NeedEvidence.unprobed(layer.loss)]
     assert drawn == [0]
 
 
@@ -283,11 +348,27 @@ def test_grow_head_keeps_the_initialisation_when_not_function_preserving():
 
 
 @pytest.mark.parametrize(
-    "field, value", [("gate_need_t", -1.0), ("gate_need_gain", 1.5), ("gate_need_patience", 0)]
+    "field, value",
+    [
+        ("gate_need_t", -1.0),
+        ("gate_need_gain", 1.5),
+        ("gate_need_patience", 0),
+        ("gate_need_error", -0.01),
+        ("gate_need_error", 1.5),
+    ],
 )
 def test_the_need_rule_fields_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
         gate_config(gate_rule="need", **{field: value})
+
+
+def test_gate_need_error_takes_numbers_and_an_old_config_takes_its_default():
+    with pytest.raises(TypeError, match="gate_need_error"):
+        gate_config(gate_rule="need", gate_need_error="0.005")
+    stored = gate_config(gate_rule="need", gate_need_error=0.01).to_dict()
+    assert stored["gate_need_error"] == 0.01
+    del stored["gate_need_error"]  # a checkpoint saved before the field existed
+    assert type(gate_config()).from_dict(stored).gate_need_error == 0.005
 
 
 def test_the_callback_runs_the_need_rule_and_each_verdict_follows_from_its_evidence(tmp_path):
@@ -351,6 +432,7 @@ def test_the_need_rule_grows_where_a_head_is_missing_and_stops_where_one_suffice
     first = callback.history["checks"][0]["need"][0]
     if needs_more:
         assert first["t"] > 3 and first["gain"] > 0.1  # the missing relation is in the token mean
+        assert first["error_drop"] > 0.005 and first["error"] - first["error_with"] == first["error_drop"]
         assert model.config.num_heads[0] >= 2
     else:
         assert first["t"] < 0  # the extra features only let the probe overfit

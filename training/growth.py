@@ -461,7 +461,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                     probe_rows=lambda: self._gate_batch(args, model, step),
                 )
             else:  # the loss still moves, or growth has ended: no verdict reads anything else
-                self._need = [NeedEvidence(loss, 0.0, 0.0, 0.0) for _ in gates]
+                self._need = [NeedEvidence.unprobed(loss) for _ in gates]
         if self._group is not None:
             stacked = torch.stack(moments)
             dist.all_reduce(stacked, group=self._group)

@@ -117,6 +117,8 @@ class DDCLIncrtConfig(ValidatedConfig):
         gate_need_t (`float`): "need" grows only when the t statistic of the probe's paired held-out loss
             drop exceeds it (default 3).
         gate_need_gain (`float`): ... and that drop exceeds this fraction of the probe's loss (0.02).
+        gate_need_error (`float`): ... and the probe's held-out classification error drops by more than this
+            (0.005: half a point of accuracy).
         gate_need_plateau (`float`): "need" grows only once the loss moved by at most this fraction since
             the previous check (or since growth started, for the first) (0.02).
         gate_need_adoption (`float`): the newest grown head is in use when removing it raises the loss by
@@ -180,6 +182,7 @@ class DDCLIncrtConfig(ValidatedConfig):
     gate_couple_trackers: bool = True
     gate_need_t: int | float = interval(min=0.0, max=MAX_FLOAT)(default=3.0)
     gate_need_gain: int | float = interval(min=0.0, max=1.0)(default=0.02)
+    gate_need_error: int | float = interval(min=0.0, max=1.0)(default=0.005)
     gate_need_plateau: int | float = interval(min=0.0, max=1.0)(default=0.02)
     gate_need_adoption: int | float = interval(min=0.0, max=MAX_FLOAT)(default=0.1)
     gate_need_patience: int = size(default=4)

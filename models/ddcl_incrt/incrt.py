@@ -403,12 +403,22 @@ class NeedEvidence(NamedTuple):
     """One layer's need test at one check (`gate_rule="need"`, docs/growth_gate.md, 'The need rule'):
     loss: the model's task loss on the gate batch; t and gain: the paired held-out loss drop of a probe
     that also reads the layer's token-mean input, as a t statistic and relative to the probe's loss
-    without it; rise: the loss increase when the layer's newest grown head is removed (0 without one)."""
+    without it; rise: the loss increase when the layer's newest grown head is removed (0 without one);
+    error and error_with: the held-out classification errors of the probes without and with that input,
+    on the same rows, and error_drop = error - error_with. Where no probe is read they are 0 (`unprobed`)."""
 
     loss: float
     t: float
     gain: float
     rise: float
+    error: float
+    error_with: float
+    error_drop: float
+
+    @classmethod
+    def unprobed(cls, loss: float, rise: float = 0.0) -> NeedEvidence:
+        """Evidence of a check whose verdict reads no probe: t, gain and the errors are 0."""
+        return cls(loss, 0.0, 0.0, rise, 0.0, 0.0, 0.0)
 
 
 class Observation(NamedTuple):
@@ -795,10 +805,10 @@ class BidirectionalGate(IncrtGate):
 
 class NeedGate(IncrtGate):
     """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): grow when a held-out probe says one more
-    head would lower the loss (`NeedEvidence`: t > `gate_need_t`, gain > `gate_need_gain`), at a plateau of
-    the loss once the newest grown head is in use or `gate_need_patience` settled checks after its growth;
-    stop when the probe says no, at such a plateau or at the layer's first probe (`phase`). A grown head keeps
-    its own initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
+    head would lower both the held-out loss and the held-out error (`needs`), at a plateau of the loss once
+    the newest grown head is in use or `gate_need_patience` settled checks after its growth; stop when the
+    probe says no, at such a plateau or at the layer's first probe (`phase`). A grown head keeps its own
+    initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
     function-preserving. The spectral part of the check still runs: pruning is the base class's.
     Its own state: need_last_loss (the plateau reference: the previous check's loss, or the one
     `record_loss` set; -1: none), need_probed (1 once a verdict read the probe), need_newest_head (-1: none
@@ -861,7 +871,7 @@ class NeedGate(IncrtGate):
         """ "pending" while the loss moves or the newest head waits; else "stop" when the probe finds no
         need; else "pending" at a first probe while the loss moves (growth waits for a plateau: a model
         still learning shows drops it is about to earn), "grow" or "full"."""
-        config, need = self.config, observation.need
+        need = observation.need
         phase = self.phase(need.loss, need.rise)
         self.need_last_loss.fill_(need.loss)
         if phase == "moving":
@@ -870,11 +880,22 @@ class NeedGate(IncrtGate):
             self.need_waiting += 1
             return "pending"
         self.need_probed.fill_(1)
-        if not (need.t > config.gate_need_t and need.gain > config.gate_need_gain):
+        if not self.needs(need):
             return "stop"
         if phase == "first":
             return "pending"
         return "full" if self._is_full(observation) else "grow"
+
+    def needs(self, need: NeedEvidence) -> bool:
+        """The probe test finds a need: a held-out loss drop with t > `gate_need_t` and gain >
+        `gate_need_gain`, and a held-out error drop > `gate_need_error` (a loss drop that buys no accuracy,
+        e.g. of a probe already at zero error, is no need)."""
+        config = self.config
+        return (
+            need.t > config.gate_need_t
+            and need.gain > config.gate_need_gain
+            and need.error_drop > config.gate_need_error
+        )
 
     @torch.no_grad()
     def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:

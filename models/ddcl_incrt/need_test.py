@@ -1,5 +1,5 @@
 """The need test of `gate_rule="need"` (docs/growth_gate.md, 'The need rule'): would one more head lower the
-held-out loss?
+held-out loss and the held-out error?
 
 A head added to layer l whose attention is still spread evenly over the tokens adds, at every position, a
 linear map of f_l = the mean of the layer's input over real tokens. Whether the classifier could use it is
@@ -10,6 +10,8 @@ ways, so every row is scored once, by a probe that did not see it):
     l_i(r)   held-out cross-entropy of row i under a probe of r
     delta_i  = l_i(r) - l_i([r, f_l])
     t        = mean(delta) / (std(delta) / sqrt(N)),    gain = mean(delta) / mean(l(r))
+    e(r)     held-out classification error (mean 0/1 error of the argmax) of the probe of r, on the same rows
+    error_drop = e(r) - e([r, f_l])
 
 A probe reads what is linearly there, so a feature the classifier already has (or that only overfits) gives
 no held-out drop. The gradient of the loss with respect to a new head's output projection cannot show the
@@ -34,15 +36,16 @@ PROBE_ITERATIONS = 25  # L-BFGS iterations per probe fit
 FEATURE_STD_FLOOR = 1e-6
 
 
-def probe_losses(
+def probe_scores(
     train_features: torch.Tensor,
     train_labels: torch.Tensor,
     test_features: torch.Tensor,
     test_labels: torch.Tensor,
     num_classes: int,
-) -> torch.Tensor:
-    """Per-row cross-entropy on the test rows of a multinomial logistic probe fitted on the train rows
-    (features standardised with the train rows' mean and std, L2 `PROBE_WEIGHT_DECAY`, L-BFGS), float64."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row cross-entropy and 0/1 error of the argmax on the test rows of a multinomial logistic probe
+    fitted on the train rows (features standardised with the train rows' mean and std, L2
+    `PROBE_WEIGHT_DECAY`, L-BFGS), both float64."""
     train_features, test_features = train_features.double(), test_features.double()
     mean = train_features.mean(0)
     std = train_features.std(0).clamp_min(FEATURE_STD_FLOOR)
@@ -64,20 +67,23 @@ def probe_losses(
 
     with torch.no_grad():
         optimizer.step(closure)
-        return F.cross_entropy(test_features @ weight + bias, test_labels, reduction="none")
+        logits = test_features @ weight + bias
+        errors = (logits.argmax(1) != test_labels).double()
+        return F.cross_entropy(logits, test_labels, reduction="none"), errors
 
 
-def held_out_losses(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Per-row held-out probe losses (N,): rows of the first half scored by a probe fitted on the second, and
-    the reverse."""
+def held_out_scores(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row held-out probe losses and 0/1 errors, each (N,): rows of the first half scored by a probe
+    fitted on the second, and the reverse."""
     half = features.shape[0] // 2
     first, second = slice(0, half), slice(half, None)
-    return torch.cat(
-        [
-            probe_losses(features[second], labels[second], features[first], labels[first], num_classes),
-            probe_losses(features[first], labels[first], features[second], labels[second], num_classes),
-        ]
-    )
+    scored = [
+        probe_scores(features[second], labels[second], features[first], labels[first], num_classes),
+        probe_scores(features[first], labels[first], features[second], labels[second], num_classes),
+    ]
+    return torch.cat([scored[0][0], scored[1][0]]), torch.cat([scored[0][1], scored[1][1]])
 
 
 def paired_drop(without: torch.Tensor, with_feature: torch.Tensor) -> tuple[float, float]:
@@ -167,8 +173,9 @@ def need_evidence(
     returns one, called at most once; default: this batch). Under `NeedGate` the plateau test reads
     `plateau_loss` (default `loss`; e.g. averaged over processes): the removal only at a plateau (rise 0
     while the loss moves, `NeedGate.phase`), and the probes only where the verdict reads them
-    (`NeedGate.reads_probe`, else t and gain are 0). `model`: a `DDCLIncrtForSequenceClassification` with
-    class labels; the probe rows need at least 4 rows (two probe halves of 2)."""
+    (`NeedGate.reads_probe`, else t, gain and the errors are 0). `model`: a
+    `DDCLIncrtForSequenceClassification` with class labels; the probe rows need at least 4 rows (two probe
+    halves of 2)."""
     _check_need_inputs(model, labels)
     inputs = {
         "input_ids": input_ids,
@@ -189,21 +196,19 @@ def need_evidence(
             rule = isinstance(gate, NeedGate)
             unsettled = rule and gate.phase(plateau_loss, 0.0) in ("first", "moving")  # no rise is read
             if rule and unsettled and not gate.reads_probe(plateau_loss, 0.0):
-                evidence.append(
-                    NeedEvidence(plateau_loss, 0.0, 0.0, 0.0)
-                )  # still moving: nothing else is read
+                evidence.append(NeedEvidence.unprobed(plateau_loss))  # still moving: nothing else is read
                 continue
             rise = 0.0 if unsettled else _removal_rise(model, layer, inputs, labels, loss)
             if rule and not gate.reads_probe(plateau_loss, rise):
                 evidence.append(
-                    NeedEvidence(plateau_loss, 0.0, 0.0, rise)
+                    NeedEvidence.unprobed(plateau_loss, rise)
                 )  # the verdict will not read the probe
                 continue
             if probe is None:
                 rows = probe_rows() if callable(probe_rows) else probe_rows
                 probe = _ProbeFeatures(model, {**inputs, "labels": labels} if rows is None else rows)
-            t, gain = probe.test(index)
-            evidence.append(NeedEvidence(plateau_loss, t, gain, rise))
+            t, gain, error, error_with = probe.test(index)
+            evidence.append(NeedEvidence(plateau_loss, t, gain, rise, error, error_with, error - error_with))
     finally:
         model.train(was_training)
     return evidence
@@ -211,7 +216,7 @@ def need_evidence(
 
 class _ProbeFeatures:
     """The probe rows' readout r and per-layer token-mean inputs f_l (one forward, eval mode), and the
-    held-out losses of the probe of r alone, fitted once for every layer's test."""
+    held-out losses and errors of the probe of r alone, fitted once for every layer's test."""
 
     def __init__(self, model, rows: dict):
         labels = rows.get("labels")
@@ -240,12 +245,14 @@ class _ProbeFeatures:
         self.layer_means = [_masked_mean(hidden, token_mask) for hidden in hidden_states[:-1]]
         self.readout = captured["readout"].double()
         self.labels = labels.to(first.device)
-        self.without = held_out_losses(self.readout, self.labels, self.num_classes)
+        self.without, self.errors = held_out_scores(self.readout, self.labels, self.num_classes)
 
-    def test(self, layer: int) -> tuple[float, float]:
-        """(t, gain) of adding layer `layer`'s token-mean input to the readout (`paired_drop`)."""
+    def test(self, layer: int) -> tuple[float, float, float, float]:
+        """(t, gain) of adding layer `layer`'s token-mean input to the readout (`paired_drop`), and the
+        held-out errors of the probes without and with it."""
         features = torch.cat([self.readout, self.layer_means[layer]], 1)
-        return paired_drop(self.without, held_out_losses(features, self.labels, self.num_classes))
+        losses, errors = held_out_scores(features, self.labels, self.num_classes)
+        return (*paired_drop(self.without, losses), float(self.errors.mean()), float(errors.mean()))
 
 
 def _removal_rise(model, layer, inputs: dict, labels: torch.Tensor, loss: float) -> float:
@@ -263,4 +270,4 @@ def _removal_rise(model, layer, inputs: dict, labels: torch.Tensor, loss: float)
     return float(F.cross_entropy(logits.double(), labels.to(logits.device))) - loss
 
 
-__all__ = ["held_out_losses", "need_evidence", "paired_drop", "probe_losses", "task_loss"]
+__all__ = ["held_out_scores", "need_evidence", "paired_drop", "probe_scores", "task_loss"]
