@@ -212,7 +212,6 @@ class StreamMaps(NamedTuple):
     write_logit: torch.Tensor | None  # t_post (..., n) for "add" with n > 1, t_beta (..., 1) for "delta"
     res_logit: torch.Tensor | None  # the chart logits t_res (..., m) or (m,); None when n == 1
     host: list | None = None  # the host path's rows (`ops/host_connection.py`): the write follows the read
-    record: bool = True  # whether the host path fills the `StreamMixing` record (`HyperConnection.read`)
 
 
 class StreamMixing(NamedTuple):
@@ -314,7 +313,7 @@ class HyperConnection(nn.Module):
         the `StreamMixing` record reads: H_res, t_write and t_res in StreamMaps, beta and k in the record."""
         if self.host_rows and self._on_host(streams):
             hidden, h_res, write_logit, res_logit, rows = host_read(self, streams, record)
-            return hidden, StreamMaps(h_res, write_logit, res_logit, host=rows, record=record)
+            return hidden, StreamMaps(h_res, write_logit, res_logit, host=rows)
         if self.num_streams == 1:
             _, _, write_logit = self._map_logits(streams)
             return streams.squeeze(-2), StreamMaps(None, write_logit, None)
@@ -355,7 +354,8 @@ class HyperConnection(nn.Module):
     ) -> tuple[torch.Tensor, StreamMixing]:
         """X' = H_res X + s u^T from X (..., n, d), h (..., d) and the maps of `read`."""
         if maps.host is not None:
-            updated, beta, direction = host_write(self, streams, sublayer_output, maps.host, maps.record)
+            record = maps.h_res is not None  # `read(record=False)` left the maps out
+            updated, beta, direction = host_write(self, streams, sublayer_output, maps.host, record)
             return updated, StreamMixing(maps.h_res, beta, direction, maps.res_logit)
         if self.delta is not None:
             direction, beta, value = self.delta(sublayer_output, maps.write_logit)

@@ -32,16 +32,15 @@ its reference is the node path (tests compare them and the greedy tokens they de
 """
 
 import array
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geoformers.models.ddl_mhc.ops.charts import chart_rows, row_chart
+from geoformers.models.ddl_mhc.ops.charts import chart_rows
 from geoformers.models.ddl_mhc.ops.charts.host import sigmoid
-from geoformers.models.ddl_mhc.ops.host_programs import read_program, write_program
+from geoformers.models.ddl_mhc.ops.host_programs import mix_program, read_program, write_program
 from geoformers.models.ddl_mhc.ops.precision import cast
 from geoformers.models.ddl_mhc.ops.stream_read.naive import upcast
 
@@ -83,11 +82,6 @@ def _constants(connection: nn.Module) -> tuple[list[float], tuple[float, ...], t
         return biases, gates, tuple(_softmax(connection.res_mix_logits.tolist()))
     mix = sigmoid(connection.res_mix_logit.tolist()[0])
     return biases, gates, (1.0 - mix, mix, 0.0)
-
-
-def _one_chart(row: list[float], n: int, method: str, dtype: torch.dtype) -> list[float]:
-    """`chart_rows` of one row: the charts without a host program run `birkhoff` on logits of `dtype`."""
-    return chart_rows([row], n, method, dtype)[0]
 
 
 def _plain_linear(module: nn.Module) -> bool:
@@ -135,19 +129,21 @@ def host_read(connection: nn.Module, streams: torch.Tensor, record: bool = True)
     pre_size, res_size, write_size = connection.map_sizes
     biases, gates, (identity, weight, uniform) = _constants(connection)
     maps_dtype = torch.float64 if streams.dtype == torch.float64 else torch.float32
-    chart = row_chart(connection.chart, n)
-    if chart is None:  # a chart without a host program: `birkhoff` on the row's logits
-        chart = functools.partial(_one_chart, n=n, method=connection.chart, dtype=maps_dtype)
-    read, mixing = read_program(n, res_size, write_size), (identity, weight, uniform / n)
-    reads, mixes, writes, res_logits, rows = [], [], [], [], []
+    read, reads, writes, res_rows = read_program(n, res_size, write_size), [], [], []
     for projection, square in zip(projections, squares, strict=True):
-        pre, mixed, write, res = read(projection, square, biases, gates, mixing, n * d, connection.eps, chart)
+        pre, write, res = read(projection, square, biases, gates, n * d, connection.eps)
         reads += pre
+        writes.append(write)
+        res_rows.append(res)
+    mix, shift, mixes, rows = mix_program(n), uniform / n, [], []
+    for entries, write in zip(chart_rows(res_rows, n, connection.chart, maps_dtype), writes, strict=True):
+        mixed = mix(entries, identity, weight, shift)
         mixes += mixed
-        writes += write
-        res_logits += res
         rows.append((mixed, write))
-    packed = reads + mixes + writes + res_logits if record else reads  # each field a slice of one tensor
+    packed = reads
+    if record:  # one tensor holds all the maps, field after field: each field is a slice
+        packed = reads + mixes + [logit for write in writes for logit in write]
+        packed += [logit for res in res_rows for logit in res]
     maps, lead = _packed(packed, maps_dtype), _lead(count)
     weights = cast(maps[: count * n].view(*lead, 1, n), streams.dtype)
     hidden = torch.matmul(weights, flat.view(*lead, n, d)).view(*batch, d)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from geoformers.models.ddl_mhc.ops.charts.host import sigmoid
 
-__all__ = ["read_program", "write_program"]
+__all__ = ["mix_program", "read_program", "write_program"]
 
 
 def _compiled(lines: list[str], name: str, label: str) -> Callable:
@@ -31,31 +31,34 @@ def _compiled(lines: list[str], name: str, label: str) -> Callable:
 
 @functools.cache
 def read_program(n: int, res_size: int, write_size: int) -> Callable:
-    """`read(p, square, b, gates, mixing, width, eps, chart)` -> (H_pre, H_res row-major, t_write, t_res) of
-    one row, lists of Python floats: p the row's maps projection (n + res_size + write_size values), square
-    its ||vec(X)||^2, b the static logits, gates (g_pre, g_res, g_write), mixing (i, c, u / n), width n d, and
-    `chart` the chart of one row of t_res."""
+    """`read(p, square, b, gates, width, eps)` -> (H_pre, t_write, t_res) of one row, lists of Python floats:
+    p the row's maps projection (n + res_size + write_size values), square its ||vec(X)||^2, b the static
+    logits, gates (g_pre, g_res, g_write) and width n d."""
     pre = range(n)
     res = range(n, n + res_size)
     write = range(n + res_size, n + res_size + write_size)
     lines = [
-        "def read(p, square, b, gates, mixing, width, eps, chart):",
+        "def read(p, square, b, gates, width, eps):",
         "    scale = 1.0 / sqrt(square / width + eps)",
         "    g_pre, g_res, g_write = gates[0] * scale, gates[1] * scale, gates[2] * scale",
         *(f"    t{k} = b[{k}] + g_pre * p[{k}]" for k in pre),
         f"    top = max({', '.join(f't{k}' for k in pre)})",
         *(f"    e{k} = exp(t{k} - top)" for k in pre),
         f"    total = {' + '.join(f'e{k}' for k in pre)}",
-        f"    res = [{', '.join(f'b[{k}] + g_res * p[{k}]' for k in res)}]",
-        "    x = chart(res)",
-        "    identity, weight, shift = mixing",
+        f"    return [{', '.join(f'e{k} / total' for k in pre)}], "
+        f"[{', '.join(f'b[{k}] + g_write * p[{k}]' for k in write)}], "
+        f"[{', '.join(f'b[{k}] + g_res * p[{k}]' for k in res)}]",
     ]
-    entries = [f"weight * x[{j}] + shift" + (" + identity" if j % (n + 1) == 0 else "") for j in range(n * n)]
-    lines.append(
-        f"    return [{', '.join(f'e{k} / total' for k in pre)}], [{', '.join(entries)}], "
-        f"[{', '.join(f'b[{k}] + g_write * p[{k}]' for k in write)}], res"
-    )
     return _compiled(lines, "read", f"host read, n = {n}")
+
+
+@functools.cache
+def mix_program(n: int) -> Callable:
+    """`mix(x, identity, weight, shift)` -> H_res = identity I + weight chart + shift J, row-major, from the
+    chart's entries x of one row (Python floats)."""
+    entries = [f"weight * x[{j}] + shift" + (" + identity" if j % (n + 1) == 0 else "") for j in range(n * n)]
+    lines = ["def mix(x, identity, weight, shift):", f"    return [{', '.join(entries)}]"]
+    return _compiled(lines, "mix", f"host mix, n = {n}")
 
 
 @functools.cache

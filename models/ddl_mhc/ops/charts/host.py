@@ -91,15 +91,8 @@ def host_row_chart(
     return chart
 
 
-def host_chart_rows(
-    rows: list[list[float]], n: int, base: str, choice: PlainChoice | ScaledChoice
-) -> list[list[float]]:
-    """`host_row_chart` of each row of logits: one row-major list of the n x n entries per row."""
-    return list(map(host_row_chart(base, n, choice), rows))
-
-
 def host_chart(logits: torch.Tensor, n: int, base: str, choice: PlainChoice | ScaledChoice) -> torch.Tensor:
-    """`host_chart_rows` of CPU logits (B, (n-1)^2) -> (B, n, n) in their dtype, rounded once."""
-    matrices = host_chart_rows(logits.tolist(), n, base, choice)
+    """`host_row_chart` of each row of CPU logits (B, (n-1)^2) -> (B, n, n) in their dtype, rounded once."""
+    matrices = list(map(host_row_chart(base, n, choice), logits.tolist()))
     result = torch.tensor(matrices, dtype=torch.float64).view(-1, n, n)
     return result.to(logits.dtype)
