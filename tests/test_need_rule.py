@@ -19,7 +19,7 @@ from geoformers.models.ddcl_incrt.need_test import (
     need_evidence,
     paired_drop,
     probe_scores,
-    task_loss,
+    task_scores,
 )
 from geoformers.training import growth
 from geoformers.training.growth import IncrtGrowthCallback
@@ -112,9 +112,10 @@ def test_the_error_drop_must_exceed_gate_need_error():
     assert gate.decide(_observation(gate, _evidence(1.0, 5.0, 0.3, 0.0, 0.1, 0.1))).action == "stop"
 
 
-def _evidence(loss, t, gain, rise, error=0.2, error_with=0.1):
-    """Hand-made evidence; by default the probe's held-out error drops by 0.1 (a need on the error)."""
-    return NeedEvidence(loss, t, gain, rise, error, error_with, error - error_with)
+def _evidence(loss, t, gain, rise, error=0.2, error_with=0.1, fit_error=1.0):
+    """Hand-made evidence; by default the probe's held-out error drops by 0.1 (a need on the error) and the
+    model does not fit its monitor rows."""
+    return NeedEvidence(loss, t, gain, rise, error, error_with, error - error_with, fit_error)
 
 
 def _observation(gate, need: NeedEvidence, heads: int = 1):
@@ -204,6 +205,56 @@ def test_growth_waits_for_the_newest_head_to_be_used_or_for_the_patience():
     assert gate.decide(_observation(gate, _evidence(2.0, 1.0, 0.3, 0.5), 4)).action == "stop"
 
 
+def test_a_model_that_fits_its_monitor_rows_reads_the_probe_while_its_newest_head_waits():
+    """A waiting or moving check of a model whose own error on the monitor rows is at most
+    `gate_need_error` is "fitted": no need stops the layer; a need leaves it pending, a waiting check still
+    counts towards the patience, and the patience then lets the probe grow."""
+    unused = 0.1  # removing the newest head raises the loss by 0.05 x loss: unused
+    gate = _grown_once(gate_need_patience=3)
+    assert gate.phase(2.0, unused, fit_error=0.006) == "waiting"  # 0.006 > 0.005: not fitted
+    assert not gate.reads_probe(2.0, unused, 0.006)
+    assert gate.phase(2.0, unused, fit_error=0.005) == "fitted" and gate.reads_probe(2.0, unused, 0.005)
+    no_need = _evidence(2.0, 1.0, 0.3, unused, fit_error=0.0)
+    assert gate.decide(_observation(gate, no_need, 2)).action == "stop"
+    gate = _grown_once(gate_need_patience=3)
+    needed = _evidence(2.0, 5.0, 0.3, unused, fit_error=0.0)
+    assert [gate.decide(_observation(gate, needed, 2)).action for _ in range(2)] == ["pending", "pending"]
+    assert int(gate.need_waiting) == 2 and gate.phase(2.0, unused, 0.0) == "ready"
+    assert gate.decide(_observation(gate, needed, 2)).action == "grow"
+    gate = _grown_once()
+    assert gate.phase(1.5, unused, 0.0) == "fitted"  # the loss moves, but nothing is left to buy
+    assert gate.decide(_observation(gate, _evidence(1.5, 5.0, 0.3, unused, fit_error=0.0), 2)).action == (
+        "pending"
+    )
+    assert int(gate.need_waiting) == 0  # a moving check does not count towards the patience
+    assert gate.decide(_observation(gate, _evidence(1.2, 1.0, 0.3, unused, fit_error=0.0), 2)).action == (
+        "stop"
+    )
+
+
+def test_need_evidence_reads_the_probe_of_a_fitted_model_whose_newest_head_waits():
+    """The same batch once with the loss and a fit error that leave the newest head waiting (no probe
+    drawn), once fitted (the probe is drawn and read)."""
+    model, batch = _needs2_batch(32)
+    model.grow_head(0, function_preserving=False)
+    gate = model.base_model.layers[0].attention.gate
+    loss = task_scores(model, **batch).loss
+    gate.record_loss(loss)
+    gate.need_probed.fill_(1)
+    drawn = []
+
+    def probe_rows():
+        drawn.append(len(drawn))
+        return batch
+
+    (waiting,) = need_evidence(model, **batch, loss=loss, fit_error=0.5, probe_rows=probe_rows)
+    assert drawn == [] and (waiting.t, waiting.error) == (0.0, 0.0) and waiting.fit_error == 0.5
+    assert gate.phase(loss, waiting.rise) == "waiting"  # the head is unused at initialisation
+    (fitted,) = need_evidence(model, **batch, loss=loss, fit_error=0.0, probe_rows=probe_rows)
+    assert drawn == [0] and fitted.rise == waiting.rise and fitted.fit_error == 0.0
+    assert fitted.t != 0.0 and fitted.error > 0.0  # the probe was read
+
+
 def test_the_need_rule_reports_full_at_the_cap_and_follows_pruning():
     gate = _grown_once(max_heads=2)
     assert gate.decide(_observation(gate, _evidence(2.0, 5.0, 0.3, 1.0), 2)).action == "full"
@@ -248,7 +299,8 @@ def test_need_evidence_measures_the_task_loss_and_the_newest_heads_removal():
     model, batch = _needs2_batch()
     model.grow_head(0, function_preserving=False)  # the gate records it as the newest head
     assert need_evidence(model, **batch)[0].rise == 0.0  # no plateau reference: no removal is measured
-    model.base_model.layers[0].attention.gate.record_loss(task_loss(model, **batch))  # a plateau: it is
+    gate = model.base_model.layers[0].attention.gate
+    gate.record_loss(task_scores(model, **batch).loss)  # a plateau: the removal is measured
     evidence = need_evidence(model, **batch)
     model.eval()
     with torch.no_grad():
@@ -299,19 +351,28 @@ def test_need_evidence_probes_its_own_rows_and_draws_them_only_when_a_verdict_re
     )
     assert layer.error_drop == pytest.approx(error - error_with, abs=1e-12)
     assert layer.loss == pytest.approx(float(F.cross_entropy(monitor_logits.double(), monitor["labels"])))
+    fit_error = float((monitor_logits.argmax(1) != monitor["labels"]).double().mean())
+    assert layer.fit_error == fit_error > 0.005  # the model's own error on the monitor rows
     assert layer.rise == 0.0  # no grown head to remove
     gate = model.base_model.layers[0].attention.gate
     gate.need_probed.fill_(1)
-    gate.record_loss(10 * layer.loss)  # the loss moves: nothing but the loss is measured
-    assert need_evidence(model, **monitor, probe_rows=probe_rows) == [NeedEvidence.unprobed(layer.loss)]
+    gate.record_loss(10 * layer.loss)  # the loss moves: nothing but the loss and error are measured
+    expected = [NeedEvidence.unprobed(layer.loss, 0.0, fit_error)]
+    assert need_evidence(model, **monitor, probe_rows=probe_rows) == expected
     assert drawn == [0]
 
 
-def test_task_loss_gives_the_gates_second_moments_from_the_same_forward():
+def test_task_scores_are_the_loss_and_error_by_hand_and_the_gates_second_moments_from_the_same_forward():
     model, batch = _needs2_batch(16)
     inputs = {name: batch[name] for name in ("input_ids", "attention_mask")}
-    loss, moments = task_loss(model, **batch, num_tokens=100)
-    assert loss == pytest.approx(task_loss(model, **batch), rel=1e-12)
+    loss, error, moments = task_scores(model, **batch, num_tokens=100)
+    model.eval()
+    with torch.no_grad():
+        logits = model(**inputs).logits.double()
+    assert loss == pytest.approx(float(F.cross_entropy(logits, batch["labels"])), rel=1e-12)
+    wrong = sum(int(row.argmax()) != int(label) for row, label in zip(logits, batch["labels"], strict=True))
+    assert error == wrong / 16
+    assert task_scores(model, **batch) == (pytest.approx(loss, rel=1e-12), error, None)
     for got, expected in zip(moments, model.gate_second_moments(**inputs, num_tokens=100), strict=True):
         torch.testing.assert_close(got, expected)
 
@@ -450,7 +511,7 @@ def test_the_monitor_rows_fit_a_token_budget_and_give_the_reference_loss_when_gr
     drawn = np.random.default_rng([0, 0, growth.NEED_MONITOR_ROWS]).choice(256, size=64, replace=False)
     rows = task["train"].select(drawn[:4])
     expected = {name: torch.tensor(rows[name]) for name in ("input_ids", "attention_mask", "labels")}
-    reference = task_loss(model, **expected)
+    reference = task_scores(model, **expected).loss
     callback = IncrtGrowthCallback(check_every=10, gate_batch_size=64, save_plot=False)
     args = training_args(tmp_path, max_steps=20)
     Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()

@@ -70,7 +70,7 @@ from transformers.utils import logging
 
 from geoformers.models.ddcl_incrt.incrt import DEFAULT_GATE_TOKENS, DEFAULT_TRACKER_STEPS, NeedEvidence
 from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtPreTrainedModel
-from geoformers.models.ddcl_incrt.need_test import need_evidence, task_loss
+from geoformers.models.ddcl_incrt.need_test import need_evidence, task_scores
 from geoformers.training.checkpoints import CompleteCheckpointsCallback, write_json_atomically
 from geoformers.training.optim import sync_optimizer_with_model
 from geoformers.training.reporting import warn_if_unreported
@@ -446,22 +446,23 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             moments = model.gate_second_moments(**batch, num_tokens=cadence["gate_num_tokens"])
         else:  # one forward of the monitor rows gives the loss and C; the gate batch only for a probe
             monitor = self._monitor_batch(args, model)
-            local, moments = task_loss(model, **monitor, num_tokens=cadence["gate_num_tokens"])
-            loss = self._mean_over_processes(local)
+            local, local_error, moments = task_scores(model, **monitor, num_tokens=cadence["gate_num_tokens"])
+            loss, fit_error = self._mean_over_processes(local), self._mean_over_processes(local_error)
             gates = [layer.attention.gate for layer in model.base_model.layers]
             deciding = any(self.history["growing"]) and any(
-                gate.phase(loss, 0.0) != "moving" for gate in gates
+                gate.phase(loss, 0.0, fit_error) != "moving" for gate in gates
             )
             if deciding:
                 self._need = need_evidence(
                     model,
                     **monitor,
                     loss=local,
+                    fit_error=fit_error,
                     plateau_loss=loss,
                     probe_rows=lambda: self._gate_batch(args, model, step),
                 )
             else:  # the loss still moves, or growth has ended: no verdict reads anything else
-                self._need = [NeedEvidence.unprobed(loss) for _ in gates]
+                self._need = [NeedEvidence.unprobed(loss, 0.0, fit_error) for _ in gates]
         if self._group is not None:
             stacked = torch.stack(moments)
             dist.all_reduce(stacked, group=self._group)
@@ -520,7 +521,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         one, e.g. a resumed run)."""
         gates = [layer.attention.gate for layer in model.base_model.layers]
         if model.config.gate_rule == "need" and any(float(gate.need_last_loss) < 0 for gate in gates):
-            loss = self._mean_over_processes(task_loss(model, **self._monitor_batch(args, model)))
+            loss = self._mean_over_processes(task_scores(model, **self._monitor_batch(args, model)).loss)
             for gate in gates:
                 if float(gate.need_last_loss) < 0:
                     gate.record_loss(loss)

@@ -118,7 +118,8 @@ class DDCLIncrtConfig(ValidatedConfig):
             drop exceeds it (default 3).
         gate_need_gain (`float`): ... and that drop exceeds this fraction of the probe's loss (0.02).
         gate_need_error (`float`): ... and the probe's held-out classification error drops by more than this
-            (0.005: half a point of accuracy).
+            (0.005: half a point of accuracy); a model whose own error on the monitor rows is at most this
+            reads the probe at every check, and a lack of need stops it.
         gate_need_plateau (`float`): "need" grows only once the loss moved by at most this fraction since
             the previous check (or since growth started, for the first) (0.02).
         gate_need_adoption (`float`): the newest grown head is in use when removing it raises the loss by

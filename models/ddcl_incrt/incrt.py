@@ -405,7 +405,8 @@ class NeedEvidence(NamedTuple):
     that also reads the layer's token-mean input, as a t statistic and relative to the probe's loss
     without it; rise: the loss increase when the layer's newest grown head is removed (0 without one);
     error and error_with: the held-out classification errors of the probes without and with that input,
-    on the same rows, and error_drop = error - error_with. Where no probe is read they are 0 (`unprobed`)."""
+    on the same rows, and error_drop = error - error_with. Where no probe is read they are 0 (`unprobed`).
+    fit_error: the model's own classification error on the rows of `loss` (1 where not measured)."""
 
     loss: float
     t: float
@@ -414,11 +415,12 @@ class NeedEvidence(NamedTuple):
     error: float
     error_with: float
     error_drop: float
+    fit_error: float = 1.0
 
     @classmethod
-    def unprobed(cls, loss: float, rise: float = 0.0) -> NeedEvidence:
+    def unprobed(cls, loss: float, rise: float = 0.0, fit_error: float = 1.0) -> NeedEvidence:
         """Evidence of a check whose verdict reads no probe: t, gain and the errors are 0."""
-        return cls(loss, 0.0, 0.0, rise, 0.0, 0.0, 0.0)
+        return cls(loss, 0.0, 0.0, rise, 0.0, 0.0, 0.0, fit_error)
 
 
 class Observation(NamedTuple):
@@ -807,7 +809,8 @@ class NeedGate(IncrtGate):
     """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): grow when a held-out probe says one more
     head would lower both the held-out loss and the held-out error (`needs`), at a plateau of the loss once
     the newest grown head is in use or `gate_need_patience` settled checks after its growth; stop when the
-    probe says no, at such a plateau or at the layer's first probe (`phase`). A grown head keeps its own
+    probe says no, at such a plateau, at the layer's first probe, or once the model fits its monitor rows
+    (`phase`: "fitted"; a head that still waits cannot buy accuracy there). A grown head keeps its own
     initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
     function-preserving. The spectral part of the check still runs: pruning is the base class's.
     Its own state: need_last_loss (the plateau reference: the previous check's loss, or the one
@@ -841,19 +844,26 @@ class NeedGate(IncrtGate):
         """The plateau reference of the next check (e.g. the loss when growth starts), without a check."""
         self.need_last_loss.fill_(loss)
 
-    def phase(self, loss: float, rise: float) -> str:
-        """Where a check with this task loss and newest-head `rise` stands: while the loss moves (by more
-        than `gate_need_plateau` of the reference's and more than `LOSS_FLOOR`, or no reference yet) "first"
-        until a verdict has read the probe, then "moving"; at a plateau "waiting" (the newest grown head is
-        unused: its removal raises the loss by at most `gate_need_adoption` of it, and fewer than
-        `gate_need_patience` settled checks passed since its growth) or "ready"."""
+    def phase(self, loss: float, rise: float, fit_error: float = 1.0) -> str:
+        """Where a check with this task loss, newest-head `rise` and model error on the monitor rows
+        `fit_error` stands: while the loss moves (by more than `gate_need_plateau` of the reference's and
+        more than `LOSS_FLOOR`, or no reference yet) "first" until a verdict has read the probe, then
+        "moving"; at a plateau "waiting" (the newest grown head is unused: its removal raises the loss by at
+        most `gate_need_adoption` of it, and fewer than `gate_need_patience` settled checks passed since its
+        growth) or "ready". A "moving" or "waiting" check of a model whose `fit_error` is at most
+        `gate_need_error` is "fitted": no head can buy more accuracy on rows it already fits, so its verdict
+        reads the probe and may stop."""
         config = self.config
         if float(self.need_last_loss) < 0 or self.moving(loss):
-            return "moving" if int(self.need_probed) else "first"
-        adopted = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
-        if adopted or int(self.need_waiting) + 1 >= config.gate_need_patience:
-            return "ready"
-        return "waiting"
+            if not int(self.need_probed):
+                return "first"
+            phase = "moving"
+        else:
+            used = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
+            if used or int(self.need_waiting) + 1 >= config.gate_need_patience:
+                return "ready"
+            phase = "waiting"
+        return "fitted" if fit_error <= config.gate_need_error else phase
 
     def moving(self, loss: float) -> bool:
         """The loss moved by more than `gate_need_plateau` of the reference's (`need_last_loss`) and by more
@@ -863,26 +873,28 @@ class NeedGate(IncrtGate):
             self.config.gate_need_plateau * previous, LOSS_FLOOR
         )
 
-    def reads_probe(self, loss: float, rise: float) -> bool:
+    def reads_probe(self, loss: float, rise: float, fit_error: float = 1.0) -> bool:
         """Whether this check's verdict reads the probe test (`need_evidence` fits the probes only then)."""
-        return self.phase(loss, rise) in ("first", "ready")
+        return self.phase(loss, rise, fit_error) in ("first", "fitted", "ready")
 
     def _verdict(self, observation: Observation) -> str:
         """ "pending" while the loss moves or the newest head waits; else "stop" when the probe finds no
         need; else "pending" at a first probe while the loss moves (growth waits for a plateau: a model
-        still learning shows drops it is about to earn), "grow" or "full"."""
+        still learning shows drops it is about to earn) or at a "fitted" check (the newest head still
+        waits), "grow" or "full"."""
         need = observation.need
-        phase = self.phase(need.loss, need.rise)
+        phase = self.phase(need.loss, need.rise, need.fit_error)
+        settled = float(self.need_last_loss) >= 0 and not self.moving(need.loss)
+        waits = phase == "waiting" or (phase == "fitted" and settled)  # a settled check the newest head waits
         self.need_last_loss.fill_(need.loss)
-        if phase == "moving":
-            return "pending"
-        if phase == "waiting":
+        if waits:
             self.need_waiting += 1
+        if phase in ("moving", "waiting"):
             return "pending"
         self.need_probed.fill_(1)
         if not self.needs(need):
             return "stop"
-        if phase == "first":
+        if phase in ("first", "fitted"):
             return "pending"
         return "full" if self._is_full(observation) else "grow"
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -121,8 +122,16 @@ def _check_need_inputs(model, labels) -> int:
     return num_classes
 
 
+class TaskScores(NamedTuple):
+    """The model's own scores on a labelled batch (`task_scores`)."""
+
+    loss: float  # cross-entropy
+    error: float  # 0/1 error of the argmax
+    moments: list[torch.Tensor] | None  # every layer's C = X^T X / N, with `num_tokens`
+
+
 @torch.no_grad()
-def task_loss(
+def task_scores(
     model,
     input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
@@ -131,10 +140,10 @@ def task_loss(
     inputs_embeds: torch.Tensor | None = None,
     *,
     num_tokens: int | None = None,
-) -> float | tuple[float, list[torch.Tensor]]:
-    """The model's cross-entropy on a labelled batch in eval mode (the need rule's plateau monitor); with
-    `num_tokens`, also every layer's C = X^T X / N from the same forward (`layer_second_moments`), as the
-    pair (loss, moments)."""
+) -> TaskScores:
+    """The model's cross-entropy and classification error on a labelled batch in eval mode (the need rule's
+    plateau monitor); with `num_tokens`, also every layer's C = X^T X / N from the same forward
+    (`layer_second_moments`)."""
     _check_need_inputs(model, labels)
     was_training = model.training
     model.eval()
@@ -148,10 +157,13 @@ def task_loss(
         )
     finally:
         model.train(was_training)
-    loss = float(F.cross_entropy(outputs.logits.double(), labels.to(outputs.logits.device)))
-    if num_tokens is None:
-        return loss
-    return loss, layer_second_moments(outputs.hidden_states, attention_mask, num_tokens)
+    logits, labels = outputs.logits.double(), labels.to(outputs.logits.device)
+    moments = None
+    if num_tokens is not None:
+        moments = layer_second_moments(outputs.hidden_states, attention_mask, num_tokens)
+    return TaskScores(
+        float(F.cross_entropy(logits, labels)), float((logits.argmax(1) != labels).double().mean()), moments
+    )
 
 
 @torch.no_grad()
@@ -164,18 +176,20 @@ def need_evidence(
     inputs_embeds: torch.Tensor | None = None,
     *,
     loss: float | None = None,
+    fit_error: float | None = None,
     plateau_loss: float | None = None,
     probe_rows: dict | Callable[[], dict] | None = None,
 ) -> list[NeedEvidence]:
-    """Every layer's `NeedEvidence` (module docstring), in eval mode: the task loss `loss` of this labelled
-    batch (computed when None), the loss rise on this batch when the layer's newest grown head (its gate's
-    `need_newest_head`) is removed, and the probe test on `probe_rows` (a labelled batch, or a callable that
-    returns one, called at most once; default: this batch). Under `NeedGate` the plateau test reads
-    `plateau_loss` (default `loss`; e.g. averaged over processes): the removal only at a plateau (rise 0
-    while the loss moves, `NeedGate.phase`), and the probes only where the verdict reads them
-    (`NeedGate.reads_probe`, else t, gain and the errors are 0). `model`: a
-    `DDCLIncrtForSequenceClassification` with class labels; the probe rows need at least 4 rows (two probe
-    halves of 2)."""
+    """Every layer's `NeedEvidence` (module docstring), in eval mode: the task loss `loss` and the model's
+    error `fit_error` on this labelled batch (both computed when `loss` is None; a given `loss` without
+    `fit_error` counts as unfitted, error 1), the loss rise on this batch when the layer's newest grown
+    head (its gate's `need_newest_head`) is removed, and the probe test on `probe_rows` (a labelled batch,
+    or a callable that returns one, called at most once; default: this batch). Under `NeedGate` the
+    plateau test reads `plateau_loss` (default `loss`; e.g. averaged over processes): the removal only at a
+    plateau (rise 0 while the loss moves, `NeedGate.phase`), and the probes only where the verdict reads
+    them (`NeedGate.reads_probe`, else t, gain and the errors are 0). `model`: a
+    `DDCLIncrtForSequenceClassification` with class labels; the probe rows need at least 4 rows (two
+    probe halves of 2)."""
     _check_need_inputs(model, labels)
     inputs = {
         "input_ids": input_ids,
@@ -184,7 +198,8 @@ def need_evidence(
         "inputs_embeds": inputs_embeds,
     }
     if loss is None:
-        loss = task_loss(model, **inputs, labels=labels)
+        loss, fit_error, _ = task_scores(model, **inputs, labels=labels)
+    fit_error = 1.0 if fit_error is None else fit_error
     plateau_loss = loss if plateau_loss is None else plateau_loss
     was_training = model.training
     model.eval()
@@ -195,20 +210,20 @@ def need_evidence(
             gate = layer.attention.gate
             rule = isinstance(gate, NeedGate)
             unsettled = rule and gate.phase(plateau_loss, 0.0) in ("first", "moving")  # no rise is read
-            if rule and unsettled and not gate.reads_probe(plateau_loss, 0.0):
-                evidence.append(NeedEvidence.unprobed(plateau_loss))  # still moving: nothing else is read
+            if rule and unsettled and not gate.reads_probe(plateau_loss, 0.0, fit_error):
+                evidence.append(NeedEvidence.unprobed(plateau_loss, 0.0, fit_error))  # nothing else is read
                 continue
             rise = 0.0 if unsettled else _removal_rise(model, layer, inputs, labels, loss)
-            if rule and not gate.reads_probe(plateau_loss, rise):
-                evidence.append(
-                    NeedEvidence.unprobed(plateau_loss, rise)
-                )  # the verdict will not read the probe
+            if rule and not gate.reads_probe(plateau_loss, rise, fit_error):
+                evidence.append(NeedEvidence.unprobed(plateau_loss, rise, fit_error))  # no probe is read
                 continue
             if probe is None:
                 rows = probe_rows() if callable(probe_rows) else probe_rows
                 probe = _ProbeFeatures(model, {**inputs, "labels": labels} if rows is None else rows)
             t, gain, error, error_with = probe.test(index)
-            evidence.append(NeedEvidence(plateau_loss, t, gain, rise, error, error_with, error - error_with))
+            evidence.append(
+                NeedEvidence(plateau_loss, t, gain, rise, error, error_with, error - error_with, fit_error)
+            )
     finally:
         model.train(was_training)
     return evidence
@@ -270,4 +285,4 @@ def _removal_rise(model, layer, inputs: dict, labels: torch.Tensor, loss: float)
     return float(F.cross_entropy(logits.double(), labels.to(logits.device))) - loss
 
 
-__all__ = ["held_out_scores", "need_evidence", "paired_drop", "probe_scores", "task_loss"]
+__all__ = ["TaskScores", "held_out_scores", "need_evidence", "paired_drop", "probe_scores", "task_scores"]
