@@ -880,12 +880,12 @@ class NeedGate(IncrtGate):
     def _verdict(self, observation: Observation) -> str:
         """ "pending" while the loss moves or the newest head waits; else "stop" when the probe finds no
         need; else "pending" at a first probe while the loss moves (growth waits for a plateau: a model
-        still learning shows drops it is about to earn) or at a "fitted" check (the newest head still
-        waits), "grow" or "full"."""
+        still learning shows drops it is about to earn) or at a "fitted" check (the loss still moves or the
+        newest head still waits), "grow" or "full"."""
         need = observation.need
         phase = self.phase(need.loss, need.rise, need.fit_error)
         settled = float(self.need_last_loss) >= 0 and not self.moving(need.loss)
-        waits = phase == "waiting" or (phase == "fitted" and settled)  # a settled check the newest head waits
+        waits = phase == "waiting" or (phase == "fitted" and settled)  # counts towards the patience
         self.need_last_loss.fill_(need.loss)
         if waits:
             self.need_waiting += 1
