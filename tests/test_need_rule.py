@@ -135,6 +135,7 @@ def test_the_first_probe_stops_at_once_but_grows_only_at_a_plateau():
     assert isinstance(gate, NeedGate) and gate.phase(1.0, 0.0) == "first" and gate.reads_probe(1.0, 0.0)
     decision = gate.decide(_observation(gate, needed))
     assert decision.action == "pending" and decision.direction is None and not decision.function_preserving
+    assert decision.prototypes_from == 0  # a grown head starts from the first head's prototype bank
     assert gate.phase(0.5, 0.0) == "moving" and not gate.reads_probe(0.5, 0.0)  # probed once: waits quietly
     assert gate.decide(_observation(gate, _evidence(0.5, 5.0, 0.3, 0.0))).action == "pending"
     assert gate.phase(0.495, 0.0) == "ready"  # moved by 1 % of 0.5 <= 2 %
@@ -406,6 +407,45 @@ def test_grow_head_keeps_the_initialisation_when_not_function_preserving():
     assert not torch.allclose(changed, before)
     with pytest.raises(TypeError, match="function_preserving"):
         model.grow_head(0, function_preserving=1)
+
+
+def test_grow_head_starts_from_a_heads_prototype_bank_and_refuses_a_head_it_does_not_have():
+    model, _ = _needs2_batch()
+    attention = model.base_model.layers[0].attention
+    with torch.no_grad():
+        attention.heads[0].prototype_bank.prototypes.mul_(3.0)  # a bank unlike a fresh draw
+        attention.heads[0].prototype_bank.rho.fill_(-1.0)
+    donor = attention.heads[0].prototype_bank
+    fresh = model.grow_head(0, function_preserving=False)
+    grown = model.grow_head(0, function_preserving=False, prototypes_from=0)
+    assert torch.equal(grown.prototype_bank.prototypes, donor.prototypes)
+    assert torch.equal(grown.prototype_bank.temperature(), donor.temperature())
+    assert grown.prototype_bank.prototypes.data_ptr() != donor.prototypes.data_ptr()  # a copy, not a tie
+    assert not torch.equal(fresh.prototype_bank.prototypes, donor.prototypes)
+    assert float(fresh.prototype_bank.temperature().detach()) == pytest.approx(model.config.tau_init)
+    assert float(grown.o_proj.weight.detach().std()) == pytest.approx(model.config.initializer_range, rel=0.3)
+    for bad in (True, -1, 3, "0", 1.0):
+        with pytest.raises(ValueError, match="prototypes_from"):
+            model.grow_head(0, prototypes_from=bad)
+    assert len(attention.heads) == 3  # refused growths add nothing
+    assert (
+        build_gate(gate_config(), 0).decide(_observation(build_gate(gate_config(), 0), None)).prototypes_from
+        is None
+    )
+
+
+def test_the_callback_grows_need_heads_from_the_first_heads_prototype_bank(tmp_path):
+    """At a zero learning rate nothing trains: the loss stays at its plateau, the probe finds the relations
+    in the token mean, the rule grows, and the grown head's bank is still the copy of head 0's."""
+    task = build_majority_relations_task(2, num_train=256, num_validation=8, seed=0)
+    model = _need_model(task, pooling="cls", head_dim=1, prototype_loss_weight=0.0)
+    callback = IncrtGrowthCallback(check_every=10, gate_batch_size=256, save_plot=False)
+    args = training_args(tmp_path, max_steps=20, learning_rate=0.0)
+    Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
+    assert [event["action"] for event in callback.history["events"]] == ["grow"]
+    first, grown = model.base_model.layers[0].attention.heads
+    assert torch.equal(grown.prototype_bank.prototypes, first.prototype_bank.prototypes)
+    assert torch.equal(grown.prototype_bank.rho, first.prototype_bank.rho)
 
 
 @pytest.mark.parametrize(

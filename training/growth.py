@@ -273,7 +273,10 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
             }
             if decision.action == "grow":
                 head = model.grow_head(
-                    layer, decision.direction, function_preserving=decision.function_preserving
+                    layer,
+                    decision.direction,
+                    function_preserving=decision.function_preserving,
+                    prototypes_from=decision.prototypes_from,
                 )
                 added.append(head)
                 event["head"] = model.config.num_heads[layer] - 1

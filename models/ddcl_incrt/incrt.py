@@ -384,7 +384,8 @@ class GateDecision:
     lambda_max / lambda_min: Rayleigh quotients of u+ / u- on A_res (lambda_max is a lower bound of the
     true top eigenvalue, tight once converged). prune: heads to remove, in decreasing index order so they
     can be pruned one after another. direction: the unit vector a grown head attends along (None: the
-    head's own initialisation); function_preserving: a grown head's o_proj starts at zero (`grow_head`).
+    head's own initialisation); function_preserving: a grown head's o_proj starts at zero; prototypes_from:
+    the head whose prototype bank a grown head starts from (None: a fresh one) (`grow_head`).
     """
 
     layer: int
@@ -397,6 +398,7 @@ class GateDecision:
     head_energies: list[float]
     prune: list[int]
     function_preserving: bool = True
+    prototypes_from: int | None = None
 
 
 class NeedEvidence(NamedTuple):
@@ -812,7 +814,9 @@ class NeedGate(IncrtGate):
     probe says no, at such a plateau, at the layer's first probe, or once the model fits its monitor rows
     (`phase`: "fitted"; a head that still waits cannot buy accuracy there). A grown head keeps its own
     initialisation (o_proj included: a zero o_proj starts it at a saddle), so growth is not
-    function-preserving. The spectral part of the check still runs: pruning is the base class's.
+    function-preserving, but starts from the prototype bank of the layer's first head: a fresh bank passes
+    the head's output on at a few percent of its gain (docs/growth_gate.md, 'The need rule'). The spectral
+    part of the check still runs: pruning is the base class's.
     Its own state: need_last_loss (the plateau reference: the previous check's loss, or the one
     `record_loss` set; -1: none), need_probed (1 once a verdict read the probe), need_newest_head (-1: none
     grown yet), need_waiting (settled checks since that growth)."""
@@ -833,7 +837,7 @@ class NeedGate(IncrtGate):
                 "`gate_check` (IncrtGrowthCallback does)"
             )
         decision = super().decide(observation)
-        decision.direction, decision.function_preserving = None, False
+        decision.direction, decision.function_preserving, decision.prototypes_from = None, False, 0
         return decision
 
     def _settled(self, observation: Observation) -> bool:
@@ -987,13 +991,20 @@ class HeadGrowthMixin:
 
     @torch.no_grad()
     def grow_head(
-        self, layer: int, direction: torch.Tensor | None = None, *, function_preserving: bool = True
+        self,
+        layer: int,
+        direction: torch.Tensor | None = None,
+        *,
+        function_preserving: bool = True,
+        prototypes_from: int | None = None,
     ) -> nn.Module:
         """Append a head to `layer` and return it (INCRT growth). Function-preserving by default: its
         o_proj starts at zero, so the logits do not change, while o_proj's gradient is non-zero
         (`function_preserving=False`: o_proj keeps the model's initialisation, as a static model's head).
         With `direction` (a vector in R^hidden, normalised here) the head's first query/key rows point
-        along it and the direction joins the layer gate's deflation basis."""
+        along it and the direction joins the layer gate's deflation basis. With `prototypes_from` (a head
+        index of the layer) its prototype bank (prototypes and temperature) starts as a copy of that
+        head's."""
         attention = self._attention(layer)
         if len(attention.heads) >= self.config.max_heads:
             raise ValueError(f"layer {layer} already has `max_heads` = {self.config.max_heads} heads")
@@ -1010,10 +1021,24 @@ class HeadGrowthMixin:
             unit = (direction.double() / norm).float().to(attention.gate.basis.device)
         if not isinstance(function_preserving, bool):
             raise TypeError(f"`function_preserving` must be a bool, got {function_preserving!r}")
+        num_heads = len(attention.heads)
+        if prototypes_from is not None and (
+            isinstance(prototypes_from, bool)
+            or not isinstance(prototypes_from, int)
+            or not 0 <= prototypes_from < num_heads
+        ):
+            raise ValueError(
+                f"`prototypes_from` must be None or a head index in [0, {num_heads}) of layer {layer}, got "
+                f"{prototypes_from!r}"
+            )
         head = attention.new_head()
         head.apply(self._init_weights)
         if function_preserving:
             head.o_proj.weight.zero_()
+        if prototypes_from is not None:
+            donor = attention.heads[prototypes_from].prototype_bank
+            head.prototype_bank.prototypes.copy_(donor.prototypes)
+            head.prototype_bank.rho.copy_(donor.rho)
         if unit is not None:
             head.align_with(unit)
         attention.heads.append(head)
@@ -1101,11 +1126,11 @@ class HeadGrowthMixin:
         """One INCRT gate check per layer, on a batch (`num_tokens` of its tokens: `gate_second_moments`) or
         on precomputed `second_moments` (one d x d matrix per layer, e.g. averaged over processes): each
         layer's gate observes its matrices with at most `tracker_steps` tracker iterations and decides.
-        Updates the gate state and applies nothing: act on the decisions with
-        `grow_head(layer, decision.direction, function_preserving=decision.function_preserving)` and
-        `prune_head`. `need`: one `NeedEvidence` per layer (`need_test.need_evidence`), which
-        `gate_rule="need"` decides on. An empty batch or non-finite matrices raise ValueError and leave
-        every layer's gate as it was."""
+        Updates the gate state and applies nothing: act on the decisions with `prune_head` and
+        `grow_head(layer, decision.direction, function_preserving=decision.function_preserving,
+        prototypes_from=decision.prototypes_from)`. `need`: one `NeedEvidence` per layer
+        (`need_test.need_evidence`), which `gate_rule="need"` decides on. An empty batch or non-finite
+        matrices raise ValueError and leave every layer's gate as it was."""
         check_number("tracker_steps", tracker_steps, 1, MAX_SIZE, integer=True)
         if second_moments is None:
             second_moments = self.gate_second_moments(
