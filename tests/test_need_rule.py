@@ -112,10 +112,28 @@ def test_the_error_drop_must_exceed_gate_need_error():
     assert gate.decide(_observation(gate, _evidence(1.0, 5.0, 0.3, 0.0, 0.1, 0.1))).action == "stop"
 
 
+def test_a_significant_error_drop_is_a_need_where_the_loss_test_is_not():
+    """A probe that overfits its cross-entropy (t < 3 on the loss) can still lower the held-out error by far
+    more than `gate_need_error`: the per-row error drop's own t > `gate_need_t` makes it a need, a
+    non-significant one (t <= 3) does not, and an error drop <= `gate_need_error` never does."""
+    loss_says_no = {"loss": 1.0, "t": 1.9, "gain": 0.12, "rise": 0.0, "error": 0.51, "error_with": 0.28}
+    gate = _need_gate()
+    gate.record_loss(1.0)
+    significant = NeedEvidence(**loss_says_no, error_drop=0.23, error_t=9.5)
+    assert gate.decide(_observation(gate, significant)).action == "grow"
+    gate = _need_gate()
+    gate.record_loss(1.0)
+    assert gate.decide(_observation(gate, significant._replace(error_t=2.9))).action == "stop"
+    gate = _need_gate()
+    gate.record_loss(1.0)
+    tiny = significant._replace(error=0.104, error_with=0.1, error_drop=0.004, error_t=5.0)
+    assert gate.decide(_observation(gate, tiny)).action == "stop"
+
+
 def _evidence(loss, t, gain, rise, error=0.2, error_with=0.1, fit_error=1.0):
     """Hand-made evidence; by default the probe's held-out error drops by 0.1 (a need on the error) and the
     model does not fit its monitor rows."""
-    return NeedEvidence(loss, t, gain, rise, error, error_with, error - error_with, fit_error)
+    return NeedEvidence(loss, t, gain, rise, error, error_with, error - error_with, fit_error=fit_error)
 
 
 def _observation(gate, need: NeedEvidence, heads: int = 1):
@@ -351,6 +369,7 @@ def test_need_evidence_probes_its_own_rows_and_draws_them_only_when_a_verdict_re
         pytest.approx(error_with, abs=1e-12),
     )
     assert layer.error_drop == pytest.approx(error - error_with, abs=1e-12)
+    assert layer.error_t == pytest.approx(paired_drop(errors, errors_with)[0], rel=1e-9)
     assert layer.loss == pytest.approx(float(F.cross_entropy(monitor_logits.double(), monitor["labels"])))
     fit_error = float((monitor_logits.argmax(1) != monitor["labels"]).double().mean())
     assert layer.fit_error == fit_error > 0.005  # the model's own error on the monitor rows

@@ -115,8 +115,9 @@ class DDCLIncrtConfig(ValidatedConfig):
         gate_use_lambda_min_test, gate_use_dwell, gate_couple_trackers (`bool`): ablations of the
             bidirectional rule's ingredients (all True: the author's rule).
         gate_need_t (`float`): "need" grows only when the t statistic of the probe's paired held-out loss
-            drop exceeds it (default 3).
-        gate_need_gain (`float`): ... and that drop exceeds this fraction of the probe's loss (0.02).
+            drop exceeds it (default 3) ...
+        gate_need_gain (`float`): ... and that drop exceeds this fraction of the probe's loss (0.02), or the
+            t statistic of the paired held-out 0/1 error drop exceeds `gate_need_t` ...
         gate_need_error (`float`): ... and the probe's held-out classification error drops by more than this
             (0.005: half a point of accuracy); a model whose own error on the monitor rows is at most this
             reads the probe at every check, and a lack of need stops it.

@@ -407,8 +407,9 @@ class NeedEvidence(NamedTuple):
     that also reads the layer's token-mean input, as a t statistic and relative to the probe's loss
     without it; rise: the loss increase when the layer's newest grown head is removed (0 without one);
     error and error_with: the held-out classification errors of the probes without and with that input,
-    on the same rows, and error_drop = error - error_with. Where no probe is read they are 0 (`unprobed`).
-    fit_error: the model's own classification error on the rows of `loss` (1 where not measured)."""
+    on the same rows, error_drop = error - error_with and error_t the t statistic of the per-row error drop.
+    Where no probe is read they are 0 (`unprobed`). fit_error: the model's own classification error on the
+    rows of `loss` (1 where not measured)."""
 
     loss: float
     t: float
@@ -417,12 +418,13 @@ class NeedEvidence(NamedTuple):
     error: float
     error_with: float
     error_drop: float
+    error_t: float = 0.0
     fit_error: float = 1.0
 
     @classmethod
     def unprobed(cls, loss: float, rise: float = 0.0, fit_error: float = 1.0) -> NeedEvidence:
         """Evidence of a check whose verdict reads no probe: t, gain and the errors are 0."""
-        return cls(loss, 0.0, 0.0, rise, 0.0, 0.0, 0.0, fit_error)
+        return cls(loss, 0.0, 0.0, rise, 0.0, 0.0, 0.0, 0.0, fit_error)
 
 
 class Observation(NamedTuple):
@@ -809,7 +811,7 @@ class BidirectionalGate(IncrtGate):
 
 class NeedGate(IncrtGate):
     """`gate_rule="need"` (docs/growth_gate.md, 'The need rule'): grow when a held-out probe says one more
-    head would lower both the held-out loss and the held-out error (`needs`), at a plateau of the loss once
+    head would lower the held-out error, significantly (`needs`), at a plateau of the loss once
     the newest grown head is in use or `gate_need_patience` settled checks after its growth; stop when the
     probe says no, at such a plateau, at the layer's first probe, or once the model fits its monitor rows
     (`phase`: "fitted"; a head that still waits cannot buy accuracy there). A grown head keeps its own
@@ -903,15 +905,15 @@ class NeedGate(IncrtGate):
         return "full" if self._is_full(observation) else "grow"
 
     def needs(self, need: NeedEvidence) -> bool:
-        """The probe test finds a need: a held-out loss drop with t > `gate_need_t` and gain >
-        `gate_need_gain`, and a held-out error drop > `gate_need_error` (a loss drop that buys no accuracy,
-        e.g. of a probe already at zero error, is no need)."""
+        """The probe test finds a need: a held-out error drop > `gate_need_error` (a loss drop that buys no
+        accuracy, e.g. of a probe already at zero error, is no need) that is significant, on the loss (t >
+        `gate_need_t` and gain > `gate_need_gain`) or on the per-row errors themselves (their t >
+        `gate_need_t`: a probe that overfits its cross-entropy can hide a large accuracy gain)."""
         config = self.config
-        return (
-            need.t > config.gate_need_t
-            and need.gain > config.gate_need_gain
-            and need.error_drop > config.gate_need_error
-        )
+        significant = (
+            need.t > config.gate_need_t and need.gain > config.gate_need_gain
+        ) or need.error_t > config.gate_need_t
+        return significant and need.error_drop > config.gate_need_error
 
     @torch.no_grad()
     def record_growth(self, head_index: int, direction: torch.Tensor | None) -> None:

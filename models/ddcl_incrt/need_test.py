@@ -11,7 +11,7 @@ ways, so every row is scored once, by a probe that did not see it):
     delta_i  = l_i(r) - l_i([r, f_l])
     t        = mean(delta) / (std(delta) / sqrt(N)),    gain = mean(delta) / mean(l(r))
     e(r)     held-out classification error (mean 0/1 error of the argmax) of the probe of r, on the same rows
-    error_drop = e(r) - e([r, f_l])
+    error_drop = e(r) - e([r, f_l]),   error_t: the t statistic of its per-row differences
 
 A probe reads what is linearly there, so a feature the classifier already has (or that only overfits) gives
 no held-out drop. The gradient of the loss with respect to a new head's output projection cannot show the
@@ -220,9 +220,11 @@ def need_evidence(
             if probe is None:
                 rows = probe_rows() if callable(probe_rows) else probe_rows
                 probe = _ProbeFeatures(model, {**inputs, "labels": labels} if rows is None else rows)
-            t, gain, error, error_with = probe.test(index)
+            t, gain, error, error_with, error_t = probe.test(index)
             evidence.append(
-                NeedEvidence(plateau_loss, t, gain, rise, error, error_with, error - error_with, fit_error)
+                NeedEvidence(
+                    plateau_loss, t, gain, rise, error, error_with, error - error_with, error_t, fit_error
+                )
             )
     finally:
         model.train(was_training)
@@ -262,12 +264,13 @@ class _ProbeFeatures:
         self.labels = labels.to(first.device)
         self.without, self.errors = held_out_scores(self.readout, self.labels, self.num_classes)
 
-    def test(self, layer: int) -> tuple[float, float, float, float]:
-        """(t, gain) of adding layer `layer`'s token-mean input to the readout (`paired_drop`), and the
-        held-out errors of the probes without and with it."""
+    def test(self, layer: int) -> tuple[float, float, float, float, float]:
+        """(t, gain) of adding layer `layer`'s token-mean input to the readout (`paired_drop`), the held-out
+        errors of the probes without and with it, and the t statistic of the per-row error drop."""
         features = torch.cat([self.readout, self.layer_means[layer]], 1)
         losses, errors = held_out_scores(features, self.labels, self.num_classes)
-        return (*paired_drop(self.without, losses), float(self.errors.mean()), float(errors.mean()))
+        error_t, _ = paired_drop(self.errors, errors)
+        return (*paired_drop(self.without, losses), float(self.errors.mean()), float(errors.mean()), error_t)
 
 
 def _removal_rise(model, layer, inputs: dict, labels: torch.Tensor, loss: float) -> float:
