@@ -25,7 +25,7 @@ refused.
   `start_step` is the first check's plateau reference; where a layer's loss has settled the newest head's
   removal is measured on the same rows, and only where a verdict reads the held-out probes is a labelled
   gate batch drawn for them (`need_evidence`); grown heads keep their initialisation (not
-  function-preserving);
+  function-preserving) but start from the prototype bank of the layer's first head;
 * after every change the optimizer is re-synchronised (`sync_optimizer_with_model`);
 * gate batches are `gate_batch_size` rows of the Trainer's training set, collated by its data collator,
   drawn from a generator seeded by (args.seed, gate check count, process rank): resumed runs draw the same.
@@ -450,7 +450,7 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         else:  # one forward of the monitor rows gives the loss and C; the gate batch only for a probe
             monitor = self._monitor_batch(args, model)
             local, local_error, moments = task_scores(model, **monitor, num_tokens=cadence["gate_num_tokens"])
-            loss, fit_error = self._mean_over_processes(local), self._mean_over_processes(local_error)
+            loss, fit_error = self._mean_over_processes(model, local, local_error)
             gates = [layer.attention.gate for layer in model.base_model.layers]
             deciding = any(self.history["growing"]) and any(
                 gate.phase(loss, 0.0, fit_error) != "moving" for gate in gates
@@ -510,12 +510,14 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
                 raise ValueError('`gate_rule="need"` needs a labelled training set: it has no `labels`')
         return {name: value.to(model.device) for name, value in self._monitor.items()}
 
-    def _mean_over_processes(self, value: float) -> float:
+    def _mean_over_processes(self, model: DDCLIncrtPreTrainedModel, *values: float) -> list[float]:
+        """`values` averaged over processes, in one collective (on the model's device, which the process
+        group's backend serves)."""
         if self._group is None:
-            return value
-        total = torch.tensor([value], dtype=torch.float64)
+            return list(values)
+        total = torch.tensor(values, dtype=torch.float64, device=model.device)
         dist.all_reduce(total, group=self._group)
-        return float(total) / dist.get_world_size()
+        return (total / dist.get_world_size()).tolist()
 
     def _calibrate(self, args: TrainingArguments, model: DDCLIncrtPreTrainedModel, step: int) -> None:
         """INCRT calibration on the first gate batches; their decisions are not acted on. Under
@@ -524,7 +526,8 @@ class IncrtGrowthCallback(CompleteCheckpointsCallback, ExportableState):
         one, e.g. a resumed run)."""
         gates = [layer.attention.gate for layer in model.base_model.layers]
         if model.config.gate_rule == "need" and any(float(gate.need_last_loss) < 0 for gate in gates):
-            loss = self._mean_over_processes(task_scores(model, **self._monitor_batch(args, model)).loss)
+            scores = task_scores(model, **self._monitor_batch(args, model))
+            (loss,) = self._mean_over_processes(model, scores.loss)
             for gate in gates:
                 if float(gate.need_last_loss) < 0:
                     gate.record_loss(loss)

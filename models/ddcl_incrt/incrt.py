@@ -852,24 +852,28 @@ class NeedGate(IncrtGate):
 
     def phase(self, loss: float, rise: float, fit_error: float = 1.0) -> str:
         """Where a check with this task loss, newest-head `rise` and model error on the monitor rows
-        `fit_error` stands: while the loss moves (by more than `gate_need_plateau` of the reference's and
-        more than `LOSS_FLOOR`, or no reference yet) "first" until a verdict has read the probe, then
-        "moving"; at a plateau "waiting" (the newest grown head is unused: its removal raises the loss by at
-        most `gate_need_adoption` of it, and fewer than `gate_need_patience` settled checks passed since its
-        growth) or "ready". A "moving" or "waiting" check of a model whose `fit_error` is at most
-        `gate_need_error` is "fitted": no head can buy more accuracy on rows it already fits, so its verdict
-        reads the probe and may stop."""
+        `fit_error` stands: `settling`'s phase, but a "moving" or "waiting" check of a model whose
+        `fit_error` is at most `gate_need_error` is "fitted": no head can buy more accuracy on rows it
+        already fits, so its verdict reads the probe and may stop."""
+        return self._fitted(self.settling(loss, rise), fit_error)
+
+    def settling(self, loss: float, rise: float) -> str:
+        """While the loss moves (by more than `gate_need_plateau` of the reference's and more than
+        `LOSS_FLOOR`, or no reference yet) "first" until a verdict has read the probe, then "moving"; at a
+        plateau "waiting" (the newest grown head is unused: its removal raises the loss by at most
+        `gate_need_adoption` of it, and fewer than `gate_need_patience` settled checks passed since its
+        growth) or "ready"."""
         config = self.config
         if float(self.need_last_loss) < 0 or self.moving(loss):
-            if not int(self.need_probed):
-                return "first"
-            phase = "moving"
-        else:
-            used = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
-            if used or int(self.need_waiting) + 1 >= config.gate_need_patience:
-                return "ready"
-            phase = "waiting"
-        return "fitted" if fit_error <= config.gate_need_error else phase
+            return "moving" if int(self.need_probed) else "first"
+        used = int(self.need_newest_head) < 0 or rise > config.gate_need_adoption * max(loss, LOSS_FLOOR)
+        if used or int(self.need_waiting) + 1 >= config.gate_need_patience:
+            return "ready"
+        return "waiting"
+
+    def _fitted(self, phase: str, fit_error: float) -> str:
+        fitted = phase in ("moving", "waiting") and fit_error <= self.config.gate_need_error
+        return "fitted" if fitted else phase
 
     def moving(self, loss: float) -> bool:
         """The loss moved by more than `gate_need_plateau` of the reference's (`need_last_loss`) and by more
@@ -889,11 +893,10 @@ class NeedGate(IncrtGate):
         still learning shows drops it is about to earn) or at a "fitted" check (the loss still moves or the
         newest head still waits), "grow" or "full"."""
         need = observation.need
-        phase = self.phase(need.loss, need.rise, need.fit_error)
-        settled = float(self.need_last_loss) >= 0 and not self.moving(need.loss)
-        waits = phase == "waiting" or (phase == "fitted" and settled)  # counts towards the patience
+        settling = self.settling(need.loss, need.rise)
+        phase = self._fitted(settling, need.fit_error)
         self.need_last_loss.fill_(need.loss)
-        if waits:
+        if settling == "waiting":  # fitted or not, a settled check the newest head waits counts
             self.need_waiting += 1
         if phase in ("moving", "waiting"):
             return "pending"

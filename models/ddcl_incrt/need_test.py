@@ -209,7 +209,7 @@ def need_evidence(
         for index, layer in enumerate(model.base_model.layers):
             gate = layer.attention.gate
             rule = isinstance(gate, NeedGate)
-            unsettled = rule and gate.phase(plateau_loss, 0.0) in ("first", "moving")  # no rise is read
+            unsettled = rule and gate.settling(plateau_loss, 0.0) in ("first", "moving")  # no rise is read
             if rule and unsettled and not gate.reads_probe(plateau_loss, 0.0, fit_error):
                 evidence.append(NeedEvidence.unprobed(plateau_loss, 0.0, fit_error))  # nothing else is read
                 continue
