@@ -4,11 +4,14 @@
     python tests/growth_worker.py stock-resume --output-dir DIR --result FILE
     torchrun --standalone --nproc_per_node 2 tests/growth_worker.py ddp \
         --output-dir DIR --result FILE
+    torchrun --standalone --nproc_per_node 2 tests/growth_worker.py ddp-need \
+        --output-dir DIR --result FILE
 
 `resume` trains a fresh initial-size model from a checkpoint with `resume_growth_training`, `stock-resume`
 with the stock `trainer.train(resume_from_checkpoint=True)` from the newest checkpoint in the output
-directory; `ddp` trains with growth on every rank. All write a JSON result (per rank for `ddp`: FILE with
-`.rank<r>` inserted).
+directory; `ddp` trains with growth on every rank, `ddp-need` the same under `gate_rule="need"` on the
+needs2 task at a zero learning rate (nothing trains; the need test grows a head). All write a JSON result
+(per rank for the DDP modes: FILE with `.rank<r>` inserted).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from geoformers.models.ddcl_incrt.modeling_ddcl_incrt import DDCLIncrtForSequenc
 from geoformers.training.growth import IncrtGrowthCallback
 from geoformers.training.optim import make_optimizer
 from geoformers.training.resume import resume_growth_training
-from geoformers.training.synthetic_tasks import build_spectral_task
+from geoformers.training.synthetic_tasks import build_majority_relations_task, build_spectral_task, task_spec
 
 SEQ_LEN = 24
 GATE_TOKENS = 256  # tokens per gate check (the callback's `gate_num_tokens`)
@@ -188,12 +191,50 @@ def _ddp(options) -> None:
     )
 
 
+def _ddp_need(options) -> None:
+    """The need rule under DDP: each rank monitors and probes its own rows; the loss, the fit error and the
+    evidence are averaged over the ranks, so both take the same checks."""
+    torch.set_num_threads(1)
+    task = build_majority_relations_task(2, num_train=512, num_validation=8, seed=0)
+    spec = task_spec(task)
+    model = tiny_model(
+        seed=int(os.environ["RANK"]),
+        vocab_size=spec["vocab_size"],
+        max_position_embeddings=spec["seq_len"],
+        num_labels=spec["num_classes"],
+        gate_rule="need",
+        pooling="cls",
+        head_dim=1,
+        prototype_loss_weight=0.0,
+    )
+    args = training_args(options.output_dir, max_steps=options.max_steps, learning_rate=0.0)
+    callback = IncrtGrowthCallback(check_every=10, gate_batch_size=256, save_plot=False)
+    Trainer(model=model, args=args, train_dataset=task["train"], callbacks=[callback]).train()
+    rank = torch.distributed.get_rank()
+    heads = model.base_model.layers[0].attention.heads
+    path = Path(options.result)
+    path.with_name(f"{path.stem}.rank{rank}{path.suffix}").write_text(
+        json.dumps(
+            {
+                "num_heads": model.config.num_heads,
+                "checksum": parameter_checksum(model),
+                "events": callback.history["events"],
+                "checks": callback.history["checks"],
+                "banks_copied": all(
+                    torch.equal(head.prototype_bank.prototypes, heads[0].prototype_bank.prototypes)
+                    for head in heads[1:]
+                ),
+            }
+        )
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=["resume", "stock-resume", "ddp"])
+    parser.add_argument("mode", choices=["resume", "stock-resume", "ddp", "ddp-need"])
     parser.add_argument("--output-dir", dest="output_dir", required=True)
     parser.add_argument("--result", required=True)
     parser.add_argument("--checkpoint")
     parser.add_argument("--max-steps", dest="max_steps", type=int, default=40)
     options = parser.parse_args()
-    _ddp(options) if options.mode == "ddp" else _resume(options)
+    {"ddp": _ddp, "ddp-need": _ddp_need}.get(options.mode, _resume)(options)
